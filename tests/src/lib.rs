@@ -1,0 +1,1 @@
+//! Test support: fixture builds and reference tools.
