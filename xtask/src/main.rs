@@ -1,1 +1,67 @@
-fn main() {}
+//! `cargo xtask`: everything around the Rust build — installing prerequisites, building the eBPF
+//! programs and the daemon, the demo, the whole test suite, and benchmarks.
+//!
+//! The two commands the README promises are `cargo xtask demo` and `cargo xtask test`; both run
+//! `setup` first so that a fresh machine needs nothing else.
+mod demo;
+mod run;
+mod setup;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "Set-up, build, demo and tests of fdr-profiled")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install every prerequisite (idempotent): nightly rust-src, bpf-linker, clang/llvm packages.
+    Setup,
+    /// Set up, then build everything (eBPF programs and the daemon, release profile).
+    Build,
+    /// Set up, build, build a demo XRay program, trace it and print the symbolized report.
+    Demo,
+    /// Set up, then run every test: unit tests and end-to-end tests that load real BPF.
+    Test {
+        /// Extra arguments passed to `cargo test` (e.g. a test name filter after `--`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Setup => setup::setup(),
+        Command::Build => setup::setup().and_then(|()| build(true)),
+        Command::Demo => demo::demo(),
+        Command::Test { args } => test(&args),
+    };
+    if let Err(err) = result {
+        eprintln!("xtask: error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Builds the daemon (and with it the eBPF object, through its build script).
+fn build(release: bool) -> Result<()> {
+    let mut args = vec!["build", "--package", "profiler-daemon"];
+    if release {
+        args.push("--release");
+    }
+    run::cargo(&args)
+}
+
+/// Runs the whole suite. The end-to-end tests call the `fdr-profiled` binary, so it is built
+/// first; `cargo test` alone only builds the daemon's library.
+fn test(extra: &[String]) -> Result<()> {
+    setup::setup()?;
+    build(false)?;
+    let mut args = vec!["test", "--workspace", "--exclude", "profiler-ebpf"];
+    args.extend(extra.iter().map(String::as_str));
+    run::cargo(&args)
+}
