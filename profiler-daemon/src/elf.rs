@@ -1,1 +1,716 @@
-//! TODO
+//! Loading and validating the ELF file of a traced program.
+//!
+//! The daemon runs as root and reads whatever file the user points it at, so every file is
+//! treated as hostile: sizes are bounded before anything is allocated, all header fields are
+//! checked before they are used, and every offset computation is checked. The parsing itself
+//! goes through the `object` crate's low-level ELF API, which bounds-checks every access; this
+//! module adds the policy (which files are acceptable at all) and the few questions the rest of
+//! the daemon asks about the file (where does an address live in the file, what is its build id).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use object::elf;
+use object::read::elf::{
+    ElfFile64, FileHeader, NoteIterator, ProgramHeader, SectionHeader, SectionTable,
+};
+use object::LittleEndian;
+
+/// The largest file [`ElfImage::open`] accepts. The whole file is read into memory, so the limit
+/// bounds what a hostile path (a huge sparse file, say) can make the daemon allocate.
+pub const MAX_FILE_SIZE: u64 = 4 << 30;
+
+/// The ELF file header type of every file this module accepts (64-bit, little-endian).
+pub type FileHeader64 = elf::FileHeader64<LittleEndian>;
+
+/// The section table type of every file this module accepts.
+pub type Sections<'a> = SectionTable<'a, FileHeader64, &'a [u8]>;
+
+/// Why an ELF file was refused. Every message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    /// The file could not be opened, inspected or read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// The path names a directory, device, FIFO or socket.
+    #[error("{}: not a regular file", path.display())]
+    NotRegularFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is larger than [`MAX_FILE_SIZE`].
+    #[error("{}: file is larger than the {} MiB limit", path.display(), MAX_FILE_SIZE >> 20)]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file does not start with the ELF magic number.
+    #[error("{}: not an ELF file", path.display())]
+    NotElf {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is a 32-bit ELF file.
+    #[error("{}: 32-bit ELF files are not supported (only 64-bit x86_64 and aarch64)", path.display())]
+    Not64Bit {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is a big-endian ELF file.
+    #[error("{}: big-endian ELF files are not supported (only little-endian x86_64 and aarch64)", path.display())]
+    BigEndian {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is for a machine other than x86_64 or aarch64.
+    #[error("{}: unsupported ELF machine {machine} (only x86_64 and aarch64)", path.display())]
+    UnsupportedMachine {
+        /// The file.
+        path: PathBuf,
+        /// The raw `e_machine` value.
+        machine: u16,
+    },
+    /// A header, table or offset in the file is inconsistent or points outside the file.
+    #[error("{}: malformed ELF file: {reason}", path.display())]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, in a few words.
+        reason: String,
+    },
+}
+
+/// The instruction sets the tracer knows the XRay sled layouts of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Machine {
+    /// `EM_X86_64`.
+    X86_64,
+    /// `EM_AARCH64`.
+    Aarch64,
+}
+
+/// One `PT_LOAD` program header: a piece of the file mapped at a link-time address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSegment {
+    /// Link-time virtual address of the first byte (`p_vaddr`).
+    pub vaddr: u64,
+    /// Bytes the segment occupies in memory (`p_memsz`).
+    pub memsz: u64,
+    /// File offset of the first byte (`p_offset`).
+    pub offset: u64,
+    /// Bytes the segment takes from the file (`p_filesz`); the rest of `memsz` is zero-filled.
+    pub filesz: u64,
+    /// `PF_R`/`PF_W`/`PF_X` bits (`p_flags`).
+    pub flags: u32,
+}
+
+impl LoadSegment {
+    /// Whether the segment is mapped executable: only there can code, and so sleds, live.
+    pub fn is_executable(&self) -> bool {
+        self.flags & elf::PF_X != 0
+    }
+
+    /// File offset of `vaddr`, if `vaddr` lies in the file-backed part of the segment.
+    ///
+    /// The zero-filled tail (`filesz..memsz`) has no file offset, and uprobes are attached by
+    /// file offset, so it does not count.
+    pub fn file_offset(&self, vaddr: u64) -> Option<u64> {
+        let delta = vaddr.checked_sub(self.vaddr)?;
+        if delta >= self.filesz {
+            return None;
+        }
+        self.offset.checked_add(delta)
+    }
+}
+
+/// An ELF file read into memory, known to be a 64-bit little-endian x86_64 or aarch64 ELF file
+/// whose program and section header tables lie inside the file.
+///
+/// The fields are public so that tests can build images from bytes; every method re-checks
+/// what it relies on, so an image built by hand with bad data yields errors, not panics.
+#[derive(Clone, Debug)]
+pub struct ElfImage {
+    /// The path the file was read from, used in error messages.
+    pub path: PathBuf,
+    /// The whole file.
+    pub data: Vec<u8>,
+}
+
+impl ElfImage {
+    /// Reads and validates the file at `path`.
+    ///
+    /// Refuses a missing file, anything that is not a regular file, files larger than
+    /// [`MAX_FILE_SIZE`], and anything that is not a 64-bit little-endian x86_64 or aarch64 ELF
+    /// file with in-bounds program and section header tables.
+    pub fn open(path: &Path) -> Result<ElfImage, ElfError> {
+        let io = |source| ElfError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        // Look before opening: opening a FIFO blocks and opening a device can have side
+        // effects, and neither can be an executable anyway.
+        if !fs::metadata(path).map_err(io)?.is_file() {
+            return Err(ElfError::NotRegularFile {
+                path: path.to_path_buf(),
+            });
+        }
+        // O_NONBLOCK in case the path was swapped for a FIFO since the check; the file type is
+        // checked again on the opened descriptor, which cannot change under us.
+        let file: File = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(ElfError::NotRegularFile {
+                path: path.to_path_buf(),
+            });
+        }
+        if meta.len() > MAX_FILE_SIZE {
+            return Err(ElfError::TooLarge {
+                path: path.to_path_buf(),
+            });
+        }
+        let mut data = Vec::new();
+        let expected = usize::try_from(meta.len()).map_err(|_| ElfError::TooLarge {
+            path: path.to_path_buf(),
+        })?;
+        // try_reserve: a failed allocation becomes an error instead of aborting the daemon.
+        data.try_reserve_exact(expected)
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::OutOfMemory, e)))?;
+        // The file may grow while we read it; `take` keeps that bounded too.
+        file.take(MAX_FILE_SIZE + 1)
+            .read_to_end(&mut data)
+            .map_err(io)?;
+        if data.len() as u64 > MAX_FILE_SIZE {
+            return Err(ElfError::TooLarge {
+                path: path.to_path_buf(),
+            });
+        }
+        ElfImage::from_bytes(path.to_path_buf(), data)
+    }
+
+    /// Validates `data` as [`ElfImage::open`] does, without touching the file system.
+    /// `path` is only used in error messages.
+    pub fn from_bytes(path: PathBuf, data: Vec<u8>) -> Result<ElfImage, ElfError> {
+        if data.len() as u64 > MAX_FILE_SIZE {
+            return Err(ElfError::TooLarge { path });
+        }
+        let image = ElfImage { path, data };
+        image.header()?;
+        image.load_segments()?;
+        image.sections()?;
+        Ok(image)
+    }
+
+    fn malformed(&self, reason: impl Into<String>) -> ElfError {
+        ElfError::Malformed {
+            path: self.path.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The ELF file header, after checking the identification bytes and the machine.
+    pub fn header(&self) -> Result<&FileHeader64, ElfError> {
+        let path = || self.path.clone();
+        let data = &self.data[..];
+        if data.get(..4) != Some(&elf::ELFMAG[..]) {
+            return Err(ElfError::NotElf { path: path() });
+        }
+        // e_ident is 16 bytes: magic, class, data encoding, version, ABI, padding.
+        let (Some(&class), Some(&encoding)) = (data.get(4), data.get(5)) else {
+            return Err(self.malformed("truncated ELF header"));
+        };
+        match class {
+            elf::ELFCLASS64 => {}
+            elf::ELFCLASS32 => return Err(ElfError::Not64Bit { path: path() }),
+            other => return Err(self.malformed(format!("invalid ELF class {other}"))),
+        }
+        match encoding {
+            elf::ELFDATA2LSB => {}
+            elf::ELFDATA2MSB => return Err(ElfError::BigEndian { path: path() }),
+            other => return Err(self.malformed(format!("invalid ELF data encoding {other}"))),
+        }
+        let header = FileHeader64::parse(data).map_err(|_| {
+            if data.len() < std::mem::size_of::<FileHeader64>() {
+                self.malformed("truncated ELF header")
+            } else {
+                self.malformed("unsupported ELF header version")
+            }
+        })?;
+        let machine = header.e_machine(LittleEndian);
+        if machine_of(machine).is_none() {
+            return Err(ElfError::UnsupportedMachine {
+                path: path(),
+                machine,
+            });
+        }
+        Ok(header)
+    }
+
+    /// The instruction set of the file (checked when the image was made).
+    pub fn machine(&self) -> Result<Machine, ElfError> {
+        let header = self.header()?;
+        machine_of(header.e_machine(LittleEndian)).ok_or_else(|| {
+            // Unreachable after header() succeeded; kept as an error rather than a panic.
+            self.malformed("unsupported machine")
+        })
+    }
+
+    /// The ELF file type (`ET_EXEC`, `ET_DYN`, `ET_REL`, ...).
+    pub fn file_type(&self) -> Result<u16, ElfError> {
+        Ok(self.header()?.e_type(LittleEndian))
+    }
+
+    /// Parses the file with the `object` crate's high-level API.
+    ///
+    /// This also parses the symbol tables and relocation sections, so it fails on files whose
+    /// symbol tables are broken even when what the caller wants is intact; the modules of this
+    /// crate use [`ElfImage::sections`] and [`ElfImage::load_segments`] instead.
+    pub fn parse(&self) -> Result<ElfFile64<'_, LittleEndian>, ElfError> {
+        self.header()?;
+        ElfFile64::parse(&self.data[..]).map_err(|e| self.malformed(e.to_string()))
+    }
+
+    /// The section header table, with its string table. Empty when the file has no section
+    /// headers (a stripped-to-the-bone file is still a valid executable).
+    pub fn sections(&self) -> Result<Sections<'_>, ElfError> {
+        let header = self.header()?;
+        header
+            .sections(LittleEndian, &self.data[..])
+            .map_err(|e| self.malformed(e.to_string()))
+    }
+
+    /// All `PT_LOAD` program headers, in file order.
+    ///
+    /// Fails when a segment's file range runs past the end of the file or its address range
+    /// wraps around: such a file cannot be loaded, and it would make offset arithmetic lie.
+    pub fn load_segments(&self) -> Result<Vec<LoadSegment>, ElfError> {
+        let header = self.header()?;
+        let data = &self.data[..];
+        let phdrs = header
+            .program_headers(LittleEndian, data)
+            .map_err(|e| self.malformed(e.to_string()))?;
+        let mut out = Vec::new();
+        for (i, ph) in phdrs.iter().enumerate() {
+            if ph.p_type(LittleEndian) != elf::PT_LOAD {
+                continue;
+            }
+            let seg = LoadSegment {
+                vaddr: ph.p_vaddr(LittleEndian),
+                memsz: ph.p_memsz(LittleEndian),
+                offset: ph.p_offset(LittleEndian),
+                filesz: ph.p_filesz(LittleEndian),
+                flags: ph.p_flags(LittleEndian),
+            };
+            let file_end = seg.offset.checked_add(seg.filesz);
+            if file_end.is_none_or(|end| end > data.len() as u64) {
+                return Err(self.malformed(format!(
+                    "PT_LOAD program header {i} (offset {:#x}, size {:#x}) extends past the end of the file",
+                    seg.offset, seg.filesz
+                )));
+            }
+            if seg.vaddr.checked_add(seg.memsz.max(seg.filesz)).is_none() {
+                return Err(self.malformed(format!(
+                    "PT_LOAD program header {i} (address {:#x}, size {:#x}) wraps around the address space",
+                    seg.vaddr, seg.memsz
+                )));
+            }
+            out.push(seg);
+        }
+        Ok(out)
+    }
+
+    /// The `PT_LOAD` segment whose file-backed part contains `vaddr` (the first one, should a
+    /// hostile file have overlapping segments).
+    pub fn load_segment_of(&self, vaddr: u64) -> Option<LoadSegment> {
+        self.load_segments()
+            .ok()?
+            .into_iter()
+            .find(|seg| seg.file_offset(vaddr).is_some())
+    }
+
+    /// Maps a link-time virtual address to a file offset through the PT_LOAD header that
+    /// contains it: `vaddr - p_vaddr + p_offset`. `None` when no segment's file-backed part
+    /// contains the address.
+    pub fn file_offset(&self, vaddr: u64) -> Option<u64> {
+        self.load_segment_of(vaddr)?.file_offset(vaddr)
+    }
+
+    /// GNU build-id as lowercase hex, if present.
+    ///
+    /// Looks at note sections first and then at `PT_NOTE` segments, so it works for files with
+    /// and without section headers. Malformed notes are skipped, not reported: the build id is
+    /// informational.
+    pub fn build_id(&self) -> Option<String> {
+        let header = self.header().ok()?;
+        let data = &self.data[..];
+        if let Ok(sections) = self.sections() {
+            for section in sections.iter() {
+                if let Ok(Some(notes)) = section.notes(LittleEndian, data) {
+                    if let Some(id) = find_build_id(notes) {
+                        return Some(id);
+                    }
+                }
+            }
+        }
+        let phdrs = header.program_headers(LittleEndian, data).ok()?;
+        for ph in phdrs {
+            if let Ok(Some(notes)) = ph.notes(LittleEndian, data) {
+                if let Some(id) = find_build_id(notes) {
+                    return Some(id);
+                }
+            }
+        }
+        None
+    }
+}
+
+fn machine_of(e_machine: u16) -> Option<Machine> {
+    match e_machine {
+        elf::EM_X86_64 => Some(Machine::X86_64),
+        elf::EM_AARCH64 => Some(Machine::Aarch64),
+        _ => None,
+    }
+}
+
+fn find_build_id(mut notes: NoteIterator<'_, FileHeader64>) -> Option<String> {
+    while let Ok(Some(note)) = notes.next() {
+        if note.name() == elf::ELF_NOTE_GNU
+            && note.n_type(LittleEndian) == elf::NT_GNU_BUILD_ID
+            && !note.desc().is_empty()
+        {
+            return Some(note.desc().iter().map(|b| format!("{b:02x}")).collect());
+        }
+    }
+    None
+}
+
+/// Builders of small, valid ELF files for the unit tests of this crate.
+#[cfg(test)]
+pub(crate) mod testelf {
+    use object::elf;
+
+    /// A section to put in a synthetic ELF file.
+    pub struct Section {
+        pub name: &'static str,
+        pub sh_type: u32,
+        pub flags: u64,
+        pub addr: u64,
+        pub data: Vec<u8>,
+        pub link: u32,
+        pub entsize: u64,
+    }
+
+    /// A `PT_LOAD` segment covering `[vaddr, vaddr + size)` at file offset `offset`.
+    pub struct Segment {
+        pub vaddr: u64,
+        pub offset: u64,
+        pub size: u64,
+        pub flags: u32,
+    }
+
+    fn push_u16(out: &mut Vec<u8>, v: u16) {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    fn push_u32(out: &mut Vec<u8>, v: u32) {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    fn push_u64(out: &mut Vec<u8>, v: u64) {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+
+    /// Lays out: ELF header, program headers, section data (in order, 16-aligned), zero
+    /// padding up to the end of the last segment, section name table, section headers. Section data is placed at file offset == its `addr` when
+    /// `addr` is non-zero and large enough, so that an identity-mapped segment covers it.
+    pub fn build(e_type: u16, machine: u16, segments: &[Segment], sections: &[Section]) -> Vec<u8> {
+        let phoff = 64u64;
+        let mut body_start = phoff + 56 * segments.len() as u64;
+        body_start = body_start.next_multiple_of(16);
+        let mut out = vec![0u8; body_start as usize];
+        let mut offsets = Vec::new();
+        for s in sections {
+            let mut off = (out.len() as u64).next_multiple_of(16);
+            if s.addr >= off && s.addr < (1 << 24) {
+                off = s.addr;
+            }
+            out.resize(off as usize, 0);
+            offsets.push(off);
+            out.extend_from_slice(&s.data);
+        }
+        // Every segment's file range must lie inside the file.
+        let seg_end = segments
+            .iter()
+            .map(|s| s.offset + s.size)
+            .max()
+            .unwrap_or(0);
+        if (out.len() as u64) < seg_end {
+            out.resize(seg_end as usize, 0);
+        }
+        // Section name string table.
+        let mut shstr = vec![0u8];
+        let mut name_offs = Vec::new();
+        for s in sections {
+            name_offs.push(shstr.len() as u32);
+            shstr.extend_from_slice(s.name.as_bytes());
+            shstr.push(0);
+        }
+        let shstr_name = shstr.len() as u32;
+        shstr.extend_from_slice(b".shstrtab\0");
+        let shstr_off = out.len() as u64;
+        out.extend_from_slice(&shstr);
+        let shoff = (out.len() as u64).next_multiple_of(8);
+        out.resize(shoff as usize, 0);
+        // Null section header.
+        out.extend_from_slice(&[0u8; 64]);
+        for (i, s) in sections.iter().enumerate() {
+            push_u32(&mut out, name_offs[i]);
+            push_u32(&mut out, s.sh_type);
+            push_u64(&mut out, s.flags);
+            push_u64(&mut out, s.addr);
+            push_u64(&mut out, offsets[i]);
+            push_u64(&mut out, s.data.len() as u64);
+            push_u32(&mut out, s.link);
+            push_u32(&mut out, 0);
+            push_u64(&mut out, 1);
+            push_u64(&mut out, s.entsize);
+        }
+        push_u32(&mut out, shstr_name);
+        push_u32(&mut out, elf::SHT_STRTAB);
+        push_u64(&mut out, 0);
+        push_u64(&mut out, 0);
+        push_u64(&mut out, shstr_off);
+        push_u64(&mut out, shstr.len() as u64);
+        push_u32(&mut out, 0);
+        push_u32(&mut out, 0);
+        push_u64(&mut out, 1);
+        push_u64(&mut out, 0);
+        let shnum = sections.len() as u16 + 2;
+
+        // ELF header.
+        let mut h = Vec::new();
+        h.extend_from_slice(&elf::ELFMAG);
+        h.extend_from_slice(&[elf::ELFCLASS64, elf::ELFDATA2LSB, elf::EV_CURRENT, 0]);
+        h.extend_from_slice(&[0u8; 8]);
+        push_u16(&mut h, e_type);
+        push_u16(&mut h, machine);
+        push_u32(&mut h, 1);
+        push_u64(&mut h, 0); // e_entry
+        push_u64(&mut h, if segments.is_empty() { 0 } else { phoff });
+        push_u64(&mut h, shoff);
+        push_u32(&mut h, 0);
+        push_u16(&mut h, 64);
+        push_u16(&mut h, 56);
+        push_u16(&mut h, segments.len() as u16);
+        push_u16(&mut h, 64);
+        push_u16(&mut h, shnum);
+        push_u16(&mut h, shnum - 1);
+        for seg in segments {
+            push_u32(&mut h, elf::PT_LOAD);
+            push_u32(&mut h, seg.flags);
+            push_u64(&mut h, seg.offset);
+            push_u64(&mut h, seg.vaddr);
+            push_u64(&mut h, seg.vaddr);
+            push_u64(&mut h, seg.size);
+            push_u64(&mut h, seg.size);
+            push_u64(&mut h, 0x1000);
+        }
+        out[..h.len()].copy_from_slice(&h);
+        out
+    }
+
+    /// A GNU build-id note section with the given id bytes.
+    pub fn build_id_note(id: &[u8]) -> Section {
+        let mut data = Vec::new();
+        data.extend_from_slice(&4u32.to_le_bytes());
+        data.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        data.extend_from_slice(&elf::NT_GNU_BUILD_ID.to_le_bytes());
+        data.extend_from_slice(b"GNU\0");
+        data.extend_from_slice(id);
+        while data.len() % 4 != 0 {
+            data.push(0);
+        }
+        Section {
+            name: ".note.gnu.build-id",
+            sh_type: elf::SHT_NOTE,
+            flags: u64::from(elf::SHF_ALLOC),
+            addr: 0,
+            data,
+            link: 0,
+            entsize: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testelf::{build, build_id_note, Segment};
+    use super::*;
+
+    fn image(data: Vec<u8>) -> Result<ElfImage, ElfError> {
+        ElfImage::from_bytes(PathBuf::from("./x"), data)
+    }
+
+    fn minimal() -> Vec<u8> {
+        build(
+            elf::ET_EXEC,
+            elf::EM_X86_64,
+            &[
+                Segment {
+                    vaddr: 0x40_0000,
+                    offset: 0,
+                    size: 0x100,
+                    flags: elf::PF_R,
+                },
+                Segment {
+                    vaddr: 0x40_1100,
+                    offset: 0x100,
+                    size: 0x80,
+                    flags: elf::PF_R | elf::PF_X,
+                },
+            ],
+            &[build_id_note(&[0xde, 0xad, 0xbe, 0xef])],
+        )
+    }
+
+    #[test]
+    fn accepts_minimal_file_and_maps_addresses() {
+        let img = image(minimal()).unwrap();
+        assert_eq!(img.machine().unwrap(), Machine::X86_64);
+        assert_eq!(img.file_offset(0x40_0010), Some(0x10));
+        assert_eq!(img.file_offset(0x40_1100), Some(0x100));
+        assert_eq!(img.file_offset(0x40_117f), Some(0x17f));
+        assert_eq!(img.file_offset(0x40_1180), None);
+        assert_eq!(img.file_offset(0), None);
+        assert_eq!(img.file_offset(u64::MAX), None);
+        assert!(img.load_segment_of(0x40_1100).unwrap().is_executable());
+        assert_eq!(img.build_id().as_deref(), Some("deadbeef"));
+        assert!(img.parse().is_ok());
+    }
+
+    #[test]
+    fn refuses_non_elf_and_truncated_files() {
+        let msg = |r: Result<ElfImage, ElfError>| r.unwrap_err().to_string();
+        assert_eq!(msg(image(Vec::new())), "./x: not an ELF file");
+        assert_eq!(msg(image(b"#!/bin/sh\n".to_vec())), "./x: not an ELF file");
+        assert_eq!(
+            msg(image(b"\x7fELF".to_vec())),
+            "./x: malformed ELF file: truncated ELF header"
+        );
+        let full = minimal();
+        for len in 0..full.len() {
+            // Every prefix must be refused or accepted without panicking; prefixes that cut a
+            // table referenced by the header must be refused.
+            let r = image(full[..len].to_vec());
+            if len < 64 {
+                assert!(r.is_err(), "prefix of {len} bytes accepted");
+            }
+            if let Ok(img) = r {
+                let _ = img.build_id();
+                let _ = img.file_offset(0x40_1100);
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_wrong_class_endianness_and_machine() {
+        let mut d = minimal();
+        d[4] = elf::ELFCLASS32;
+        assert!(matches!(image(d).unwrap_err(), ElfError::Not64Bit { .. }));
+        let mut d = minimal();
+        d[5] = elf::ELFDATA2MSB;
+        assert!(matches!(image(d).unwrap_err(), ElfError::BigEndian { .. }));
+        let mut d = minimal();
+        d[18..20].copy_from_slice(&elf::EM_RISCV.to_le_bytes());
+        assert_eq!(
+            image(d).unwrap_err().to_string(),
+            format!(
+                "./x: unsupported ELF machine {} (only x86_64 and aarch64)",
+                elf::EM_RISCV
+            )
+        );
+        let mut d = minimal();
+        d[18..20].copy_from_slice(&elf::EM_AARCH64.to_le_bytes());
+        assert_eq!(image(d).unwrap().machine().unwrap(), Machine::Aarch64);
+    }
+
+    #[test]
+    fn refuses_tables_outside_the_file() {
+        // e_phoff pointing past the end.
+        let mut d = minimal();
+        d[0x20..0x28].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(image(d).unwrap_err(), ElfError::Malformed { .. }));
+        // e_shoff pointing past the end.
+        let mut d = minimal();
+        d[0x28..0x30].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        assert!(matches!(image(d).unwrap_err(), ElfError::Malformed { .. }));
+        // A PT_LOAD whose file range runs past the end of the file (p_filesz of segment 1).
+        let mut d = minimal();
+        let filesz = 64 + 56 + 32;
+        d[filesz..filesz + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let err = image(d).unwrap_err().to_string();
+        assert!(err.contains("extends past the end of the file"), "{err}");
+        // A PT_LOAD whose address range wraps.
+        let mut d = minimal();
+        let vaddr = 64 + 56 + 16;
+        d[vaddr..vaddr + 8].copy_from_slice(&(u64::MAX - 4).to_le_bytes());
+        let err = image(d).unwrap_err().to_string();
+        assert!(err.contains("wraps around"), "{err}");
+    }
+
+    #[test]
+    fn hand_built_images_with_garbage_do_not_panic() {
+        let img = ElfImage {
+            path: PathBuf::from("./x"),
+            data: vec![0x7f, b'E', b'L', b'F', 2, 1, 1],
+        };
+        assert!(img.header().is_err());
+        assert!(img.parse().is_err());
+        assert!(img.load_segments().is_err());
+        assert_eq!(img.file_offset(0), None);
+        assert_eq!(img.build_id(), None);
+    }
+
+    #[test]
+    fn open_refuses_missing_files_and_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let err = ElfImage::open(&missing).unwrap_err();
+        assert!(matches!(err, ElfError::Io { .. }));
+        assert!(err.to_string().starts_with(&missing.display().to_string()));
+        assert!(matches!(
+            ElfImage::open(dir.path()).unwrap_err(),
+            ElfError::NotRegularFile { .. }
+        ));
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        assert_eq!(
+            ElfImage::open(&empty).unwrap_err().to_string(),
+            format!("{}: not an ELF file", empty.display())
+        );
+        let good = dir.path().join("good");
+        std::fs::write(&good, minimal()).unwrap();
+        assert_eq!(ElfImage::open(&good).unwrap().data, minimal());
+    }
+
+    #[test]
+    fn open_refuses_fifos_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(matches!(
+            ElfImage::open(&fifo).unwrap_err(),
+            ElfError::NotRegularFile { .. }
+        ));
+    }
+}

@@ -1,1 +1,390 @@
-//! TODO
+//! Function names for instrumented functions, from the ELF symbol tables.
+//!
+//! Names are demangled the way `llvm-xray extract --symbolize` shows them, so that summaries
+//! and `llvm-xray account`/`graph` output of the same trace agree:
+//!
+//! * C++ (Itanium, `_Z`) through `cpp_demangle`: `fib(int)`, `ns::K::m(int) const`, with
+//!   `>>` between closing template brackets as LLVM 17 and later print it (llvm-xray 14
+//!   printed `> >`).
+//! * Rust v0 (`_R`) through `rustc-demangle` without crate disambiguators, as LLVM's Rust
+//!   demangler prints them: `<r::inner::W<u32>>::get`.
+//! * Rust legacy (`_ZN...17h<hash>E`) through `rustc-demangle` *with* the hash. LLVM demangles
+//!   these as Itanium names and keeps the hash too, but leaves the `$LT$`-style escapes in
+//!   (`W$LT$T$GT$::get::h70e1...`) where we print `W<T>::get::h70e1...`. The hash is kept
+//!   because legacy names carry no generic arguments: without it every instance of a generic
+//!   function would have the same name.
+//! * Anything else as it is.
+//!
+//! Symbol tables come from hostile files, so the table is built without reading any name:
+//! the string tables are copied once, and a name is read (bounded), demangled (bounded) and
+//! kept only when its address is first asked about. A file with millions of symbols sharing
+//! one huge name costs a few bytes per symbol.
+
+use std::fmt::{self, Write as _};
+use std::sync::OnceLock;
+
+use object::elf;
+use object::read::elf::{SectionHeader as _, Sym as _};
+use object::LittleEndian;
+
+use crate::elf::ElfImage;
+
+/// Longest raw symbol name read from a string table; longer names are cut here. Real
+/// mangled names stay well below this, and the cap bounds the work one lookup can cause.
+pub const MAX_NAME_LEN: usize = 64 * 1024;
+
+/// Longest demangled name kept; a longer demangling (exponential substitution blow-ups are
+/// possible in the Itanium scheme) falls back to the raw name.
+pub const MAX_DEMANGLED_LEN: usize = 16 * 1024;
+
+/// Function symbols of one file, sorted by address, one per address.
+#[derive(Debug, Default)]
+pub struct SymbolTable {
+    /// Sorted by `address`; addresses are unique.
+    entries: Vec<Entry>,
+    /// Copies of the string tables the entries' names point into (`.strtab`, `.dynstr`).
+    strtabs: Vec<Box<[u8]>>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    address: u64,
+    size: u64,
+    /// Index into `SymbolTable::strtabs`.
+    strtab: usize,
+    /// Offset of the name in that string table.
+    name_offset: u32,
+    /// Demangled on first use.
+    name: OnceLock<Box<str>>,
+}
+
+/// A function symbol as returned by [`SymbolTable::lookup`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Symbol<'a> {
+    /// Start address (`st_value`).
+    pub address: u64,
+    /// Size in bytes (`st_size`); 0 when the symbol table does not say.
+    pub size: u64,
+    /// Demangled name.
+    pub name: &'a str,
+}
+
+impl SymbolTable {
+    /// Collects the function symbols (`STT_FUNC`, `STT_GNU_IFUNC`) defined in the file, from
+    /// `.symtab` and then `.dynsym`. Never fails: a missing or broken table contributes
+    /// nothing, so the result may be empty.
+    ///
+    /// `.dynsym` only names addresses `.symtab` leaves unnamed (it matters for stripped files).
+    /// When several symbols of one table start at one address, the one kept is chosen as
+    /// LLVM's symbolizer does: the largest size, then the last in table order.
+    pub fn from_elf(image: &ElfImage) -> SymbolTable {
+        let mut table = SymbolTable::default();
+        let Ok(sections) = image.sections() else {
+            return table;
+        };
+        let data = &image.data[..];
+        let mut seen_addresses = std::collections::HashSet::new();
+        for sh_type in [elf::SHT_SYMTAB, elf::SHT_DYNSYM] {
+            let Ok(symbols) = sections.symbols(LittleEndian, data, sh_type) else {
+                continue;
+            };
+            if symbols.is_empty() {
+                continue;
+            }
+            // The names live in the linked string table; copy it (bounded by the file size,
+            // once per table) so the table does not borrow the image.
+            let strtab: Box<[u8]> = sections
+                .section(symbols.string_section())
+                .ok()
+                .filter(|s| s.sh_type(LittleEndian) == elf::SHT_STRTAB)
+                .and_then(|s| s.data(LittleEndian, data).ok())
+                .unwrap_or_default()
+                .into();
+            let strtab_index = table.strtabs.len();
+            table.strtabs.push(strtab);
+            let mut found: Vec<Entry> = symbols
+                .iter()
+                .filter(|s| {
+                    matches!(s.st_type(), elf::STT_FUNC | elf::STT_GNU_IFUNC)
+                        && s.st_shndx(LittleEndian) != elf::SHN_UNDEF
+                        && s.st_value(LittleEndian) != 0
+                })
+                .map(|s| Entry {
+                    address: s.st_value(LittleEndian),
+                    size: s.st_size(LittleEndian),
+                    strtab: strtab_index,
+                    name_offset: s.st_name(LittleEndian),
+                    name: OnceLock::new(),
+                })
+                .collect();
+            // Stable sort by (address, size): the last of each address run is the keeper.
+            found.sort_by_key(|e| (e.address, e.size));
+            let mut keep: Vec<Entry> = Vec::new();
+            for e in found {
+                match keep.last_mut() {
+                    Some(last) if last.address == e.address => *last = e,
+                    _ => keep.push(e),
+                }
+            }
+            // `.dynsym` only fills addresses `.symtab` does not name.
+            keep.retain(|e| !seen_addresses.contains(&e.address));
+            seen_addresses.extend(keep.iter().map(|e| e.address));
+            table.entries.extend(keep);
+        }
+        table.entries.sort_by_key(|e| e.address);
+        table
+    }
+
+    /// Number of function symbols.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the file had no usable function symbols.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The function symbol that starts at or contains `addr`.
+    ///
+    /// A symbol contains the addresses `[address, address + size)`; a symbol of size 0 is
+    /// taken to extend to the next symbol, as LLVM's symbolizer does.
+    pub fn lookup(&self, addr: u64) -> Option<Symbol<'_>> {
+        let after = self.entries.partition_point(|e| e.address <= addr);
+        let entry = self.entries.get(after.checked_sub(1)?)?;
+        if entry.size != 0 && addr - entry.address >= entry.size {
+            return None;
+        }
+        Some(Symbol {
+            address: entry.address,
+            size: entry.size,
+            name: self.name_of(entry),
+        })
+    }
+
+    /// Demangled name of the function symbol that starts at (or contains) `addr`: Rust legacy
+    /// and v0 via rustc-demangle, C++ Itanium via cpp_demangle, plain names as they are.
+    pub fn name_at(&self, addr: u64) -> Option<&str> {
+        self.lookup(addr).map(|s| s.name)
+    }
+
+    fn name_of<'a>(&'a self, entry: &'a Entry) -> &'a str {
+        entry.name.get_or_init(|| {
+            let raw = self
+                .strtabs
+                .get(entry.strtab)
+                .and_then(|t| t.get(usize::try_from(entry.name_offset).ok()?..))
+                .unwrap_or_default();
+            let raw = &raw[..raw.len().min(MAX_NAME_LEN)];
+            let raw = raw.split(|&b| b == 0).next().unwrap_or_default();
+            demangle(&String::from_utf8_lossy(raw)).into_boxed_str()
+        })
+    }
+}
+
+/// Demangles one symbol name the way [`SymbolTable`] does (see the module documentation);
+/// returns the name unchanged when it is not mangled or does not demangle.
+pub fn demangle(raw: &str) -> String {
+    // Demanglers are complex parsers fed hostile input; should one panic anyway, the raw
+    // name is still a correct answer.
+    std::panic::catch_unwind(|| try_demangle(raw))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| raw.to_owned())
+}
+
+fn try_demangle(raw: &str) -> Option<String> {
+    let mut out = Limited::default();
+    let v0 = raw.starts_with("_R");
+    if v0 || raw.starts_with("_ZN") {
+        if let Ok(d) = rustc_demangle::try_demangle(raw) {
+            // `{:#}` drops v0 crate disambiguators (LLVM prints none) and would drop legacy
+            // hashes (which we keep, see the module documentation).
+            let r = if v0 {
+                write!(out, "{d:#}")
+            } else {
+                write!(out, "{d}")
+            };
+            return r.ok().map(|()| out.text);
+        }
+    }
+    if raw.starts_with("_Z") {
+        let symbol = cpp_demangle::Symbol::new(raw.as_bytes()).ok()?;
+        symbol
+            .structured_demangle(&mut out, &cpp_demangle::DemangleOptions::default())
+            .ok()?;
+        return Some(close_angle_brackets(&out.text));
+    }
+    None
+}
+
+/// Drops the space cpp_demangle puts between consecutive closing template brackets
+/// (`vector<basic_string<char> >`), as LLVM's demangler stopped doing in LLVM 17: llvm-xray 19
+/// prints `vector<basic_string<char>>` (llvm-xray 14 still printed `> >`).
+fn close_angle_brackets(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    for (i, c) in text.char_indices() {
+        let between_closers =
+            c == ' ' && i > 0 && bytes[i - 1] == b'>' && bytes.get(i + 1) == Some(&b'>');
+        if !between_closers {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A string writer that fails once [`MAX_DEMANGLED_LEN`] is exceeded, which stops the
+/// demanglers early instead of letting a hostile name build a huge string.
+#[derive(Default)]
+struct Limited {
+    text: String,
+}
+
+impl fmt::Write for Limited {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        if self.text.len().saturating_add(s.len()) > MAX_DEMANGLED_LEN {
+            return Err(fmt::Error);
+        }
+        self.text.push_str(s);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elf::testelf::{build, Section, Segment};
+    use std::path::PathBuf;
+
+    #[test]
+    fn demangles_like_llvm_xray() {
+        assert_eq!(demangle("_Z3fibi"), "fib(int)");
+        assert_eq!(demangle("_ZNK2ns1K1mEi"), "ns::K::m(int) const");
+        assert_eq!(demangle("main"), "main");
+        assert_eq!(
+            demangle("_Z5totalRKSt6vectorIS_IiSaIiEESaIS1_EE"),
+            "total(std::vector<std::vector<int, std::allocator<int>>, \
+             std::allocator<std::vector<int, std::allocator<int>>>> const&)"
+        );
+        assert_eq!(
+            demangle("_ZN1r3fib17hf87c77873f524c04E"),
+            "r::fib::hf87c77873f524c04"
+        );
+        assert_eq!(
+            demangle("_ZN1r5inner10W$LT$T$GT$3get17h70e1d8cdf02118a5E"),
+            "r::inner::W<T>::get::h70e1d8cdf02118a5"
+        );
+        assert_eq!(demangle("_RNvCs1234_1r3fib"), "r::fib");
+        // Not demanglable: returned as is.
+        assert_eq!(demangle("_Z"), "_Z");
+        assert_eq!(demangle("_ZZZZ"), "_ZZZZ");
+        assert_eq!(demangle("_R"), "_R");
+    }
+
+    #[test]
+    fn hostile_names_are_bounded() {
+        // Deep nesting: the demanglers' recursion limits refuse it; we return it raw.
+        let deep = format!("_Z1f{}", "P".repeat(100_000)) + "i";
+        assert_eq!(demangle(&deep), deep);
+        // A name whose demangling would be huge falls back to the raw name.
+        let long = format!("_ZN{}E", "9abcdefghi".repeat(4000));
+        assert_eq!(demangle(&long), long);
+    }
+
+    fn symtab(symbols: &[(u64, u64, u8, &str)]) -> (Section, Section) {
+        let mut strtab = vec![0u8];
+        let mut data = vec![0u8; 24]; // null symbol
+        for &(value, size, st_type, name) in symbols {
+            let off = strtab.len() as u32;
+            strtab.extend_from_slice(name.as_bytes());
+            strtab.push(0);
+            data.extend_from_slice(&off.to_le_bytes());
+            data.push((elf::STB_GLOBAL << 4) | st_type);
+            data.push(0);
+            data.extend_from_slice(&1u16.to_le_bytes()); // section 1 (.strtab), any non-zero
+            data.extend_from_slice(&value.to_le_bytes());
+            data.extend_from_slice(&size.to_le_bytes());
+        }
+        (
+            Section {
+                name: ".strtab",
+                sh_type: elf::SHT_STRTAB,
+                flags: 0,
+                addr: 0,
+                data: strtab,
+                link: 0,
+                entsize: 0,
+            },
+            Section {
+                name: ".symtab",
+                sh_type: elf::SHT_SYMTAB,
+                flags: 0,
+                addr: 0,
+                data,
+                link: 1,
+                entsize: 24,
+            },
+        )
+    }
+
+    fn image(sections: Vec<Section>) -> ElfImage {
+        let seg = Segment {
+            vaddr: 0x1000,
+            offset: 0,
+            size: 0x40,
+            flags: elf::PF_R | elf::PF_X,
+        };
+        let data = build(elf::ET_EXEC, elf::EM_X86_64, &[seg], &sections);
+        ElfImage::from_bytes(PathBuf::from("./x"), data).unwrap()
+    }
+
+    #[test]
+    fn looks_up_function_symbols() {
+        let (strtab, symtab) = symtab(&[
+            (0x1000, 0x10, elf::STT_FUNC, "_Z3fibi"),
+            (0x1010, 0x10, elf::STT_OBJECT, "data"),
+            (0x1020, 0, elf::STT_FUNC, "sizeless"),
+            (0x1040, 0x10, elf::STT_FUNC, "small"),
+            (0x1040, 0x20, elf::STT_FUNC, "big"),
+            (0x1040, 0x20, elf::STT_FUNC, "big_last"),
+        ]);
+        let table = SymbolTable::from_elf(&image(vec![strtab, symtab]));
+        assert_eq!(table.len(), 3);
+        assert_eq!(table.name_at(0x1000), Some("fib(int)"));
+        assert_eq!(table.name_at(0x100f), Some("fib(int)"));
+        assert_eq!(table.name_at(0x1010), None);
+        assert_eq!(table.name_at(0x0fff), None);
+        assert_eq!(table.name_at(0x103f), Some("sizeless"));
+        assert_eq!(table.name_at(0x1040), Some("big_last"));
+        assert_eq!(table.name_at(0x1060), None);
+        assert_eq!(table.name_at(u64::MAX), None);
+        assert_eq!(
+            table.lookup(0x1044),
+            Some(Symbol {
+                address: 0x1040,
+                size: 0x20,
+                name: "big_last"
+            })
+        );
+    }
+
+    #[test]
+    fn broken_tables_give_an_empty_table() {
+        let (strtab, mut bad) = symtab(&[(0x1000, 0x10, elf::STT_FUNC, "f")]);
+        bad.data.truncate(30); // not a whole number of symbols
+        bad.link = 7; // and a dangling string table link
+        let table = SymbolTable::from_elf(&image(vec![strtab, bad]));
+        assert!(table.name_at(0x1000).is_none_or(|n| n == "f"));
+        // Name offsets outside the string table give empty names, not panics.
+        let (mut strtab, symtab) = symtab(&[(0x1000, 0x10, elf::STT_FUNC, "f")]);
+        strtab.data.truncate(1);
+        let table = SymbolTable::from_elf(&image(vec![strtab, symtab]));
+        assert_eq!(table.name_at(0x1000), Some(""));
+        let garbage = ElfImage {
+            path: PathBuf::from("./x"),
+            data: vec![1, 2, 3],
+        };
+        assert!(SymbolTable::from_elf(&garbage).is_empty());
+    }
+}
