@@ -1,1 +1,64 @@
-//! TODO
+//! Command-line interface of `fdr-profiled`.
+use clap::Parser;
+use profiler_common::DEFAULT_RING_BYTES;
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Traces programs built with LLVM XRay, from the outside, into XRay FDR trace files.
+///
+/// Examples:
+///   fdr-profiled --out trace/ -- ./bin args     launch ./bin and trace it until it exits
+///   fdr-profiled --attach ./bin --out trace/    trace every process running ./bin until Ctrl-C
+#[derive(Debug, Parser)]
+#[command(name = "fdr-profiled", version, verbatim_doc_comment)]
+pub struct Cli {
+    /// Trace every process running this binary: those already running and those started later.
+    #[arg(
+        long,
+        value_name = "BIN",
+        conflicts_with = "command",
+        required_unless_present = "command"
+    )]
+    pub attach: Option<PathBuf>,
+
+    /// Directory for the trace (created; must be empty if it exists). One subdirectory per traced
+    /// process, one FDR file per thread, and session.json.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+
+    /// Stop after this many seconds (default: until Ctrl-C/SIGTERM, or until the launched command exits).
+    #[arg(long, value_name = "SECS", value_parser = parse_duration)]
+    pub duration: Option<std::time::Duration>,
+
+    /// Size in bytes of the kernel's event ring buffer (a power of two).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES)]
+    pub buffer_size: u32,
+
+    /// How many functions the summary lists.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+
+    /// The command to launch and trace (after `--`).
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("not a number of seconds: {s}"))?;
+    std::time::Duration::try_from_secs_f64(secs).map_err(|_| format!("not a valid duration: {s}"))
+}
+
+impl Cli {
+    /// The output directory: `--out`, or `fdr-profiled.<unix time>` in the current directory.
+    pub fn out_dir(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            PathBuf::from(format!("fdr-profiled.{secs}"))
+        })
+    }
+}

@@ -1,1 +1,235 @@
-//! TODO
+//! What a session produced, for the terminal and for `session.json`.
+use crate::plan::FunctionNames;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+/// Per-function totals, accumulated from matched entry/exit pairs as they are written.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct FunctionTotals {
+    /// Completed calls (an entry with its exit or tail exit).
+    pub calls: u64,
+    /// Sum of the calls' inclusive durations in nanoseconds (recursive calls count at every level,
+    /// as `llvm-xray account` counts them).
+    pub total_ns: u64,
+}
+
+/// Deepest call stack a thread's timer tracks; deeper frames are not timed (bounded memory).
+const MAX_TIMED_DEPTH: usize = 1 << 16;
+
+/// Times calls of one thread from its entry and exit records.
+#[derive(Debug, Default)]
+pub struct CallTimer {
+    stack: Vec<(u32, u64)>,
+    too_deep: usize,
+}
+
+impl CallTimer {
+    /// A function was entered at `ts` nanoseconds.
+    pub fn enter(&mut self, function_id: u32, ts: u64) {
+        if self.stack.len() < MAX_TIMED_DEPTH {
+            self.stack.push((function_id, ts));
+        } else {
+            self.too_deep += 1;
+        }
+    }
+
+    /// A function returned (or tail-called out) at `ts`. Frames above it that never saw their
+    /// exit (unwound by an exception, say) are dropped untimed.
+    pub fn exit(&mut self, function_id: u32, ts: u64, totals: &mut HashMap<u32, FunctionTotals>) {
+        if self.too_deep > 0 {
+            self.too_deep -= 1;
+            return;
+        }
+        let Some(pos) = self.stack.iter().rposition(|&(id, _)| id == function_id) else {
+            return;
+        };
+        let (_, start) = self.stack[pos];
+        self.stack.truncate(pos);
+        let t = totals.entry(function_id).or_default();
+        t.calls += 1;
+        t.total_ns = t.total_ns.saturating_add(ts.saturating_sub(start));
+    }
+}
+
+/// One thread's output file.
+#[derive(Debug, Serialize)]
+pub struct ThreadReport {
+    /// Kernel thread id.
+    pub tid: u32,
+    /// The FDR file, relative to the session directory.
+    pub file: String,
+    /// Function records written.
+    pub records: u64,
+    /// Events received for this thread.
+    pub events: u64,
+    /// Exits dropped because their entry was never seen (tracing started inside the call).
+    pub dropped_unmatched_exits: u64,
+    /// Events dropped because the file could not be written.
+    pub dropped_write_errors: u64,
+}
+
+/// One traced process.
+#[derive(Debug, Serialize)]
+pub struct ProcessReport {
+    /// Process id.
+    pub pid: u32,
+    /// The instrumented binary it ran.
+    pub binary: String,
+    /// Its directory, relative to the session directory.
+    pub dir: String,
+    /// Its threads that ran instrumented code.
+    pub threads: Vec<ThreadReport>,
+}
+
+/// A function's line in the summary.
+#[derive(Debug, Serialize)]
+pub struct FunctionReport {
+    /// XRay function id.
+    pub id: u32,
+    /// Demangled name (or `#id`).
+    pub name: String,
+    /// Completed calls.
+    pub calls: u64,
+    /// Total inclusive time in nanoseconds.
+    pub total_ns: u64,
+}
+
+/// Everything a session produced; serialised as `session.json`.
+#[derive(Debug, Serialize)]
+pub struct SessionReport {
+    /// Events received from the kernel.
+    pub events: u64,
+    /// Events the kernel could not deliver (ring buffer full).
+    pub events_lost: u64,
+    /// Events that could not be written to a file.
+    pub events_dropped_write_errors: u64,
+    /// Exits dropped because their entry was never seen.
+    pub dropped_unmatched_exits: u64,
+    /// Events from sleds this version does not record, or from processes not being traced.
+    pub events_ignored: u64,
+    /// Traced processes.
+    pub processes: Vec<ProcessReport>,
+    /// Functions by total time, longest first.
+    pub functions: Vec<FunctionReport>,
+}
+
+impl SessionReport {
+    /// Functions ordered by total time, longest first, named.
+    pub fn rank_functions(
+        totals: &HashMap<u32, FunctionTotals>,
+        names: &FunctionNames,
+    ) -> Vec<FunctionReport> {
+        let mut out: Vec<FunctionReport> = totals
+            .iter()
+            .map(|(&id, t)| FunctionReport {
+                id,
+                name: names.name(id),
+                calls: t.calls,
+                total_ns: t.total_ns,
+            })
+            .collect();
+        out.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.id.cmp(&b.id)));
+        out
+    }
+
+    /// The human summary printed at the end of a session.
+    pub fn render(&self, out_dir: &std::path::Path, top: usize) -> String {
+        let threads: usize = self.processes.iter().map(|p| p.threads.len()).sum();
+        let mut s = String::new();
+        let _ = writeln!(s, "fdr-profiled: session summary");
+        let _ = writeln!(
+            s,
+            "  processes: {}, threads: {}",
+            self.processes.len(),
+            threads
+        );
+        let _ = writeln!(
+            s,
+            "  events: {}, events lost: {}",
+            self.events, self.events_lost
+        );
+        if self.events_dropped_write_errors > 0 {
+            let _ = writeln!(
+                s,
+                "  events dropped on write errors: {}",
+                self.events_dropped_write_errors
+            );
+        }
+        if self.dropped_unmatched_exits > 0 {
+            let _ = writeln!(
+                s,
+                "  exits without a traced entry (not written): {}",
+                self.dropped_unmatched_exits
+            );
+        }
+        if self.events_ignored > 0 {
+            let _ = writeln!(s, "  events ignored: {}", self.events_ignored);
+        }
+        let _ = writeln!(s, "  files written: {} in {}", threads, out_dir.display());
+        if !self.functions.is_empty() {
+            let _ = writeln!(s, "  top functions by total time:");
+            let _ = writeln!(
+                s,
+                "  {:>14} {:>10} {:>12}  function",
+                "total", "calls", "mean"
+            );
+            for f in self.functions.iter().take(top) {
+                let mean = f.total_ns.checked_div(f.calls).unwrap_or(0);
+                let _ = writeln!(
+                    s,
+                    "  {:>14} {:>10} {:>12}  {}",
+                    human_ns(f.total_ns),
+                    f.calls,
+                    human_ns(mean),
+                    f.name
+                );
+            }
+        }
+        s
+    }
+}
+
+/// Nanoseconds with a unit a person reads at a glance.
+pub fn human_ns(ns: u64) -> String {
+    let ns = ns as f64;
+    if ns >= 1e9 {
+        format!("{:.3} s", ns / 1e9)
+    } else if ns >= 1e6 {
+        format!("{:.3} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.3} us", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timer_matches_nested_and_unwound_calls() {
+        let mut totals = HashMap::new();
+        let mut t = CallTimer::default();
+        t.enter(1, 100);
+        t.enter(2, 110);
+        t.exit(2, 130, &mut totals);
+        t.enter(3, 140);
+        // 3 never returns (unwound); 1's exit closes both.
+        t.exit(1, 200, &mut totals);
+        t.exit(7, 210, &mut totals); // never entered: ignored
+        assert_eq!(totals[&1].calls, 1);
+        assert_eq!(totals[&1].total_ns, 100);
+        assert_eq!(totals[&2].total_ns, 20);
+        assert!(!totals.contains_key(&3));
+        assert!(!totals.contains_key(&7));
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_ns(999), "999 ns");
+        assert_eq!(human_ns(1_500), "1.500 us");
+        assert_eq!(human_ns(2_000_000_000), "2.000 s");
+    }
+}
