@@ -32,7 +32,7 @@ pub type Sections<'a> = SectionTable<'a, FileHeader64, &'a [u8]>;
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
     /// The file could not be opened, inspected or read.
-    #[error("{}: cannot read: {source}", path.display())]
+    #[error("{}: cannot read", path.display())]
     Io {
         /// The file.
         path: PathBuf,

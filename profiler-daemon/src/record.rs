@@ -42,8 +42,9 @@ pub fn run(cli: &Cli) -> Result<u8> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
-    let out = OutputDir::create_root(&cli.out_dir())?;
+    // Loading validates --buffer-size too; only then is anything created on disk.
     let mut tracer = Tracer::load(cli.buffer_size)?;
+    let out = OutputDir::create_root(&cli.out_dir())?;
 
     // Fork before any thread exists (the runtime starts below): see launch.rs.
     let target = if cli.attach.is_some() {

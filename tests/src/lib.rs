@@ -1,1 +1,141 @@
-//! Test support: fixture builds and reference tools.
+//! Test support for the fdr-profiled end-to-end tests.
+//!
+//! - [`fixtures`]: the XRay fixture programs (C++ and Rust), built from
+//!   `tests/fixtures/` at test time into `<target dir>/fixtures/` and reused;
+//!   [`private_copy`] for tests that must trace their own inode.
+//! - [`tools`]: paths of the daemon under test ([`fdr_profiled`]), llvm-xray
+//!   14/19 ([`llvm_xray`]), compilers; scratch directories.
+//! - [`xray_yaml`]: a reader for llvm-xray's YAML (`convert` records,
+//!   `extract` sleds). The reference side of the tests: it never uses the
+//!   daemon's own FDR code.
+//! - [`trace`]: [`check_trace_dir`] loads a daemon output directory with both
+//!   llvm-xray versions; [`assert_process_calls`] compares it with a
+//!   fixture's `count` lines.
+//! - [`counts`]: the fixtures' `count tid=.. function=.. calls=..` lines.
+//! - [`run`]: running the daemon and fixtures as children with timeouts.
+//! - [`scenario`]: the `--attach` and `-- CMD` end-to-end runs shared by the
+//!   C++ and Rust tests.
+//!
+//! Nothing here skips a test because a tool is missing: it panics saying
+//! what to install.
+
+pub mod counts;
+pub mod fixtures;
+pub mod run;
+pub mod scenario;
+#[cfg(test)]
+mod synthetic;
+pub mod tools;
+pub mod trace;
+pub mod xray_yaml;
+
+pub use counts::{expected_calls, parse_count_lines, parse_gap_ns, CountLine, ExpectedCalls};
+pub use fixtures::{
+    cpp_fixture, extract_sleds, native_fdr_fixture, native_fdr_trace, plain_c_fixture,
+    private_copy, rust_fixture, CPP_FUNCTIONS, CPP_GAP_PROBE, CPP_LOGGED, CPP_MAIN, RUST_FUNCTIONS,
+    RUST_MAIN,
+};
+pub use run::{
+    assert_success, interrupt_and_finish, run_launch, spawn_fixture, start_attach, wait_attached,
+    Finished, Running, ATTACHED_PREFIX, WAITING_PREFIX,
+};
+pub use tools::{
+    fdr_dump, fdr_profiled, llvm_xray, profile_dir, scratch_dir, target_dir, LLVM_XRAY_VERSIONS,
+};
+pub use trace::{
+    account, assert_process_calls, assert_session_totals, check_trace_dir, convert, read_session,
+    summary_events_lost, CallCounts, MainCall, ProcessExpectation, Session, ThreadTrace, TraceDir,
+};
+pub use xray_yaml::{parse_convert_yaml, parse_extract_yaml, Record, RecordKind, Sled, SledKind};
+
+#[cfg(test)]
+mod native_reference {
+    //! The YAML reader and the counting, checked against a trace compiler-rt
+    //! wrote itself (FDR version 5, all threads in one file).
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn native_fdr_trace_matches_fixture_counts() {
+        let dir = scratch_dir("native");
+        let (file, stdout) = native_fdr_trace(dir.path(), &["--iterations", "5"]);
+        let expected = expected_calls(&parse_count_lines(&stdout));
+        assert_eq!(expected.len(), 4, "4 threads report counts:\n{stdout}");
+        let bin = native_fdr_fixture();
+        let mut by_version = Vec::new();
+        for major in LLVM_XRAY_VERSIONS {
+            let c = convert(major, &bin, &file);
+            assert_eq!(c.header.version, 5);
+            assert_eq!(c.header.file_type, 1);
+            // Per thread, per function: entries and exits.
+            let mut got: BTreeMap<u32, BTreeMap<String, CallCounts>> = BTreeMap::new();
+            for r in &c.records {
+                let e = got
+                    .entry(r.thread)
+                    .or_default()
+                    .entry(r.function.clone())
+                    .or_default();
+                match r.kind {
+                    RecordKind::Enter => e.enter += 1,
+                    RecordKind::EnterArg => {
+                        e.enter_arg += 1;
+                        assert_eq!(r.function, CPP_LOGGED);
+                        assert_eq!(r.args.len(), 1, "{r:?}");
+                        assert_eq!(r.args[0] % 3, 0, "fx_logged gets multiples of 3: {r:?}");
+                    }
+                    RecordKind::Exit => e.exit += 1,
+                    RecordKind::TailExit => e.tail_exit += 1,
+                    ref k => panic!("unexpected record kind {k:?}"),
+                }
+            }
+            assert_eq!(
+                got.keys().collect::<Vec<_>>(),
+                expected.keys().collect::<Vec<_>>()
+            );
+            for (tid, fns) in &expected {
+                for (name, n) in fns {
+                    let c = got[tid].get(name).copied().unwrap_or_default();
+                    assert_eq!(c.entries(), *n, "tid {tid} {name}: {c:?}");
+                    assert_eq!(c.exits(), *n, "tid {tid} {name}: {c:?}");
+                }
+                for name in got[tid].keys() {
+                    assert!(
+                        fns.contains_key(name),
+                        "tid {tid}: {name} in the trace but not counted"
+                    );
+                }
+                assert_eq!(got[tid]["fx_logged"].enter, 0);
+                assert!(got[tid]["fx_tail_caller"].tail_exit > 0);
+                assert_eq!(got[tid]["fx_tail_caller"].exit, 0);
+            }
+            by_version.push(c);
+        }
+        // Both versions read the same records. They may order the buffers of
+        // different threads differently (seen under load), so compare each
+        // thread's records in order.
+        assert_eq!(by_version[0].header, by_version[1].header);
+        let per_thread = |c: &xray_yaml::Converted| {
+            let mut m: BTreeMap<u32, Vec<Record>> = BTreeMap::new();
+            for r in &c.records {
+                m.entry(r.thread).or_default().push(r.clone());
+            }
+            m
+        };
+        let (a, b) = (per_thread(&by_version[0]), per_thread(&by_version[1]));
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (tid, ra) in &a {
+            let rb = &b[tid];
+            assert_eq!(
+                ra.len(),
+                rb.len(),
+                "tid {tid}: record counts of llvm-xray 14 and 19"
+            );
+            for (i, (x, y)) in ra.iter().zip(rb).enumerate() {
+                assert_eq!(
+                    x, y,
+                    "tid {tid}: llvm-xray 14 and 19 disagree on record {i}"
+                );
+            }
+        }
+    }
+}
