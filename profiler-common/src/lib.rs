@@ -82,6 +82,8 @@ pub struct SledEvent {
     pub cpu: u32,
     /// Zero; keeps the layout free of implicit padding.
     pub reserved: u32,
+    /// First integer argument (`rdi`) at a LOG_ARGS_ENTRY sled, as XRay logs it; 0 otherwise.
+    pub arg: u64,
 }
 
 impl SledEvent {
@@ -125,7 +127,7 @@ mod tests {
 
     #[test]
     fn event_layout_has_no_padding() {
-        assert_eq!(SledEvent::SIZE, 32);
+        assert_eq!(SledEvent::SIZE, 40);
     }
 
     #[test]

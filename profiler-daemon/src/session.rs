@@ -74,10 +74,11 @@ impl Session {
     pub fn record(&mut self, event: &SledEvent) {
         self.events += 1;
         let cookie = Cookie::decode(event.cookie);
-        let action = match SledKind::from_u8(cookie.kind) {
-            Some(SledKind::Entry | SledKind::LogArgsEntry) => FunctionAction::Entry,
-            Some(SledKind::Exit) => FunctionAction::Exit,
-            Some(SledKind::Tail) => FunctionAction::TailExit,
+        let (kind, action) = match SledKind::from_u8(cookie.kind) {
+            Some(kind @ SledKind::Entry) => (kind, FunctionAction::Entry),
+            Some(kind @ SledKind::LogArgsEntry) => (kind, FunctionAction::EntryArgs),
+            Some(kind @ SledKind::Exit) => (kind, FunctionAction::Exit),
+            Some(kind @ SledKind::Tail) => (kind, FunctionAction::TailExit),
             _ => {
                 self.ignored += 1;
                 return;
@@ -104,7 +105,12 @@ impl Session {
         };
         // CPU numbers fit 16 bits on every machine Linux supports today; clamp rather than wrap.
         let cpu = u16::try_from(event.cpu).unwrap_or(u16::MAX);
-        match writer.function(action, cookie.function_id, event.ts_ns, cpu) {
+        let written = if kind == SledKind::LogArgsEntry {
+            writer.entry_with_args(cookie.function_id, event.ts_ns, cpu, &[event.arg])
+        } else {
+            writer.function(action, cookie.function_id, event.ts_ns, cpu)
+        };
+        match written {
             Ok(Recorded::Written | Recorded::WrittenAfterUnwind { .. }) => match action {
                 FunctionAction::Entry | FunctionAction::EntryArgs => {
                     thread.timer.enter(cookie.function_id, event.ts_ns)

@@ -15,7 +15,7 @@ use aya_ebpf::{
     programs::ProbeContext,
     EbpfContext,
 };
-use profiler_common::{SledEvent, DEFAULT_RING_BYTES};
+use profiler_common::{Cookie, SledEvent, SledKind, DEFAULT_RING_BYTES};
 
 /// Events for the daemon. Its size is set by the daemon at load time (`--buffer-size`).
 #[map(name = "EVENTS")]
@@ -36,6 +36,13 @@ pub fn sled(ctx: ProbeContext) -> u32 {
         )
     };
     let pid_tgid = bpf_get_current_pid_tgid();
+    // At a LOG_ARGS_ENTRY sled (the function's first instruction) rdi still holds the first
+    // argument; XRay's own runtime logs exactly that one.
+    let arg = if Cookie::decode(cookie).kind == SledKind::LogArgsEntry as u8 {
+        ctx.arg::<u64>(0).unwrap_or(0)
+    } else {
+        0
+    };
     match EVENTS.reserve::<SledEvent>(0) {
         Some(mut entry) => {
             entry.write(SledEvent {
@@ -45,6 +52,7 @@ pub fn sled(ctx: ProbeContext) -> u32 {
                 cookie,
                 cpu,
                 reserved: 0,
+                arg,
             });
             entry.submit(BPF_RB_NO_WAKEUP as u64);
         }

@@ -85,6 +85,8 @@ pub struct ThreadStats {
     pub exits: u64,
     /// Tail_Exit records written.
     pub tail_exits: u64,
+    /// CallArgument records written.
+    pub call_arguments: u64,
     /// Exits dropped because their function was not on the shadow stack.
     pub dropped_unmatched_exits: u64,
     /// Frames closed by a synthetic Exit because a function deeper in the stack exited.
@@ -193,17 +195,7 @@ impl<W: Write + Seek> ThreadWriter<W> {
         self.check_poisoned()?;
 
         if action.is_entry() {
-            // Once an entry has been dropped at the cap, every deeper entry must be dropped too,
-            // or the stack would hold a frame whose caller was never written.
-            if self.overflow_depth > 0 || self.stack.len() >= self.max_stack_depth {
-                self.overflow_depth += 1;
-                self.stats.stack_overflow_drops += 1;
-                return Ok(Recorded::DroppedStackOverflow);
-            }
-            self.guarded(|w| w.emit(action, function_id, tsc, cpu))?;
-            self.stack.push(function_id);
-            self.stats.max_depth = self.stats.max_depth.max(self.stack.len());
-            return Ok(Recorded::Written);
+            return self.enter(action, function_id, tsc, cpu, &[]);
         }
 
         // Exits while dropped entries are outstanding belong to those entries (the only way to
@@ -233,6 +225,53 @@ impl<W: Write + Seek> ThreadWriter<W> {
         } else {
             Recorded::WrittenAfterUnwind { frames }
         })
+    }
+
+    /// An Entry_Args record for `function_id` followed by one CallArgument record per value of
+    /// `args`, in order (the grammar's `Entry_Args CallArgument*`). Same NewCPUId/TSCWrap and
+    /// validity rules as [`ThreadWriter::function`].
+    pub fn entry_with_args(
+        &mut self,
+        function_id: u32,
+        tsc: u64,
+        cpu: u16,
+        args: &[u64],
+    ) -> io::Result<Recorded> {
+        if function_id > MAX_FUNCTION_ID {
+            return Err(invalid_input(records::RecordError::FunctionIdTooLarge(
+                function_id,
+            )));
+        }
+        self.check_poisoned()?;
+        self.enter(FunctionAction::EntryArgs, function_id, tsc, cpu, args)
+    }
+
+    fn enter(
+        &mut self,
+        action: FunctionAction,
+        function_id: u32,
+        tsc: u64,
+        cpu: u16,
+        args: &[u64],
+    ) -> io::Result<Recorded> {
+        // Once an entry has been dropped at the cap, every deeper entry must be dropped too,
+        // or the stack would hold a frame whose caller was never written.
+        if self.overflow_depth > 0 || self.stack.len() >= self.max_stack_depth {
+            self.overflow_depth += 1;
+            self.stats.stack_overflow_drops += 1;
+            return Ok(Recorded::DroppedStackOverflow);
+        }
+        self.guarded(|w| {
+            w.emit(action, function_id, tsc, cpu)?;
+            for &arg in args {
+                w.put(&records::call_argument(arg))?;
+                w.stats.call_arguments += 1;
+            }
+            Ok(())
+        })?;
+        self.stack.push(function_id);
+        self.stats.max_depth = self.stats.max_depth.max(self.stack.len());
+        Ok(Recorded::Written)
     }
 
     /// Pushes buffered bytes to the sink and rewrites the header's buffer_size, so the file is a
@@ -732,6 +771,40 @@ mod tests {
             ]
         );
         llvm_xray::account(&p, None);
+    }
+
+    #[test]
+    fn entry_with_arguments_loads_with_its_arguments() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("args.fdr");
+        let mut w = ThreadWriter::new(File::create(&path).unwrap(), 9, 1_000_000_000, WALL).unwrap();
+        w.function(Entry, 1, 100, 0).unwrap();
+        w.entry_with_args(2, 110, 0, &[u64::MAX, 7]).unwrap();
+        w.function(Exit, 2, 120, 0).unwrap();
+        w.entry_with_args(2, 130, 1, &[]).unwrap();
+        w.function(Exit, 2, 140, 1).unwrap();
+        w.function(Exit, 1, 150, 1).unwrap();
+        let (_, stats) = w.finish().unwrap();
+        assert_eq!(stats.call_arguments, 2);
+        assert_eq!(stats.entries, 3);
+        assert_buffer_size(&path);
+        assert_eq!(
+            llvm_xray::load_records(&path),
+            vec![
+                rec(1, "function-enter", 100, 0, 9),
+                rec(2, "function-enter-arg", 110, 0, 9),
+                rec(2, "function-exit", 120, 0, 9),
+                rec(2, "function-enter-arg", 130, 1, 9),
+                rec(2, "function-exit", 140, 1, 9),
+                rec(1, "function-exit", 150, 1, 9),
+            ]
+        );
+        let dump = llvm_xray::dump(&path);
+        let args: Vec<&String> = dump.iter().filter(|l| l.starts_with("<Call Argument")).collect();
+        assert_eq!(args.len(), 2, "{dump:?}");
+        assert!(args[0].contains(&u64::MAX.to_string()), "{dump:?}");
+        assert!(args[1].contains("= 7"), "{dump:?}");
+        llvm_xray::account(&path, None);
     }
 
     #[test]
