@@ -9,7 +9,9 @@
 
 use aya_ebpf::{
     bindings::BPF_RB_NO_WAKEUP,
-    helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+    },
     macros::{map, uprobe},
     maps::{PerCpuArray, RingBuf},
     programs::ProbeContext,

@@ -14,25 +14,47 @@ pub fn demo() -> Result<()> {
     let bin = dir.join("demo");
     run::status(
         Command::new("clang++-19")
-            .args(["-O2", "-g", "-fxray-instrument", "-fxray-instruction-threshold=1", "-pthread"])
+            .args([
+                "-O2",
+                "-g",
+                "-fxray-instrument",
+                "-fxray-instruction-threshold=1",
+                "-pthread",
+            ])
             .arg(root.join("xtask").join("demo").join("demo.cpp"))
             .arg("-o")
             .arg(&bin),
     )?;
     let trace = dir.join("trace");
     if trace.exists() {
-        std::fs::remove_dir_all(&trace).with_context(|| format!("removing old {}", trace.display()))?;
+        std::fs::remove_dir_all(&trace)
+            .with_context(|| format!("removing old {}", trace.display()))?;
     }
     let daemon = root.join("target").join("release").join("fdr-profiled");
-    run::status(Command::new(&daemon).arg("--out").arg(&trace).arg("--").arg(&bin))?;
+    run::status(
+        Command::new(&daemon)
+            .arg("--out")
+            .arg(&trace)
+            .arg("--")
+            .arg(&bin),
+    )?;
 
     // The largest per-thread file is the most interesting one to hand to llvm-xray.
     let largest = largest_file(&trace)?;
     if let Some(file) = largest {
-        eprintln!("\nxtask demo: llvm-xray 19 reads {} (per-function accounting):", file.display());
+        eprintln!(
+            "\nxtask demo: llvm-xray 19 reads {} (per-function accounting):",
+            file.display()
+        );
         run::status(
             Command::new("/usr/lib/llvm-19/bin/llvm-xray")
-                .args(["account", "-sort=sum", "-sortorder=dsc", "-top=8", "-instr_map"])
+                .args([
+                    "account",
+                    "-sort=sum",
+                    "-sortorder=dsc",
+                    "-top=8",
+                    "-instr_map",
+                ])
                 .arg(&bin)
                 .arg(&file),
         )?;

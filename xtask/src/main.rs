@@ -11,7 +11,10 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "xtask", about = "Set-up, build, demo and tests of fdr-profiled")]
+#[command(
+    name = "xtask",
+    about = "Set-up, build, demo and tests of fdr-profiled"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -57,11 +60,17 @@ fn build(release: bool) -> Result<()> {
 }
 
 /// Runs the whole suite. The end-to-end tests call the `fdr-profiled` binary, so it is built
-/// first; `cargo test` alone only builds the daemon's library.
+/// first; `cargo test` alone only builds the daemon's library. Ends with one line totalling every
+/// test binary's results, so the log's last word is the whole suite's, not the last doc-test's.
 fn test(extra: &[String]) -> Result<()> {
     setup::setup()?;
     build(false)?;
     let mut args = vec!["test", "--workspace", "--exclude", "profiler-ebpf"];
     args.extend(extra.iter().map(String::as_str));
-    run::cargo(&args)
+    let totals = run::cargo_test(&args)?;
+    println!("{} passed, {} failed", totals.passed, totals.failed);
+    if !totals.success {
+        anyhow::bail!("{} tests failed", totals.failed);
+    }
+    Ok(())
 }

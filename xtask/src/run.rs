@@ -37,6 +37,51 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Totals over every `test result:` line of a `cargo test` run.
+pub struct TestTotals {
+    pub passed: u64,
+    pub failed: u64,
+    /// Whether cargo itself exited successfully.
+    pub success: bool,
+}
+
+/// Runs `cargo test` with `args`, echoing its output as it comes, and adds up its results.
+pub fn cargo_test(args: &[&str]) -> Result<TestTotals> {
+    use std::io::{BufRead as _, BufReader};
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(args)
+        .current_dir(workspace_root())
+        .stdout(std::process::Stdio::piped());
+    eprintln!("xtask: running {}", describe(&cmd));
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("could not start {}", describe(&cmd)))?;
+    let mut totals = TestTotals {
+        passed: 0,
+        failed: 0,
+        success: false,
+    };
+    let stdout = child.stdout.take().context("no stdout pipe")?;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo test output")?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            totals.passed += count_before(rest, " passed");
+            totals.failed += count_before(rest, " failed");
+        }
+    }
+    totals.success = child.wait()?.success();
+    Ok(totals)
+}
+
+/// The number just before `label` in a `test result:` line (`ok. 3 passed; 0 failed; ...`).
+fn count_before(line: &str, label: &str) -> u64 {
+    line.find(label)
+        .and_then(|end| line[..end].rsplit([' ', '.']).next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for arg in cmd.get_args() {

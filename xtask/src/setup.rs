@@ -33,8 +33,14 @@ fn nightly_rust_src() -> Result<()> {
         say("nightly toolchain: present");
     } else {
         say("nightly toolchain: missing, installing");
-        run::status(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))
-            .context("could not install the nightly toolchain (rustup toolchain install nightly)")?;
+        run::status(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))
+        .context("could not install the nightly toolchain (rustup toolchain install nightly)")?;
     }
     let components = run::output(Command::new("rustup").args([
         "component",
@@ -44,12 +50,21 @@ fn nightly_rust_src() -> Result<()> {
         "--installed",
     ]))
     .unwrap_or_default();
-    if components.lines().any(|l| l.trim() == "rust-src" || l.starts_with("rust-src")) {
+    if components
+        .lines()
+        .any(|l| l.trim() == "rust-src" || l.starts_with("rust-src"))
+    {
         say("nightly rust-src: present");
     } else {
         say("nightly rust-src: missing, installing");
-        run::status(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
-            .context("could not add rust-src to nightly (needed for -Z build-std=core)")?;
+        run::status(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))
+        .context("could not add rust-src to nightly (needed for -Z build-std=core)")?;
     }
     Ok(())
 }
@@ -61,7 +76,10 @@ fn debian_packages() -> Result<()> {
         .filter(|p| !dpkg_installed(p))
         .collect();
     if missing.is_empty() {
-        say(&format!("Debian packages: present ({})", DEBIAN_PACKAGES.join(", ")));
+        say(&format!(
+            "Debian packages: present ({})",
+            DEBIAN_PACKAGES.join(", ")
+        ));
         return Ok(());
     }
     // SAFETY: geteuid has no preconditions.
@@ -72,7 +90,10 @@ fn debian_packages() -> Result<()> {
             missing.join(" ")
         );
     }
-    say(&format!("Debian packages: installing {}", missing.join(", ")));
+    say(&format!(
+        "Debian packages: installing {}",
+        missing.join(", ")
+    ));
     run::status(Command::new("apt-get").args(["update", "-q"]))?;
     run::status(
         Command::new("apt-get")
@@ -106,10 +127,14 @@ fn bpf_linker() -> Result<()> {
     let stamp = cache.join("bpf-linker.stamp");
     let runs = run::output(Command::new("bpf-linker").arg("--version")).is_some();
     if runs && std::fs::read_to_string(&stamp).ok().as_deref() == Some(nightly.as_str()) {
-        say(&format!("bpf-linker: present, built for nightly's LLVM {llvm_major}"));
+        say(&format!(
+            "bpf-linker: present, built for nightly's LLVM {llvm_major}"
+        ));
         return Ok(());
     }
-    say(&format!("bpf-linker: building for LLVM {llvm_major} against the nightly's libLLVM (about a minute)"));
+    say(&format!(
+        "bpf-linker: building for LLVM {llvm_major} against the nightly's libLLVM (about a minute)"
+    ));
     let sysroot = run::output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
         .context("`rustc +nightly --print sysroot` failed")?;
     let libdir = PathBuf::from(sysroot.trim()).join("lib");
@@ -121,7 +146,8 @@ fn bpf_linker() -> Result<()> {
         .with_context(|| format!("no libLLVM.so.* in {}", libdir.display()))?;
     let prefix = cache.join(format!("llvm-{llvm_major}-for-bpf-linker"));
     let prefix_lib = prefix.join("lib");
-    std::fs::create_dir_all(&prefix_lib).with_context(|| format!("creating {}", prefix_lib.display()))?;
+    std::fs::create_dir_all(&prefix_lib)
+        .with_context(|| format!("creating {}", prefix_lib.display()))?;
     for name in ["libLLVM.so", libllvm.as_str()] {
         let link = prefix_lib.join(name);
         let _ = std::fs::remove_file(&link);
@@ -130,8 +156,19 @@ fn bpf_linker() -> Result<()> {
     }
     run::status(
         Command::new("cargo")
-            .args(["+stable", "install", "--force", "bpf-linker", "--version", BPF_LINKER_VERSION])
-            .args(["--no-default-features", "--features", &format!("llvm-{llvm_major}")])
+            .args([
+                "+stable",
+                "install",
+                "--force",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{llvm_major}"),
+            ])
             .env("LLVM_PREFIX", &prefix),
     )
     .context("building bpf-linker failed")?;
@@ -142,6 +179,8 @@ fn bpf_linker() -> Result<()> {
 
 /// Where set-up keeps what must outlive a build: bpf-linker's rpath points into it.
 fn cache_dir() -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into());
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/root".into());
     home.join(".cache").join("fdr-profiled")
 }

@@ -777,7 +777,8 @@ mod tests {
     fn entry_with_arguments_loads_with_its_arguments() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("args.fdr");
-        let mut w = ThreadWriter::new(File::create(&path).unwrap(), 9, 1_000_000_000, WALL).unwrap();
+        let mut w =
+            ThreadWriter::new(File::create(&path).unwrap(), 9, 1_000_000_000, WALL).unwrap();
         w.function(Entry, 1, 100, 0).unwrap();
         w.entry_with_args(2, 110, 0, &[u64::MAX, 7]).unwrap();
         w.function(Exit, 2, 120, 0).unwrap();
@@ -800,7 +801,10 @@ mod tests {
             ]
         );
         let dump = llvm_xray::dump(&path);
-        let args: Vec<&String> = dump.iter().filter(|l| l.starts_with("<Call Argument")).collect();
+        let args: Vec<&String> = dump
+            .iter()
+            .filter(|l| l.starts_with("<Call Argument"))
+            .collect();
         assert_eq!(args.len(), 2, "{dump:?}");
         assert!(args[0].contains(&u64::MAX.to_string()), "{dump:?}");
         assert!(args[1].contains("= 7"), "{dump:?}");
