@@ -1,5 +1,5 @@
 //! Command-line interface of `fdr-profiled`.
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 use profiler_common::DEFAULT_RING_BYTES;
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -10,8 +10,33 @@ use std::path::PathBuf;
 ///   fdr-profiled --out trace/ -- ./bin args     launch ./bin and trace it until it exits
 ///   fdr-profiled --attach ./bin --out trace/    trace every process running ./bin until Ctrl-C
 #[derive(Debug, Parser)]
-#[command(name = "fdr-profiled", version, verbatim_doc_comment)]
+#[command(
+    name = "fdr-profiled",
+    version,
+    verbatim_doc_comment,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 pub struct Cli {
+    /// A tool to run instead of recording.
+    #[command(subcommand)]
+    pub tool: Option<Tool>,
+
+    /// Recording (the default when no tool is named).
+    #[command(flatten)]
+    pub record: RecordArgs,
+}
+
+/// Tools that work on recorded traces.
+#[derive(Debug, Subcommand)]
+pub enum Tool {
+    /// Print which version of fdr-profiled this is and what it was built with.
+    BuildInfo,
+}
+
+/// Options of a recording session.
+#[derive(Debug, Args)]
+pub struct RecordArgs {
     /// Trace every process running this binary: those already running and those started later.
     #[arg(
         long,
@@ -50,7 +75,7 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     std::time::Duration::try_from_secs_f64(secs).map_err(|_| format!("not a valid duration: {s}"))
 }
 
-impl Cli {
+impl RecordArgs {
     /// The output directory: `--out`, or `fdr-profiled.<unix time>` in the current directory.
     pub fn out_dir(&self) -> PathBuf {
         self.out.clone().unwrap_or_else(|| {

@@ -1,6 +1,6 @@
 //! The recording command: plan, load, attach, drain until the end, finalize, summarize.
 use crate::bpf::{Scope, Tracer};
-use crate::cli::Cli;
+use crate::cli::RecordArgs;
 use crate::intake::Intake;
 use crate::launch::{self, ChildExit, HeldChild};
 use crate::output::OutputDir;
@@ -24,7 +24,7 @@ enum Target {
 }
 
 /// Runs a recording session as the command line says; returns the process exit code.
-pub fn run(cli: &Cli) -> Result<u8> {
+pub fn run(cli: &RecordArgs) -> Result<u8> {
     let binary = match (&cli.attach, cli.command.first()) {
         (Some(bin), _) => bin.clone(),
         (None, Some(cmd)) => launch::resolve_program(cmd)?,
@@ -83,7 +83,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
 }
 
 async fn record(
-    cli: &Cli,
+    cli: &RecordArgs,
     target: Target,
     mut intake: Intake,
     mut session: Session,
