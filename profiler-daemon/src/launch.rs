@@ -105,7 +105,16 @@ impl HeldChild {
                     // The daemon gave up (attach failed) or died: never run untraced.
                     libc::_exit(127);
                 }
-                libc::execv(c_program.as_ptr(), argv.as_ptr());
+                // ETXTBSY means another process still has the file open for writing (a build or
+                // copy finishing): wait up to a second for it rather than fail the launch.
+                for _ in 0..100 {
+                    libc::execv(c_program.as_ptr(), argv.as_ptr());
+                    if *libc::__errno_location() != libc::ETXTBSY {
+                        break;
+                    }
+                    let pause = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+                    libc::nanosleep(&pause, std::ptr::null_mut());
+                }
                 libc::write(2, failure.as_ptr().cast(), failure.len());
                 libc::_exit(127);
             }

@@ -50,9 +50,20 @@ impl Running {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        // ETXTBSY: a fixture copied moments ago can still be open for writing in a child that
+        // another test thread forked before we closed the file; that child execs (and drops the
+        // descriptor) within milliseconds, so retry briefly.
+        let mut attempts = 0;
+        let mut child = loop {
+            match cmd.spawn() {
+                Ok(child) => break child,
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempts < 100 => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => panic!("cannot start {cmd:?}: {e}"),
+            }
+        };
         let shared = Arc::new((Mutex::new(Collected::default()), Condvar::new()));
         let out = child.stdout.take().expect("piped stdout");
         let err = child.stderr.take().expect("piped stderr");
