@@ -9,6 +9,7 @@ use std::path::PathBuf;
 /// Examples:
 ///   fdr-profiled --out trace/ -- ./bin args     launch ./bin and trace it until it exits
 ///   fdr-profiled --attach ./bin --out trace/    trace every process running ./bin until Ctrl-C
+///   fdr-profiled --pid 1234 --out trace/        trace one running process until Ctrl-C or its exit
 #[derive(Debug, Parser)]
 #[command(
     name = "fdr-profiled",
@@ -41,10 +42,15 @@ pub struct RecordArgs {
     #[arg(
         long,
         value_name = "BIN",
-        conflicts_with = "command",
-        required_unless_present = "command"
+        conflicts_with_all = ["command", "pid"],
+        required_unless_present_any = ["command", "pid"]
     )]
     pub attach: Option<PathBuf>,
+
+    /// Trace this running process (all its threads, including new ones) until Ctrl-C/SIGTERM,
+    /// --duration, or its exit. The process is left running untouched.
+    #[arg(long, value_name = "PID", conflicts_with = "command")]
+    pub pid: Option<u32>,
 
     /// Directory for the trace (created; must be empty if it exists). One subdirectory per traced
     /// process, one FDR file per thread, and session.json.

@@ -13,6 +13,7 @@ pub mod intake;
 pub mod launch;
 pub mod output;
 pub mod plan;
+pub mod process;
 pub mod record;
 pub mod session;
 pub mod summary;

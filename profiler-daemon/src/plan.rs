@@ -2,8 +2,9 @@
 //! cookie the eBPF program will see, plus the names the summary needs.
 use crate::elf::ElfImage;
 use crate::instrmap::InstrMap;
+use crate::process::TracedProcess;
 use crate::symbols::SymbolTable;
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use profiler_common::{Cookie, SledKind};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,8 +21,11 @@ pub struct Probe {
 /// Everything needed to trace one binary.
 #[derive(Debug)]
 pub struct AttachPlan {
-    /// The binary, as an absolute path (uprobes attach to its inode).
+    /// The binary, as an absolute path (uprobes attach to its inode). For a process given by
+    /// pid this is `/proc/PID/exe`.
     pub binary: PathBuf,
+    /// The binary's path as users know it, for messages and the session manifest.
+    pub display_path: String,
     /// File name of the binary, used to name per-process output directories.
     pub exe_name: String,
     /// Probes on entry, log-args entry, exit and tail sleds.
@@ -72,12 +76,25 @@ impl AttachPlan {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "process".to_owned());
         Ok(AttachPlan {
+            display_path: binary.display().to_string(),
             binary,
             exe_name,
             probes,
             functions: map.functions.len(),
             names,
         })
+    }
+}
+
+impl AttachPlan {
+    /// The plan for the executable of a running process, read through `/proc/PID/exe` so that
+    /// it is the file the process runs even if the path now names another file or none.
+    pub fn for_process(process: &TracedProcess) -> Result<AttachPlan> {
+        let mut plan = AttachPlan::for_binary(&process.exe_link)
+            .with_context(|| format!("pid {} ({})", process.pid, process.exe_path))?;
+        plan.exe_name = process.exe_name();
+        plan.display_path = process.exe_path.clone();
+        Ok(plan)
     }
 }
 

@@ -5,9 +5,11 @@ use crate::intake::Intake;
 use crate::launch::{self, ChildExit, HeldChild};
 use crate::output::OutputDir;
 use crate::plan::AttachPlan;
+use crate::process::{self, TracedProcess};
 use crate::session::Session;
 use anyhow::{bail, Context as _, Result};
 use std::num::NonZeroU32;
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 /// How often the ring buffer is drained. Events are written without waking the daemon, so this
@@ -19,23 +21,28 @@ const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What to trace.
 enum Target {
+    /// Every process running the binary.
     Attach,
+    /// A command we launched, parked until the probes are in place.
     Launch(HeldChild),
+    /// A running process, and a pidfd that tells when it exits.
+    Pid(u32, OwnedFd),
 }
 
 /// Runs a recording session as the command line says; returns the process exit code.
 pub fn run(cli: &RecordArgs) -> Result<u8> {
-    let binary = match (&cli.attach, cli.command.first()) {
-        (Some(bin), _) => bin.clone(),
-        (None, Some(cmd)) => launch::resolve_program(cmd)?,
-        (None, None) => bail!("nothing to trace: give --attach BIN or -- COMMAND"),
-    };
     // Reading the binary first gives the most precise error for bad input, root or not.
-    let plan = AttachPlan::for_binary(&binary)?;
+    let process = cli.pid.map(TracedProcess::find).transpose()?;
+    let plan = match (&process, &cli.attach, cli.command.first()) {
+        (Some(process), _, _) => AttachPlan::for_process(process)?,
+        (None, Some(bin), _) => AttachPlan::for_binary(bin)?,
+        (None, None, Some(cmd)) => AttachPlan::for_binary(&launch::resolve_program(cmd)?)?,
+        (None, None, None) => bail!("nothing to trace: give --attach BIN, --pid PID or -- COMMAND"),
+    };
     if plan.probes.is_empty() {
         bail!(
             "{}: the instrumentation map has no function sleds",
-            binary.display()
+            plan.display_path
         );
     }
     // SAFETY: geteuid has no preconditions.
@@ -47,16 +54,18 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     let out = OutputDir::create_root(&cli.out_dir())?;
 
     // Fork before any thread exists (the runtime starts below): see launch.rs.
-    let target = if cli.attach.is_some() {
-        Target::Attach
-    } else {
-        Target::Launch(HeldChild::spawn(&plan.binary, &cli.command)?)
+    let target = match &process {
+        // The pidfd is taken before attaching, so an exit during the attach is not missed.
+        Some(process) => Target::Pid(process.pid, process::open_pidfd(process.pid)?),
+        None if cli.attach.is_some() => Target::Attach,
+        None => Target::Launch(HeldChild::spawn(&plan.binary, &cli.command)?),
     };
     let scope = match &target {
         Target::Attach => Scope::AllProcesses,
         Target::Launch(child) => {
             Scope::Process(NonZeroU32::new(child.pid()).context("fork returned pid 0")?)
         }
+        Target::Pid(pid, _) => Scope::Process(NonZeroU32::new(*pid).context("pid 0")?),
     };
     let placed = match tracer.attach(&plan, scope) {
         Ok(n) => n,
@@ -69,8 +78,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     };
     eprintln!(
         "fdr-profiled: attached {placed} probes to {} functions in {}",
-        plan.functions,
-        plan.binary.display()
+        plan.functions, plan.display_path
     );
     let intake = Intake::new(tracer.take_events()?, tracer.take_lost_counter()?);
     let session = Session::new(out, plan);
@@ -94,9 +102,15 @@ async fn record(
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
     let (exit_tx, mut exit_rx) = tokio::sync::oneshot::channel::<Result<ChildExit>>();
+    let mut pidfd = None;
     let launched = match target {
         Target::Attach => {
             drop(exit_tx);
+            false
+        }
+        Target::Pid(_, fd) => {
+            drop(exit_tx);
+            pidfd = Some(tokio::io::unix::AsyncFd::new(fd).context("watching the traced process")?);
             false
         }
         Target::Launch(child) => {
@@ -128,6 +142,10 @@ async fn record(
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sleep_until(deadline) => break,
+            exited = target_exited(pidfd.as_ref()) => {
+                exited?;
+                break;
+            }
             status = &mut exit_rx, if launched => {
                 child_exit = Some(status.context("the child-wait thread died")??);
                 break;
@@ -150,6 +168,14 @@ async fn record(
         Some(exit) => u8::try_from(exit.shell_code()).unwrap_or(u8::MAX),
         None => 0,
     })
+}
+
+/// Resolves when the process traced by `--pid` exits; never without one.
+async fn target_exited(pidfd: Option<&tokio::io::unix::AsyncFd<OwnedFd>>) -> Result<()> {
+    match pidfd {
+        Some(fd) => process::exited(fd).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -188,7 +188,7 @@ impl Session {
             }
             report.processes.push(ProcessReport {
                 pid,
-                binary: self.plan.binary.display().to_string(),
+                binary: self.plan.display_path.clone(),
                 dir: process.dir_name,
                 threads,
             });

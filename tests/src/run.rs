@@ -246,6 +246,17 @@ pub fn start_attach(bin: &Path, out: &Path, extra: &[&str]) -> Running {
     Running::spawn("fdr-profiled", &mut cmd)
 }
 
+/// Starts `fdr-profiled --pid PID --out OUT EXTRA...` (it stops by itself when PID exits).
+pub fn start_pid(pid: u32, out: &Path, extra: &[&str]) -> Running {
+    let mut cmd = Command::new(fdr_profiled());
+    cmd.arg("--pid")
+        .arg(pid.to_string())
+        .arg("--out")
+        .arg(out)
+        .args(extra);
+    Running::spawn("fdr-profiled", &mut cmd)
+}
+
 /// Waits up to 60 s for the daemon's `fdr-profiled: attached` line.
 pub fn wait_attached(tracer: &mut Running) {
     tracer.wait_for_stderr_line(ATTACHED_PREFIX, Duration::from_secs(60));

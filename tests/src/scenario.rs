@@ -132,6 +132,41 @@ pub fn trace_attached(spec: &FixtureSpec, iterations: u32) -> ScenarioRun {
     finish_checks(spec, scratch, bin, &out, processes, tracer_done)
 }
 
+/// `--pid`: two instances of the same binary are running; only the one named is traced, and the
+/// session ends by itself when that process exits.
+pub fn trace_pid(spec: &FixtureSpec, iterations: u32) -> ScenarioRun {
+    let scratch = scratch_dir(&format!("pid-{}", spec.name));
+    let bin = private_copy(&(spec.build)(), scratch.path());
+    let out = scratch.path().join("out");
+    let wait = scratch.path().join("go");
+    let args = [
+        OsString::from("--wait-file"),
+        wait.clone().into_os_string(),
+        OsString::from("--iterations"),
+        OsString::from(iterations.to_string()),
+    ];
+    let mut target = spawn_fixture("target fixture", &bin, &args);
+    let mut bystander = spawn_fixture("bystander fixture", &bin, &args);
+    target.wait_for_stderr_line(WAITING_PREFIX, Duration::from_secs(30));
+    bystander.wait_for_stderr_line(WAITING_PREFIX, Duration::from_secs(30));
+    let target_pid = target.pid();
+
+    let mut tracer = crate::run::start_pid(target_pid, &out, &[]);
+    wait_attached(&mut tracer);
+    std::fs::write(&wait, b"go\n").expect("create wait file");
+
+    let target_done = target.finish(FIXTURE_TIMEOUT);
+    let bystander_done = bystander.finish(FIXTURE_TIMEOUT);
+    assert_success("target fixture", &target_done);
+    assert_success("bystander fixture", &bystander_done);
+    // No signal: the daemon must notice the target's exit on its own.
+    let tracer_done = tracer.finish(TRACER_STOP_TIMEOUT);
+    assert_success("fdr-profiled --pid (ends with its target)", &tracer_done);
+
+    let processes = vec![traced(target_pid, MainCall::InProgress, target_done)];
+    finish_checks(spec, scratch, bin, &out, processes, tracer_done)
+}
+
 /// `-- CMD`: the daemon launches the fixture.
 pub fn trace_launched(spec: &FixtureSpec, iterations: u32) -> ScenarioRun {
     let scratch = scratch_dir(&format!("launch-{}", spec.name));

@@ -187,3 +187,62 @@ fn launch_not_root() {
         .gid(NOBODY));
     assert_one_line_error(&f, NOT_ROOT);
 }
+
+fn by_pid(pid: u32, out: &Path) -> Command {
+    let mut c = Command::new(fdr_profiled());
+    c.arg("--pid")
+        .arg(pid.to_string())
+        .arg("--out")
+        .arg(out)
+        .args(["--duration", "1"]);
+    c
+}
+
+#[test]
+fn pid_that_does_not_exist() {
+    let scratch = scratch_dir("bad-pid-missing");
+    // pid_max is at most 2^22 on Linux, so this pid cannot exist.
+    let f = run(&mut by_pid(1 << 23, &scratch.path().join("out")));
+    assert_one_line_error(&f, &["no process with pid 8388608"]);
+    assert!(
+        !scratch.path().join("out").exists(),
+        "no output for a refused session"
+    );
+}
+
+#[test]
+fn pid_of_a_kernel_thread() {
+    let scratch = scratch_dir("bad-pid-kthread");
+    // kthreadd is pid 2 wherever the kernel has kernel threads (always here).
+    let f = run(&mut by_pid(2, &scratch.path().join("out")));
+    assert_one_line_error(&f, &["pid 2 is a kernel thread"]);
+}
+
+#[test]
+fn pid_of_a_process_without_instrumentation() {
+    let scratch = scratch_dir("bad-pid-plain");
+    let mut sleeper = Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("start sleep");
+    let f = run(&mut by_pid(sleeper.id(), &scratch.path().join("out")));
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert_one_line_error(&f, &["no xray_instr_map"]);
+}
+
+#[test]
+fn pid_as_non_root() {
+    let scratch = scratch_dir("bad-pid-nonroot");
+    let mut sleeper = Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("start sleep");
+    let f = run(by_pid(sleeper.id(), &scratch.path().join("out"))
+        .uid(65534)
+        .gid(65534));
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    // Another user's process: its executable cannot even be read.
+    assert_one_line_error(&f, &["permission denied"]);
+}
