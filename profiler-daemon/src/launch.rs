@@ -112,7 +112,10 @@ impl HeldChild {
                     if *libc::__errno_location() != libc::ETXTBSY {
                         break;
                     }
-                    let pause = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+                    let pause = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 10_000_000,
+                    };
                     libc::nanosleep(&pause, std::ptr::null_mut());
                 }
                 libc::write(2, failure.as_ptr().cast(), failure.len());
