@@ -31,8 +31,12 @@ pub struct Cli {
 /// Tools that work on recorded traces.
 #[derive(Debug, Subcommand)]
 pub enum Tool {
-    /// Print which version of fdr-profiled this is and what it was built with.
-    BuildInfo,
+    /// List the instrumented functions of a binary or of a running process (given by pid):
+    /// XRay function ids, addresses, sled counts and kinds, names.
+    List {
+        /// A path to an ELF file, or the pid of a running process.
+        target: String,
+    },
 }
 
 /// Options of a recording session.

@@ -18,3 +18,4 @@ pub mod record;
 pub mod session;
 pub mod summary;
 pub mod symbols;
+pub mod tools;

@@ -8,14 +8,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.tool {
         None => record::run(&cli.record),
-        Some(Tool::BuildInfo) => {
-            println!(
-                "fdr-profiled {} (eBPF event size {} bytes)",
-                env!("CARGO_PKG_VERSION"),
-                profiler_common::SledEvent::SIZE
-            );
-            Ok(0)
-        }
+        Some(Tool::List { target }) => profiler_daemon::tools::list::render(target).map(|table| {
+            print!("{table}");
+            0
+        }),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -110,7 +110,16 @@ async fn record(
         }
         Target::Pid(_, fd) => {
             drop(exit_tx);
-            pidfd = Some(tokio::io::unix::AsyncFd::new(fd).context("watching the traced process")?);
+            // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so it stays open and refers to the
+            // same pidfd for the AsyncFd's whole life.
+            let registered = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            };
+            pidfd = Some(
+                registered
+                    .map_err(|e| e.into_parts().1)
+                    .context("watching the traced process")?,
+            );
             false
         }
         Target::Launch(child) => {

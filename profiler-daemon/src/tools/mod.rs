@@ -1,0 +1,2 @@
+//! Commands that work on binaries and recorded traces rather than recording.
+pub mod list;
