@@ -69,8 +69,11 @@ fn test(extra: &[String]) -> Result<()> {
     args.extend(extra.iter().map(String::as_str));
     let totals = run::cargo_test(&args)?;
     println!("{} passed, {} failed", totals.passed, totals.failed);
-    if !totals.success {
+    if totals.failed > 0 {
         anyhow::bail!("{} tests failed", totals.failed);
+    }
+    if !totals.success {
+        anyhow::bail!("cargo test failed without a failing test (a build error? see above)");
     }
     Ok(())
 }
