@@ -26,6 +26,8 @@ pub struct AttachPlan {
     pub binary: PathBuf,
     /// The binary's path as users know it, for messages and the session manifest.
     pub display_path: String,
+    /// The traced file was deleted or replaced on disk: `display_path` no longer names it.
+    pub deleted: bool,
     /// File name of the binary, used to name per-process output directories.
     pub exe_name: String,
     /// Probes on entry, log-args entry, exit and tail sleds.
@@ -77,6 +79,7 @@ impl AttachPlan {
             .unwrap_or_else(|| "process".to_owned());
         Ok(AttachPlan {
             display_path: binary.display().to_string(),
+            deleted: false,
             binary,
             exe_name,
             probes,
@@ -93,7 +96,8 @@ impl AttachPlan {
         let mut plan = AttachPlan::for_binary(&process.exe_link)
             .with_context(|| format!("pid {} ({})", process.pid, process.exe_path))?;
         plan.exe_name = process.exe_name();
-        plan.display_path = process.exe_path.clone();
+        plan.display_path = process.exe_path_on_disk().to_owned();
+        plan.deleted = process.exe_deleted();
         Ok(plan)
     }
 }

@@ -51,12 +51,22 @@ impl TracedProcess {
         })
     }
 
-    /// The executable's file name, without the kernel's " (deleted)" suffix.
-    pub fn exe_name(&self) -> String {
-        let path = self
-            .exe_path
+    /// The executable's path without the kernel's " (deleted)" suffix.
+    pub fn exe_path_on_disk(&self) -> &str {
+        self.exe_path
             .strip_suffix(" (deleted)")
-            .unwrap_or(&self.exe_path);
+            .unwrap_or(&self.exe_path)
+    }
+
+    /// Whether the file the process runs was deleted or replaced since it started (the path
+    /// then names another file, or none).
+    pub fn exe_deleted(&self) -> bool {
+        self.exe_path.ends_with(" (deleted)")
+    }
+
+    /// The executable's file name.
+    pub fn exe_name(&self) -> String {
+        let path = self.exe_path_on_disk();
         path.rsplit('/').next().unwrap_or("process").to_owned()
     }
 }

@@ -189,6 +189,7 @@ impl Session {
             report.processes.push(ProcessReport {
                 pid,
                 binary: self.plan.display_path.clone(),
+                binary_deleted: self.plan.deleted,
                 dir: process.dir_name,
                 threads,
             });

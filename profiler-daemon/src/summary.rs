@@ -76,6 +76,9 @@ pub struct ProcessReport {
     pub pid: u32,
     /// The instrumented binary it ran.
     pub binary: String,
+    /// The binary was deleted or replaced on disk after the process started (the file traced
+    /// is the one the process runs, not what `binary` names now).
+    pub binary_deleted: bool,
     /// Its directory, relative to the session directory.
     pub dir: String,
     /// Its threads that ran instrumented code.

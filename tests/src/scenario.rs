@@ -135,6 +135,13 @@ pub fn trace_attached(spec: &FixtureSpec, iterations: u32) -> ScenarioRun {
 /// `--pid`: two instances of the same binary are running; only the one named is traced, and the
 /// session ends by itself when that process exits.
 pub fn trace_pid(spec: &FixtureSpec, iterations: u32) -> ScenarioRun {
+    trace_pid_with(spec, iterations, false)
+}
+
+/// [`trace_pid`], optionally replacing the binary on disk (deleted, then a copy with the same
+/// bytes put at its path: a new inode) after the processes started and before attaching. The
+/// daemon must trace the file the process runs, not what the path names now.
+pub fn trace_pid_with(spec: &FixtureSpec, iterations: u32, replace_binary: bool) -> ScenarioRun {
     let scratch = scratch_dir(&format!("pid-{}", spec.name));
     let bin = private_copy(&(spec.build)(), scratch.path());
     let out = scratch.path().join("out");
@@ -150,6 +157,12 @@ pub fn trace_pid(spec: &FixtureSpec, iterations: u32) -> ScenarioRun {
     target.wait_for_stderr_line(WAITING_PREFIX, Duration::from_secs(30));
     bystander.wait_for_stderr_line(WAITING_PREFIX, Duration::from_secs(30));
     let target_pid = target.pid();
+    if replace_binary {
+        let fresh = scratch.path().join("fresh-copy");
+        std::fs::copy(&bin, &fresh).expect("copy the fixture");
+        std::fs::remove_file(&bin).expect("delete the running fixture's file");
+        std::fs::rename(&fresh, &bin).expect("put a new file at its path");
+    }
 
     let mut tracer = crate::run::start_pid(target_pid, &out, &[]);
     wait_attached(&mut tracer);
