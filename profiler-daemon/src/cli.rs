@@ -37,6 +37,12 @@ pub enum Tool {
         /// A path to an ELF file, or the pid of a running process.
         target: String,
     },
+    /// Print every record of an FDR file, one per line (like `llvm-xray fdr-dump`), with file
+    /// offsets, absolute timestamps and, given --binary or --session, function names.
+    Dump(crate::tools::dump::DumpArgs),
+    /// Check FDR files (or every *.fdr file under directories) against the format; exit status 0
+    /// only if all are valid, else each problem is printed with its byte offset.
+    Verify(crate::tools::verify::VerifyArgs),
 }
 
 /// Options of a recording session.

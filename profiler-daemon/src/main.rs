@@ -12,6 +12,8 @@ fn main() -> ExitCode {
             print!("{table}");
             0
         }),
+        Some(Tool::Dump(args)) => profiler_daemon::tools::dump::run(args),
+        Some(Tool::Verify(args)) => profiler_daemon::tools::verify::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -67,6 +67,26 @@ impl FileHeader {
         }
     }
 
+    /// A header of `version` with the same flags as [`FileHeader::v1`].
+    pub fn new(version: u16, cycle_frequency: u64, buffer_size: u64) -> Self {
+        FileHeader {
+            version,
+            ..FileHeader::v1(cycle_frequency, buffer_size)
+        }
+    }
+
+    /// Decodes the first 32 bytes of a file. The 8 reserved bytes are not kept: no version gives
+    /// them a meaning and llvm-xray ignores them.
+    pub fn decode(b: &[u8; HEADER_SIZE]) -> Self {
+        FileHeader {
+            version: le_u16(&b[0..]),
+            log_type: le_u16(&b[2..]),
+            bitfield: le_u32(&b[4..]),
+            cycle_frequency: le_u64(&b[8..]),
+            buffer_size: le_u64(&b[16..]),
+        }
+    }
+
     /// Encodes the header; the 8 reserved trailing bytes are zero.
     pub fn encode(&self) -> [u8; HEADER_SIZE] {
         let mut b = [0u8; HEADER_SIZE];
@@ -98,6 +118,17 @@ impl FunctionAction {
     pub fn is_entry(self) -> bool {
         matches!(self, FunctionAction::Entry | FunctionAction::EntryArgs)
     }
+
+    /// The action of a 3-bit code; `None` for 4..=7, which no version defines.
+    pub fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            0 => FunctionAction::Entry,
+            1 => FunctionAction::Exit,
+            2 => FunctionAction::TailExit,
+            3 => FunctionAction::EntryArgs,
+            _ => return None,
+        })
+    }
 }
 
 /// Metadata record kinds; the discriminant is stored as `(kind << 1) | 1` in byte 0.
@@ -124,6 +155,65 @@ pub enum MetadataKind {
     TypedEventMarker = 8,
     /// Process id (version 3+).
     Pid = 9,
+}
+
+impl MetadataKind {
+    /// The kind of a 7-bit code; `None` for codes no version defines (10 and above).
+    pub fn from_code(code: u8) -> Option<Self> {
+        use MetadataKind::*;
+        Some(match code {
+            0 => NewBuffer,
+            1 => EndOfBuffer,
+            2 => NewCPUId,
+            3 => TSCWrap,
+            4 => WallClockTime,
+            5 => CustomEventMarker,
+            6 => CallArgument,
+            7 => BufferExtents,
+            8 => TypedEventMarker,
+            9 => Pid,
+            _ => return None,
+        })
+    }
+
+    /// The first byte of a record of this kind: the kind above the metadata bit.
+    pub fn introducer(self) -> u8 {
+        ((self as u8) << 1) | 1
+    }
+
+    /// The record's name as the format documentation spells it (used in error messages).
+    pub fn name(self) -> &'static str {
+        use MetadataKind::*;
+        match self {
+            NewBuffer => "NewBuffer",
+            EndOfBuffer => "EndOfBuffer",
+            NewCPUId => "NewCPUId",
+            TSCWrap => "TSCWrap",
+            WallClockTime => "WallClockTime",
+            CustomEventMarker => "CustomEventMarker",
+            CallArgument => "CallArgument",
+            BufferExtents => "BufferExtents",
+            TypedEventMarker => "TypedEventMarker",
+            Pid => "Pid",
+        }
+    }
+}
+
+/// Little-endian u16 at the start of `b` (callers guarantee the length).
+pub(crate) fn le_u16(b: &[u8]) -> u16 {
+    u16::from_le_bytes([b[0], b[1]])
+}
+
+/// Little-endian u32 at the start of `b` (callers guarantee the length).
+pub(crate) fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Little-endian u64 at the start of `b` (callers guarantee the length).
+pub(crate) fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
 }
 
 /// Builds a metadata record from its kind and up to 15 payload bytes; the rest stays zero.
@@ -224,8 +314,9 @@ pub fn wall_clock_time(secs: u64, micros: u32) -> [u8; METADATA_RECORD_SIZE] {
 }
 
 /// CustomEventMarker in the version 1-3 layout: payload size and absolute tick. The caller writes
-/// `size` payload bytes right after this record. (Version 4 adds a u16 cpu at payload offset 12,
-/// version 5 replaces the tick by a delta; neither is produced here.)
+/// `size` payload bytes right after this record. Version 4 adds a u16 cpu at payload offset 12
+/// ([`custom_event_marker_v4`]); version 5 replaces the tick by a delta
+/// ([`custom_event_marker_v5`]).
 pub fn custom_event_marker_v1(
     size: u32,
     tsc: u64,
@@ -234,6 +325,34 @@ pub fn custom_event_marker_v1(
     Ok(Payload::new()
         .put(&size.to_le_bytes())
         .put(&tsc.to_le_bytes())
+        .record(MetadataKind::CustomEventMarker))
+}
+
+/// CustomEventMarker in the version 4 layout: the v1 fields plus the cpu at payload offset 12.
+/// Only the reader's tests need it: this project writes versions 1 and 5.
+pub fn custom_event_marker_v4(
+    size: u32,
+    tsc: u64,
+    cpu: u16,
+) -> Result<[u8; METADATA_RECORD_SIZE], RecordError> {
+    let size = event_size(size)?;
+    Ok(Payload::new()
+        .put(&size.to_le_bytes())
+        .put(&tsc.to_le_bytes())
+        .put(&cpu.to_le_bytes())
+        .record(MetadataKind::CustomEventMarker))
+}
+
+/// CustomEventMarker in the version 5 layout: payload size and a signed tick delta from the
+/// current delta base (which then moves to the event's tick, as for function records).
+pub fn custom_event_marker_v5(
+    size: u32,
+    tsc_delta: i32,
+) -> Result<[u8; METADATA_RECORD_SIZE], RecordError> {
+    let size = event_size(size)?;
+    Ok(Payload::new()
+        .put(&size.to_le_bytes())
+        .put(&tsc_delta.to_le_bytes())
         .record(MetadataKind::CustomEventMarker))
 }
 
@@ -433,6 +552,43 @@ mod tests {
         let r = pid(4_194_304);
         assert_eq!(r, md(9, &[0, 0, 0x40, 0]));
         assert_eq!(r[0], 0x13);
+    }
+
+    #[test]
+    fn header_decode_roundtrips() {
+        let h = FileHeader::new(5, 2_400_000_000, 12345);
+        assert_eq!(FileHeader::decode(&h.encode()), h);
+        assert_eq!(h.bitfield, BITFIELD_CONSTANT_TSC | BITFIELD_NONSTOP_TSC);
+    }
+
+    #[test]
+    fn codes_roundtrip() {
+        for code in 0..10 {
+            let k = MetadataKind::from_code(code).unwrap();
+            assert_eq!(k as u8, code);
+            assert_eq!(k.introducer(), (code << 1) | 1);
+        }
+        assert_eq!(MetadataKind::from_code(10), None);
+        assert_eq!(MetadataKind::TypedEventMarker.name(), "TypedEventMarker");
+        for code in 0..4 {
+            assert_eq!(FunctionAction::from_code(code).unwrap() as u8, code);
+        }
+        assert_eq!(FunctionAction::from_code(4), None);
+    }
+
+    #[test]
+    fn custom_event_v4_v5_bytes() {
+        let r = custom_event_marker_v4(3, 0x1112_1314_1516_1718, 0x0102).unwrap();
+        assert_eq!(
+            r,
+            md(
+                5,
+                &[3, 0, 0, 0, 0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, 0x02, 0x01]
+            )
+        );
+        let r = custom_event_marker_v5(7, -1).unwrap();
+        assert_eq!(r, md(5, &[7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]));
+        assert!(custom_event_marker_v5(0, 0).is_err());
     }
 
     #[test]

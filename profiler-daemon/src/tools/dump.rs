@@ -1,0 +1,239 @@
+//! `fdr-profiled dump FILE`: every record of an FDR file, one per line, in the style of
+//! `llvm-xray fdr-dump`, plus the file offset, the absolute tick of function records and events,
+//! and function names when a binary (`--binary`) or a session (`--session`) names them.
+//!
+//! It stops at the first violation the reader finds, after printing every record before it,
+//! and fails with that violation (offset, record kind, problem) as its one-line error.
+use crate::elf::ElfImage;
+use crate::fdr::reader::{EventTime, RawRecord, Reader, Step};
+use crate::fdr::records::FunctionAction;
+use crate::fdr::writer::TYPED_EVENT_PREFIX;
+use crate::instrmap::InstrMap;
+use crate::symbols::SymbolTable;
+use anyhow::{bail, Context as _, Result};
+use std::collections::HashMap;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Options of `dump`.
+#[derive(Debug, clap::Args)]
+pub struct DumpArgs {
+    /// The FDR file.
+    pub file: PathBuf,
+    /// The instrumented binary the trace is of: function records get its function names.
+    #[arg(long, value_name = "BIN", conflicts_with = "session")]
+    pub binary: Option<PathBuf>,
+    /// The session directory the file belongs to (holds session.json): the binary is taken from
+    /// the manifest.
+    #[arg(long, value_name = "DIR")]
+    pub session: Option<PathBuf>,
+}
+
+/// Runs `dump`; returns the exit code.
+pub fn run(args: &DumpArgs) -> Result<u8> {
+    let names = match (&args.binary, &args.session) {
+        (Some(bin), _) => Some(FunctionNames::from_binary(bin)?),
+        (None, Some(dir)) => Some(FunctionNames::from_binary(&binary_from_session(
+            dir, &args.file,
+        )?)?),
+        (None, None) => None,
+    };
+    let bytes = std::fs::read(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let mut out = BufWriter::new(io::stdout().lock());
+    match dump(&bytes, names.as_ref(), &mut out) {
+        Ok(Ok(())) => {}
+        // `dump | head` closes the pipe early: not an error.
+        Ok(Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(0),
+        Ok(Err(e)) => return Err(e).context("writing to stdout"),
+        Err(e) => {
+            let _ = out.flush();
+            bail!("{}: {e}", args.file.display());
+        }
+    }
+    match out.flush() {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(0),
+    }
+}
+
+/// Writes the dump of `bytes` to `out`. The outer error is the file's first violation, the
+/// inner one an output failure.
+pub fn dump(
+    bytes: &[u8],
+    names: Option<&FunctionNames>,
+    out: &mut impl Write,
+) -> Result<io::Result<()>, crate::fdr::ReadError> {
+    let mut reader = Reader::new(bytes)?;
+    let h = *reader.header();
+    let header = format!(
+        "<Header: version = {}, type = {}, constant_tsc = {}, nonstop_tsc = {}, \
+         cycle_frequency = {}, buffer_size = {}>",
+        h.version,
+        h.log_type,
+        h.bitfield & 1 != 0,
+        h.bitfield & 2 != 0,
+        h.cycle_frequency,
+        h.buffer_size
+    );
+    if let Err(e) = writeln!(out, "{header}") {
+        return Ok(Err(e));
+    }
+    let mut base = 0;
+    while let Some(step) = reader.next_step()? {
+        if let Err(e) = writeln!(out, "{}", line(&step, base, names)) {
+            return Ok(Err(e));
+        }
+        base = step.context.base;
+    }
+    Ok(Ok(()))
+}
+
+/// One record's line; `base` is the delta base before the record (to mark no-op TSCWraps).
+pub fn line(step: &Step<'_>, base: u64, names: Option<&FunctionNames>) -> String {
+    let mut s = format!("@{:#x} ", step.offset);
+    let when = |s: &mut String| {
+        if let Some(tsc) = step.tsc {
+            s.push_str(&format!(" tsc = {tsc}, cpu = {}", step.cpu));
+        }
+    };
+    match step.record {
+        RawRecord::Function {
+            action,
+            function_id,
+            delta,
+        } => {
+            let what = match action {
+                FunctionAction::Entry => "Function Enter",
+                FunctionAction::EntryArgs => "Function Enter With Arg",
+                FunctionAction::Exit => "Function Exit",
+                FunctionAction::TailExit => "Function Tail Exit",
+            };
+            s.push_str(&format!("<{what}: #{function_id} delta = +{delta}>"));
+            when(&mut s);
+            if let Some(name) = names.and_then(|n| n.name(function_id)) {
+                s.push_str(&format!(" {name}"));
+            }
+        }
+        RawRecord::NewBuffer { tid } => s.push_str(&format!("<Thread ID: {}>", tid as i32)),
+        RawRecord::EndOfBuffer => s.push_str("<End of Buffer>"),
+        RawRecord::NewCpuId { cpu, tsc } => s.push_str(&format!("<CPU: id = {cpu}, tsc = {tsc}>")),
+        RawRecord::TscWrap { tsc } => {
+            s.push_str(&format!("<TSC Wrap: base = {tsc}>"));
+            if !step.ignored && base == tsc {
+                s.push_str(" (no-op)");
+            }
+        }
+        RawRecord::WallClock { secs, micros } => {
+            s.push_str(&format!("<Wall Time: seconds = {secs}.{micros:06}>"))
+        }
+        RawRecord::CustomEvent { time, cpu, data } => {
+            // As llvm-xray prints them: versions 1 to 4 with the marker's tsc and cpu (0 when
+            // the version has no cpu field), version 5 with its delta.
+            let head = match time {
+                EventTime::Absolute(tsc) => format!("tsc = {tsc}, cpu = {}", cpu.unwrap_or(0)),
+                EventTime::Delta(d) => format!("delta = {d:+}"),
+            };
+            s.push_str(&format!(
+                "<Custom Event: {head}, size = {}, data = '{}'>",
+                data.len(),
+                data.escape_ascii()
+            ));
+            when(&mut s);
+            if data.len() >= 6 && data[..4] == TYPED_EVENT_PREFIX {
+                let t = u16::from_le_bytes([data[4], data[5]]);
+                s.push_str(&format!(
+                    " (typed event, type = {t}, written as a custom event)"
+                ));
+            }
+        }
+        RawRecord::CallArgument { value } => s.push_str(&format!(
+            "<Call Argument: data = {value} (hex = {value:#x})>"
+        )),
+        RawRecord::BufferExtents { size } => s.push_str(&format!("<Buffer: size = {size} bytes>")),
+        RawRecord::TypedEvent {
+            delta,
+            event_type,
+            data,
+        } => {
+            s.push_str(&format!(
+                "<Typed Event: delta = {delta:+}, type = {event_type}, size = {}, data = '{}'>",
+                data.len(),
+                data.escape_ascii()
+            ));
+            when(&mut s);
+        }
+        RawRecord::Pid { pid } => s.push_str(&format!("<PID: {}>", pid as i32)),
+        RawRecord::Padding { len } => s.push_str(&format!("<Padding: {len} bytes>")),
+    }
+    if step.ignored {
+        s.push_str(" (ignored: after End of Buffer)");
+    }
+    s
+}
+
+/// Function names by XRay id, from an instrumented binary.
+#[derive(Debug, Default)]
+pub struct FunctionNames(HashMap<u32, String>);
+
+impl FunctionNames {
+    /// Reads `bin`'s instrumentation map and symbols: id → function address → symbol name.
+    pub fn from_binary(bin: &Path) -> Result<FunctionNames> {
+        let image = ElfImage::open(bin)?;
+        let map = InstrMap::from_elf(&image)?;
+        let symbols = SymbolTable::from_elf(&image);
+        Ok(FunctionNames(
+            map.functions
+                .iter()
+                .filter_map(|f| Some((f.id, symbols.name_at(f.address)?.to_owned())))
+                .collect(),
+        ))
+    }
+
+    /// The name of function `id`, if the binary has one.
+    pub fn name(&self, id: u32) -> Option<&str> {
+        self.0.get(&id).map(String::as_str)
+    }
+}
+
+/// The binary `file` was recorded from, per `dir/session.json`: the process whose output
+/// directory holds `file`, or the only binary of the session.
+pub fn binary_from_session(dir: &Path, file: &Path) -> Result<PathBuf> {
+    let manifest = dir.join(crate::session::MANIFEST);
+    let text = std::fs::read_to_string(&manifest).with_context(|| {
+        format!(
+            "cannot read {} (a session killed before its end has none; use --binary)",
+            manifest.display()
+        )
+    })?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", manifest.display()))?;
+    let processes = json["processes"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let parent = file
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str());
+    let binary_of = |p: &serde_json::Value| p["binary"].as_str().map(PathBuf::from);
+    if let Some(p) = processes
+        .iter()
+        .find(|p| parent.is_some() && p["dir"].as_str() == parent)
+    {
+        if let Some(bin) = binary_of(p) {
+            return Ok(bin);
+        }
+    }
+    let mut binaries: Vec<PathBuf> = processes.iter().filter_map(binary_of).collect();
+    binaries.dedup();
+    match binaries.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => bail!("{} names no binary; use --binary", manifest.display()),
+        _ => bail!(
+            "{} names several binaries and none for {}; use --binary",
+            manifest.display(),
+            file.display()
+        ),
+    }
+}

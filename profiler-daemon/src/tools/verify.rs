@@ -1,0 +1,106 @@
+//! `fdr-profiled verify FILE...`: checks FDR files with the reader and says, per file, either a
+//! summary or the first violation (offset, record kind, problem). Directories stand for every
+//! `*.fdr` file under them. The exit status is 0 only if every file is valid.
+use crate::fdr::reader::{RawRecord, Reader};
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+
+/// Options of `verify`.
+#[derive(Debug, clap::Args)]
+pub struct VerifyArgs {
+    /// FDR files, or directories to search for `*.fdr` files.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+}
+
+/// What a valid file holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Format version.
+    pub version: u16,
+    /// NewBuffer blocks.
+    pub buffers: u64,
+    /// Function records.
+    pub functions: u64,
+    /// Custom and typed events.
+    pub events: u64,
+}
+
+/// Checks one file's bytes without collecting its records (memory stays at the file's size).
+pub fn check(bytes: &[u8]) -> Result<Summary, crate::fdr::ReadError> {
+    let mut reader = Reader::new(bytes)?;
+    let mut s = Summary {
+        version: reader.header().version,
+        ..Summary::default()
+    };
+    while let Some(step) = reader.next_step()? {
+        if step.ignored {
+            continue;
+        }
+        match step.record {
+            RawRecord::NewBuffer { .. } => s.buffers += 1,
+            RawRecord::Function { .. } => s.functions += 1,
+            RawRecord::CustomEvent { .. } | RawRecord::TypedEvent { .. } => s.events += 1,
+            _ => {}
+        }
+    }
+    Ok(s)
+}
+
+/// Runs `verify`; returns the exit code (1 if any file is invalid or unreadable).
+pub fn run(args: &VerifyArgs) -> Result<u8> {
+    let mut failed = 0usize;
+    let mut files = Vec::new();
+    for path in &args.files {
+        if path.is_dir() {
+            let before = files.len();
+            collect_fdr_files(path, &mut files);
+            if files.len() == before {
+                eprintln!(
+                    "fdr-profiled: error: {}: no .fdr files in this directory",
+                    path.display()
+                );
+                failed += 1;
+            }
+        } else {
+            files.push(path.clone());
+        }
+    }
+    for file in &files {
+        let result = std::fs::read(file)
+            .map_err(|e| format!("cannot read: {e}"))
+            .and_then(|bytes| check(&bytes).map_err(|e| e.to_string()));
+        match result {
+            Ok(s) => println!(
+                "{}: ok: version {}, {} thread buffer(s), {} function records, {} events",
+                file.display(),
+                s.version,
+                s.buffers,
+                s.functions,
+                s.events
+            ),
+            Err(problem) => {
+                eprintln!("fdr-profiled: error: {}: {problem}", file.display());
+                failed += 1;
+            }
+        }
+    }
+    Ok(u8::from(failed > 0))
+}
+
+/// Every `*.fdr` file under `dir`, sorted (unreadable directories are skipped: the files that
+/// can be reached are still checked).
+fn collect_fdr_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+    paths.sort();
+    for p in paths {
+        if p.is_dir() {
+            collect_fdr_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "fdr") {
+            out.push(p);
+        }
+    }
+}
