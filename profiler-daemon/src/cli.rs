@@ -1,4 +1,5 @@
 //! Command-line interface of `fdr-profiled`.
+use crate::fdr::FdrVersion;
 use clap::{Args, Parser, Subcommand};
 use profiler_common::DEFAULT_RING_BYTES;
 use std::ffi::OsString;
@@ -75,6 +76,11 @@ pub struct RecordArgs {
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES)]
     pub buffer_size: u32,
 
+    /// FDR layout of the trace files: 1 (the spec's version, the default) or 5 (what today's
+    /// compiler-rt writes: BufferExtents, Pid, typed events).
+    #[arg(long, value_name = "VERSION", default_value = "1", value_parser = parse_fdr_version)]
+    pub fdr_version: FdrVersion,
+
     /// How many functions the summary lists.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
@@ -82,6 +88,10 @@ pub struct RecordArgs {
     /// The command to launch and trace (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+fn parse_fdr_version(s: &str) -> Result<FdrVersion, String> {
+    s.parse::<FdrVersion>().map_err(|e| e.to_string())
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {

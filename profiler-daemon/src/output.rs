@@ -130,6 +130,33 @@ impl OutputDir {
         Ok(self.shown.join(name))
     }
 
+    /// Gives the file `from` (created by [`OutputDir::create_file`]) its final name `to`, which
+    /// must not exist: files are built under a hidden name and appear complete, so a kill
+    /// between creating and initialising never leaves an empty or half-headed trace.
+    pub fn publish(&self, from: &str, to: &str) -> Result<PathBuf> {
+        use std::os::unix::ffi::OsStrExt as _;
+        check_component(from)?;
+        check_component(to)?;
+        let c = |p: PathBuf| std::ffi::CString::new(p.as_os_str().as_bytes());
+        let (src, dst) = (c(self.inner(from))?, c(self.inner(to))?);
+        // SAFETY: two valid NUL-terminated paths; RENAME_NOREPLACE refuses to clobber anything,
+        // a planted symlink included.
+        let r = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                src.as_ptr(),
+                libc::AT_FDCWD,
+                dst.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("cannot create {}", self.shown.join(to).display()));
+        }
+        Ok(self.shown.join(to))
+    }
+
     /// Path of `name` inside this directory, resolved through our open descriptor.
     fn inner(&self, name: &str) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}/{}", self.fd.as_raw_fd(), name))
@@ -185,6 +212,17 @@ mod tests {
             std::fs::read(tmp.path().join("out").join("m.json")).unwrap(),
             b"{}"
         );
+    }
+
+    #[test]
+    fn publish_never_replaces() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = OutputDir::create_root(&tmp.path().join("out")).unwrap();
+        root.create_file(".a.tmp").unwrap();
+        root.publish(".a.tmp", "a").unwrap();
+        assert!(tmp.path().join("out/a").exists());
+        root.create_file(".b.tmp").unwrap();
+        assert!(root.publish(".b.tmp", "a").is_err());
     }
 
     #[test]

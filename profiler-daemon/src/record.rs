@@ -81,7 +81,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         plan.functions, plan.display_path
     );
     let intake = Intake::new(tracer.take_events()?, tracer.take_lost_counter()?);
-    let session = Session::new(out, plan);
+    let session = Session::new(out, plan, cli.fdr_version);
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

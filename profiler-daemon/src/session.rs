@@ -5,6 +5,7 @@
 //! thread's first event, and keeps the totals the summary shows.
 use crate::fdr::records::FunctionAction;
 use crate::fdr::writer::{Recorded, ThreadWriter, WallClock};
+use crate::fdr::FdrVersion;
 use crate::output::OutputDir;
 use crate::plan::AttachPlan;
 use crate::summary::{CallTimer, FunctionTotals, ProcessReport, SessionReport, ThreadReport};
@@ -42,11 +43,13 @@ pub struct Session {
     totals: HashMap<u32, FunctionTotals>,
     events: u64,
     ignored: u64,
+    version: FdrVersion,
 }
 
 impl Session {
-    /// Starts a session writing under `out` for the binary `plan` describes.
-    pub fn new(out: OutputDir, plan: AttachPlan) -> Session {
+    /// Starts a session writing FDR files of `version` under `out` for the binary `plan`
+    /// describes.
+    pub fn new(out: OutputDir, plan: AttachPlan, version: FdrVersion) -> Session {
         Session {
             out,
             plan,
@@ -55,6 +58,7 @@ impl Session {
             totals: HashMap::new(),
             events: 0,
             ignored: 0,
+            version,
         }
     }
 
@@ -89,6 +93,7 @@ impl Session {
             &self.out,
             &self.plan,
             &self.clock,
+            self.version,
             event,
         ) {
             Ok(thread) => thread,
@@ -149,6 +154,7 @@ impl Session {
     /// Finalizes every file, writes `session.json` and returns the report.
     pub fn finish(self, events_lost: u64) -> Result<SessionReport> {
         let mut report = SessionReport {
+            fdr_version: self.version.number(),
             events: self.events,
             events_lost,
             events_dropped_write_errors: 0,
@@ -211,6 +217,7 @@ fn thread_of<'a>(
     out: &OutputDir,
     plan: &AttachPlan,
     clock: &Clock,
+    version: FdrVersion,
     event: &SledEvent,
 ) -> Result<&'a mut Thread> {
     let process = match processes.entry(event.pid) {
@@ -233,15 +240,20 @@ fn thread_of<'a>(
         std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::btree_map::Entry::Vacant(e) => {
             let name = format!("tid-{}.fdr", event.tid);
+            let staging = format!(".{name}.tmp");
             let file = format!("{}/{}", process.dir_name, name);
-            let handle = process.dir.create_file(&name)?;
-            let writer = ThreadWriter::new(
+            let handle = process.dir.create_file(&staging)?;
+            let writer = ThreadWriter::with_version(
                 handle,
                 event.tid,
+                event.pid,
                 CYCLE_FREQUENCY,
                 clock.wall_clock(event.ts_ns),
+                version,
             )
             .map_err(|err| anyhow::anyhow!("writing {file}: {err}"))?;
+            // The header and preamble are on disk: only now does the file get its name.
+            process.dir.publish(&staging, &name)?;
             e.insert(Thread {
                 writer: Some(writer),
                 file,

@@ -101,6 +101,8 @@ pub struct FunctionReport {
 /// Everything a session produced; serialised as `session.json`.
 #[derive(Debug, Serialize)]
 pub struct SessionReport {
+    /// FDR version of the trace files (1 or 5).
+    pub fdr_version: u16,
     /// Events received from the kernel.
     pub events: u64,
     /// Events the kernel could not deliver (ring buffer full).

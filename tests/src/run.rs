@@ -276,8 +276,24 @@ pub fn run_launch<S: AsRef<OsStr>>(
     args: &[S],
     timeout: Duration,
 ) -> Finished {
+    run_launch_with(out, &[], cmd, args, timeout)
+}
+
+/// [`run_launch`] with extra daemon options before `--` (e.g. `--fdr-version 5`).
+pub fn run_launch_with<S: AsRef<OsStr>>(
+    out: &Path,
+    daemon_args: &[&str],
+    cmd: &Path,
+    args: &[S],
+    timeout: Duration,
+) -> Finished {
     let mut c = Command::new(fdr_profiled());
-    c.arg("--out").arg(out).arg("--").arg(cmd).args(args);
+    c.arg("--out")
+        .arg(out)
+        .args(daemon_args)
+        .arg("--")
+        .arg(cmd)
+        .args(args);
     Running::spawn("fdr-profiled", &mut c).finish(timeout)
 }
 

@@ -182,11 +182,21 @@ pub fn trace_pid_with(spec: &FixtureSpec, iterations: u32, replace_binary: bool)
 
 /// `-- CMD`: the daemon launches the fixture.
 pub fn trace_launched(spec: &FixtureSpec, iterations: u32) -> ScenarioRun {
+    trace_launched_with(spec, iterations, &[])
+}
+
+/// [`trace_launched`] with extra daemon options (e.g. `--fdr-version 5`).
+pub fn trace_launched_with(
+    spec: &FixtureSpec,
+    iterations: u32,
+    daemon_args: &[&str],
+) -> ScenarioRun {
     let scratch = scratch_dir(&format!("launch-{}", spec.name));
     let bin = private_copy(&(spec.build)(), scratch.path());
     let out = scratch.path().join("out");
-    let done = run_launch(
+    let done = crate::run::run_launch_with(
         &out,
+        daemon_args,
         &bin,
         &["--iterations", &iterations.to_string()],
         FIXTURE_TIMEOUT,

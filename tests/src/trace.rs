@@ -26,6 +26,8 @@ pub struct Session {
     /// not written, as the FDR grammar requires.
     pub dropped_unmatched_exits: u64,
     pub processes: Vec<SessionProcess>,
+    /// FDR version the daemon says it wrote (`fdr_version`; 1 when absent).
+    pub fdr_version: u16,
     /// The whole document.
     pub json: serde_json::Value,
 }
@@ -97,6 +99,10 @@ pub fn read_session(dir: &Path) -> Session {
         events_lost: uint(&json, "events_lost"),
         dropped_unmatched_exits,
         processes,
+        fdr_version: json
+            .get("fdr_version")
+            .and_then(serde_json::Value::as_u64)
+            .map_or(1, |v| v as u16),
         json,
     }
 }
@@ -365,7 +371,13 @@ pub fn check_trace_dir(dir: &Path, bin: &Path) -> TraceDir {
             converted = Some(c);
         }
         let c = converted.expect("at least one llvm-xray version");
-        assert_eq!(c.header.version, 1, "{}: FDR version", path.display());
+        assert_eq!(
+            c.header.version,
+            session.fdr_version,
+            "{}: FDR version (session.json says {})",
+            path.display(),
+            session.fdr_version
+        );
         assert_eq!(c.header.file_type, 1, "{}: file type", path.display());
         let mut last_tsc = 0;
         for r in &c.records {

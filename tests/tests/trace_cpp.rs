@@ -27,3 +27,11 @@ fn launch_command() {
     let run = trace_launched(&CPP, ITERATIONS);
     assert_cpp_logged_args(&run.trace);
 }
+
+/// `fdr-profiled --fdr-version 5 -- fixture`: the same exact counts and logged arguments from
+/// version-5 files (BufferExtents, Pid), loaded by llvm-xray 14 and 19.
+#[test]
+fn launch_command_fdr_version_5() {
+    let run = tests::scenario::trace_launched_with(&CPP, ITERATIONS, &["--fdr-version", "5"]);
+    assert_cpp_logged_args(&run.trace);
+}

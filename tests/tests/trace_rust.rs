@@ -23,3 +23,10 @@ fn attach_running_and_later_processes() {
 fn launch_command() {
     trace_launched(&RUST, ITERATIONS);
 }
+
+/// `fdr-profiled --fdr-version 5 -- fixture`: the same exact counts from version-5 files
+/// (BufferExtents, Pid), loaded by llvm-xray 14 and 19.
+#[test]
+fn launch_command_fdr_version_5() {
+    tests::scenario::trace_launched_with(&RUST, ITERATIONS, &["--fdr-version", "5"]);
+}
