@@ -26,8 +26,8 @@ use crate::fixtures::{
     RUST_MAIN,
 };
 use crate::run::{
-    assert_success, interrupt_and_finish, run_launch, spawn_fixture, start_attach, wait_attached,
-    Finished, WAITING_PREFIX,
+    assert_success, interrupt_and_finish, spawn_fixture, start_attach, wait_attached, Finished,
+    WAITING_PREFIX,
 };
 use crate::tools::scratch_dir;
 use crate::trace::{
