@@ -65,6 +65,17 @@ impl AttachPlan {
                 },
             })
             .collect();
+        // Probes are placed one at a time, and a process keeps running meanwhile. With every
+        // exit probe placed before any entry probe, a call whose entry is recorded always has
+        // its exit recorded too; the window can only produce exits without entries, which the
+        // writer drops and counts. The other order leaves entries without exits.
+        let mut probes: Vec<Probe> = probes;
+        probes.sort_by_key(|p| {
+            matches!(
+                SledKind::from_u8(p.cookie.kind),
+                Some(SledKind::Entry | SledKind::LogArgsEntry)
+            )
+        });
         let names = FunctionNames(
             map.functions
                 .iter()

@@ -89,3 +89,33 @@ fn running_process_is_listed_by_pid() {
     let _ = child.wait();
     assert_eq!(by_pid, listed(&bin.to_string_lossy()));
 }
+
+/// Probes go in one at a time while the target runs: every exit-side probe must come before any
+/// entry probe, so the attach window can only lose exits of calls whose entry it also missed
+/// (dropped and counted), never leave an entry whose exit goes unrecorded.
+#[test]
+fn attach_plan_places_exit_probes_before_entry_probes() {
+    use profiler_common::SledKind;
+    for bin in [cpp_fixture(), rust_fixture()] {
+        let plan = profiler_daemon::plan::AttachPlan::for_binary(&bin).unwrap();
+        let is_entry = |k: u8| {
+            matches!(
+                SledKind::from_u8(k),
+                Some(SledKind::Entry | SledKind::LogArgsEntry)
+            )
+        };
+        let first_entry = plan
+            .probes
+            .iter()
+            .position(|p| is_entry(p.cookie.kind))
+            .expect("entry probes");
+        assert!(first_entry > 0, "{}: exit probes exist", bin.display());
+        assert!(
+            plan.probes[first_entry..]
+                .iter()
+                .all(|p| is_entry(p.cookie.kind)),
+            "{}: an exit probe comes after an entry probe",
+            bin.display()
+        );
+    }
+}
