@@ -25,6 +25,11 @@ pub enum SledKind {
 }
 
 impl SledKind {
+    /// Whether the sled is at a function's entry (plain or logging its arguments).
+    pub const fn is_entry(self) -> bool {
+        matches!(self, SledKind::Entry | SledKind::LogArgsEntry)
+    }
+
     /// Decodes the kind byte of an instrumentation-map entry; `None` for values LLVM does not define.
     pub const fn from_u8(v: u8) -> Option<SledKind> {
         Some(match v {

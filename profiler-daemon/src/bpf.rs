@@ -14,7 +14,6 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// The loaded programs and maps. Dropping it detaches every probe.
 pub struct Tracer {
     ebpf: Ebpf,
-    attached: usize,
 }
 
 /// Which processes the probes fire for.
@@ -48,7 +47,7 @@ impl Tracer {
         program
             .load()
             .map_err(|e| anyhow!("the kernel refused the sled program: {}", one_line(&e)))?;
-        Ok(Tracer { ebpf, attached: 0 })
+        Ok(Tracer { ebpf })
     }
 
     /// Places one uprobe per planned probe. Returns how many were placed.
@@ -76,14 +75,8 @@ impl Tracer {
                     one_line(&e)
                 )
             })?;
-            self.attached += 1;
         }
         Ok(plan.probes.len())
-    }
-
-    /// Number of probes placed so far.
-    pub fn attached(&self) -> usize {
-        self.attached
     }
 
     /// Takes the events ring buffer out (the reader owns it from then on).

@@ -70,12 +70,7 @@ impl AttachPlan {
         // its exit recorded too; the window can only produce exits without entries, which the
         // writer drops and counts. The other order leaves entries without exits.
         let mut probes: Vec<Probe> = probes;
-        probes.sort_by_key(|p| {
-            matches!(
-                SledKind::from_u8(p.cookie.kind),
-                Some(SledKind::Entry | SledKind::LogArgsEntry)
-            )
-        });
+        probes.sort_by_key(|p| SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry));
         let names = FunctionNames(
             map.functions
                 .iter()

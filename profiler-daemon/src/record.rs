@@ -170,9 +170,8 @@ async fn record(
         0
     });
     let out_dir = session.out_dir().to_path_buf();
-    let names_top = cli.top;
     let report = session.finish(lost + intake.malformed())?;
-    eprint!("{}", report.render(&out_dir, names_top));
+    eprint!("{}", report.render(&out_dir, cli.top));
     Ok(match child_exit {
         Some(exit) => u8::try_from(exit.shell_code()).unwrap_or(u8::MAX),
         None => 0,

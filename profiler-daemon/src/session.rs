@@ -62,16 +62,6 @@ impl Session {
         }
     }
 
-    /// The plan the session traces.
-    pub fn plan(&self) -> &AttachPlan {
-        &self.plan
-    }
-
-    /// Events received so far.
-    pub fn events(&self) -> u64 {
-        self.events
-    }
-
     /// Records one event. Write errors do not stop the session: the thread's file is closed as
     /// it stands (still loadable), a warning is printed, and its later events are counted as
     /// dropped.

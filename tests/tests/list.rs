@@ -98,12 +98,7 @@ fn attach_plan_places_exit_probes_before_entry_probes() {
     use profiler_common::SledKind;
     for bin in [cpp_fixture(), rust_fixture()] {
         let plan = profiler_daemon::plan::AttachPlan::for_binary(&bin).unwrap();
-        let is_entry = |k: u8| {
-            matches!(
-                SledKind::from_u8(k),
-                Some(SledKind::Entry | SledKind::LogArgsEntry)
-            )
-        };
+        let is_entry = |k: u8| SledKind::from_u8(k).is_some_and(SledKind::is_entry);
         let first_entry = plan
             .probes
             .iter()
