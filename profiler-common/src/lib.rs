@@ -45,21 +45,39 @@ impl SledKind {
 }
 
 /// The attach cookie of a sled probe: which function (XRay function id, possibly packed with an
-/// object id) and which kind of sled. The eBPF program reads it with `bpf_get_attach_cookie` so
-/// that one program serves every sled and the daemon never has to map addresses back to ids.
+/// object id), which kind of sled, and for event sleds which registers hold the event's values.
+/// The eBPF program reads it with `bpf_get_attach_cookie`, so one program serves every sled and
+/// neither side ever maps addresses back to ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cookie {
     /// XRay function id (`(object_id << 24) | function_id` for shared objects).
     pub function_id: u32,
     /// Kind of the sled the probe is on.
     pub kind: u8,
+    /// For CUSTOM_EVENT / TYPED_EVENT sleds: the x86-64 register numbers (0 = rax .. 15 = r15)
+    /// holding, in order, the event type (typed only), the payload pointer and the payload
+    /// size at the sled address, as decoded from the sled's bytes. Zero elsewhere.
+    pub regs: [u8; 3],
 }
 
 impl Cookie {
-    /// Packs the cookie into the 64 bits the kernel stores per attachment:
-    /// bits 0..32 function id, bits 32..40 sled kind.
+    /// A cookie for a function or tail sled (no registers).
+    pub const fn new(function_id: u32, kind: SledKind) -> Cookie {
+        Cookie {
+            function_id,
+            kind: kind as u8,
+            regs: [0; 3],
+        }
+    }
+
+    /// Packs the cookie into the 64 bits the kernel stores per attachment: bits 0..32 function
+    /// id, bits 32..40 sled kind, then 4 bits per register number.
     pub const fn encode(self) -> u64 {
-        (self.function_id as u64) | ((self.kind as u64) << 32)
+        (self.function_id as u64)
+            | ((self.kind as u64) << 32)
+            | (((self.regs[0] & 15) as u64) << 40)
+            | (((self.regs[1] & 15) as u64) << 44)
+            | (((self.regs[2] & 15) as u64) << 48)
     }
 
     /// Inverse of [`Cookie::encode`].
@@ -67,53 +85,212 @@ impl Cookie {
         Cookie {
             function_id: raw as u32,
             kind: (raw >> 32) as u8,
+            regs: [
+                ((raw >> 40) & 15) as u8,
+                ((raw >> 44) & 15) as u8,
+                ((raw >> 48) & 15) as u8,
+            ],
         }
     }
 }
 
-/// One probe hit, as written by the eBPF program into the events ring buffer.
+/// What an event record in the ring buffers reports ([`EventHeader::kind`]). Values below 16 are
+/// [`SledKind`]s (the sled that fired; EXIT also for a return probe); the rest are not sleds.
+pub mod event_kind {
+    /// The thread exited; `seq` is the number of events it produced in all, and the gap fields
+    /// describe events lost at its very end. Written by the `sched_process_exit` program.
+    pub const THREAD_EXIT: u8 = 16;
+}
+
+/// Flags of [`EventHeader::flags`].
+pub mod event_flags {
+    /// An entry whose exit will never be reported: the kernel keeps at most
+    /// [`super::MAX_RETURN_PROBE_DEPTH`] return probes pending per thread, so in return-probe
+    /// mode deeper frames get no return probe (the frame is closed when a frame below it exits).
+    pub const NO_RETURN: u8 = 1;
+    /// A custom/typed event whose payload could not be read from the program's memory (the
+    /// payload bytes are absent).
+    pub const UNREADABLE: u8 = 2;
+}
+
+/// The fixed part of every record the eBPF programs write into the per-CPU ring buffers.
+/// `payload_len` bytes follow it: [`EventHeader::nargs`] × u64 arguments for an entry that logs
+/// arguments, or an [`EventPayload`] and the event bytes for custom and typed events.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SledEvent {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventHeader {
     /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds at the hit.
     pub ts_ns: u64,
+    /// Per-thread sequence number: the thread's events, written or lost, are numbered 0, 1, 2...
+    /// in program order, whichever CPU's buffer they land in.
+    pub seq: u64,
     /// Process id (the kernel's tgid).
     pub pid: u32,
     /// Thread id (the kernel's pid).
     pub tid: u32,
-    /// The attach cookie, see [`Cookie`].
-    pub cookie: u64,
-    /// CPU the thread ran on at the hit.
-    pub cpu: u32,
-    /// Zero; keeps the layout free of implicit padding.
-    pub reserved: u32,
-    /// First integer argument (`rdi`) at a LOG_ARGS_ENTRY sled, as XRay logs it; 0 otherwise.
-    pub arg: u64,
+    /// XRay function id, from the cookie.
+    pub function_id: u32,
+    /// A [`SledKind`] value or an [`event_kind`] constant.
+    pub kind: u8,
+    /// [`event_flags`] bits.
+    pub flags: u8,
+    /// CPU the thread ran on.
+    pub cpu: u16,
+    /// The thread's call depth before this event, as counted by the kernel side from every
+    /// event it saw (written or lost): entries add one, exits and tail exits take one. Starts
+    /// at 0 at the thread's first event, so it can go negative for a thread that was already
+    /// inside calls when tracing began.
+    pub depth: i32,
+    /// Events of this thread that were lost (buffer full) right before this one.
+    pub gap_lost: u32,
+    /// The lowest call depth reached by the lost events just before this one (`i32::MAX` when
+    /// none was an exit): every frame at this depth or deeper was left during the gap.
+    pub gap_low: i32,
+    /// Bytes after the header.
+    pub payload_len: u32,
 }
 
-impl SledEvent {
-    /// Size of the record in the ring buffer.
-    pub const SIZE: usize = core::mem::size_of::<SledEvent>();
+impl EventHeader {
+    /// Size of the header in the ring buffer.
+    pub const SIZE: usize = core::mem::size_of::<EventHeader>();
 
-    /// Reads an event from the bytes of a ring-buffer record; `None` if the record is too short.
-    pub fn from_bytes(bytes: &[u8]) -> Option<SledEvent> {
+    /// Reads a header from the start of a ring-buffer record; `None` if the record is too short.
+    pub fn from_bytes(bytes: &[u8]) -> Option<EventHeader> {
         if bytes.len() < Self::SIZE {
             return None;
         }
-        // SAFETY: length checked above; SledEvent is plain old data with no invalid bit patterns;
-        // read_unaligned because ring-buffer records are only 8-byte aligned by convention.
-        Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const SledEvent) })
+        // SAFETY: length checked above; EventHeader is plain old data with no invalid bit
+        // patterns; read_unaligned because ring-buffer records are only 8-byte aligned.
+        Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const EventHeader) })
+    }
+
+    /// Number of u64 arguments that follow the header of an entry event.
+    pub const fn nargs(&self) -> usize {
+        self.payload_len as usize / 8
     }
 }
 
-/// Name of the ring-buffer map the eBPF program writes [`SledEvent`]s into.
-pub const EVENTS_MAP: &str = "EVENTS";
-/// Name of the per-CPU array map (one `u64` slot) counting events that did not fit the ring buffer.
-pub const LOST_MAP: &str = "LOST";
-/// Name of the eBPF program attached to every sled.
+/// Entry event with arguments: the header and room for all six System V integer argument
+/// registers (`payload_len` says how many were captured).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArgsEvent {
+    /// Common header.
+    pub header: EventHeader,
+    /// rdi, rsi, rdx, rcx, r8, r9.
+    pub args: [u64; MAX_ARGS],
+}
+
+/// What precedes the payload bytes of a custom or typed event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventPayload {
+    /// The payload size the program passed (the bytes that follow may be fewer: truncated to
+    /// the configured maximum).
+    pub size: u64,
+    /// The event type of a typed event (0 for custom events).
+    pub event_type: u64,
+}
+
+/// Per-thread state the eBPF programs keep in [`THREADS_MAP`], keyed by thread id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadState {
+    /// Sequence number of the thread's next event.
+    pub seq: u64,
+    /// Events of the thread lost so far.
+    pub lost: u64,
+    /// Lost since the last written event (reported, then reset, by the next written event).
+    pub gap_lost: u32,
+    /// Lowest depth reached during the current gap (`i32::MAX` if none).
+    pub gap_low: i32,
+    /// Current call depth (see [`EventHeader::depth`]).
+    pub depth: i32,
+    /// Return-probe mode: frames with a pending return probe.
+    pub returns_pending: u32,
+    /// Return-probe mode: entered frames beyond [`MAX_RETURN_PROBE_DEPTH`] (no return probe).
+    pub beyond_return_depth: u32,
+    /// 1 when the thread exited but its exit record found the buffer full: the daemon reads
+    /// the state (its trailing losses) from the table and deletes it; a new thread reusing the
+    /// id before that starts afresh, its predecessor's trailing losses counted unattributed.
+    pub exited: u32,
+    /// Return-probe mode: bit `i` set when the frame with pending return probe `i` already left
+    /// by a tail call (its Tail_Exit was reported, so its return probe must stay silent).
+    pub tail_exited: [u64; TAIL_BITS_WORDS],
+}
+
+/// Words of [`ThreadState::tail_exited`]; frames deeper than 64 × this are never deep enough to
+/// matter, as the kernel's return-probe depth limit is lower.
+pub const TAIL_BITS_WORDS: usize = 1;
+
+/// The kernel keeps at most this many return probes pending per thread (`MAX_URETPROBE_DEPTH`
+/// in kernel/events/uprobes.c); deeper entries get no return probe.
+pub const MAX_RETURN_PROBE_DEPTH: u32 = 64;
+
+/// Integer argument registers a sled can report (System V: rdi, rsi, rdx, rcx, r8, r9).
+pub const MAX_ARGS: usize = 6;
+
+/// Largest `--max-event-bytes`: the per-CPU scratch buffer a payload is copied through is
+/// limited to 32 KiB by the kernel; this leaves room for the header.
+pub const MAX_EVENT_BYTES: u32 = 16 << 10;
+/// Default payload bytes kept per custom/typed event.
+pub const DEFAULT_MAX_EVENT_BYTES: u32 = 4096;
+
+/// Name of the array of per-CPU ring buffers (index = CPU) the programs write events into.
+pub const RINGS_MAP: &str = "RINGS";
+/// Name of the per-thread state hash map ([`ThreadState`] by thread id).
+pub const THREADS_MAP: &str = "THREADS";
+/// Name of the per-CPU counters array, indexed by the `counter` constants.
+pub const COUNTERS_MAP: &str = "COUNTERS";
+/// Indexes into [`COUNTERS_MAP`].
+pub mod counter {
+    /// Events dropped because the per-thread state table was full (not attributable).
+    pub const NO_THREAD_STATE: u32 = 0;
+    /// Thread-exit records that found the buffer full.
+    pub const EXIT_RECORDS_LOST: u32 = 1;
+    /// Events lost at the end of threads whose exit record was lost and whose id was reused
+    /// before the daemon read their state.
+    pub const TRAILING_LOST_UNATTRIBUTED: u32 = 2;
+    /// Number of counters.
+    pub const COUNT: u32 = 3;
+}
+/// Name of the program attached (as a uprobe) to every sled.
 pub const SLED_PROGRAM: &str = "sled";
-/// Default size of the events ring buffer in bytes (a power of two, as the kernel requires).
+/// Name of the program attached as a return probe at function entries (`--exits return`).
+pub const RETURN_PROGRAM: &str = "sled_return";
+/// Name of the empty uprobe program (benchmark floor).
+pub const FLOOR_PROGRAM: &str = "floor";
+/// Name of the empty return-probe program (benchmark floor).
+pub const FLOOR_RETURN_PROGRAM: &str = "floor_return";
+/// Name of the raw tracepoint program on `sched_process_exit`.
+pub const THREAD_EXIT_PROGRAM: &str = "thread_exit";
+/// Default size of each per-CPU ring buffer in bytes (a power of two, as the kernel requires).
 pub const DEFAULT_RING_BYTES: u32 = 8 << 20;
+
+/// Benchmark-only switches (`globals::ABLATE` bits) that skip one part of the per-event work,
+/// so `cargo xtask bench` can show what each part costs. Never set in a real session.
+pub mod ablate {
+    /// Do not write to the ring buffer (count every event as written).
+    pub const WRITE: u32 = 1;
+    /// Use a per-CPU stand-in instead of the per-thread state table.
+    pub const STATE: u32 = 2;
+    /// Do not read the clock.
+    pub const CLOCK: u32 = 4;
+}
+
+/// Names of global variables the daemon sets at load time.
+pub mod globals {
+    /// u32: [`super::ablate`] bits (benchmark only).
+    pub const ABLATE: &str = "CFG_ABLATE";
+    /// u32: how many argument registers to record at LOG_ARGS_ENTRY sleds (0..=6).
+    pub const NARGS: &str = "CFG_NARGS";
+    /// u32: payload bytes kept per custom/typed event.
+    pub const MAX_EVENT_BYTES: &str = "CFG_MAX_EVENT_BYTES";
+    /// u64: bytes waiting in a ring buffer above which a write wakes the reader.
+    pub const WAKEUP_BYTES: &str = "CFG_WAKEUP_BYTES";
+    /// u32: 1 when exits are observed with return probes (`sled_return`), 0 with exit sleds.
+    pub const RETURN_MODE: &str = "CFG_RETURN_MODE";
+}
 
 #[cfg(test)]
 mod tests {
@@ -124,15 +301,23 @@ mod tests {
     fn cookie_round_trips() {
         let c = Cookie {
             function_id: (3 << 24) | 0x12345,
-            kind: SledKind::Tail as u8,
+            kind: SledKind::TypedEvent as u8,
+            regs: [15, 0, 9],
         };
         assert_eq!(Cookie::decode(c.encode()), c);
-        assert_eq!(c.encode() >> 32, 2);
+        assert_eq!((c.encode() >> 32) as u8, 5);
+        assert_eq!(
+            Cookie::decode(Cookie::new(7, SledKind::Tail).encode()).kind,
+            2
+        );
     }
 
     #[test]
-    fn event_layout_has_no_padding() {
-        assert_eq!(SledEvent::SIZE, 40);
+    fn layouts_have_no_padding() {
+        assert_eq!(EventHeader::SIZE, 48);
+        assert_eq!(core::mem::size_of::<ArgsEvent>(), 96);
+        assert_eq!(core::mem::size_of::<EventPayload>(), 16);
+        assert_eq!(core::mem::size_of::<ThreadState>(), 48);
     }
 
     #[test]

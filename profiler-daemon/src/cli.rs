@@ -44,6 +44,15 @@ pub enum Tool {
     /// Check FDR files (or every *.fdr file under directories) against the format; exit status 0
     /// only if all are valid, else each problem is printed with its byte offset.
     Verify(crate::tools::verify::VerifyArgs),
+    /// Per-function statistics of a session: calls, total and self time, min, median, p90,
+    /// p99, max (as `llvm-xray account`), over all threads and processes or per thread.
+    Report(crate::tools::report::ReportArgs),
+    /// Convert a session to a Chrome/Perfetto trace, a speedscope profile, folded stacks or a
+    /// flame graph SVG.
+    Convert(crate::tools::convert::ConvertArgs),
+    /// Benchmark: time attaching and detaching every probe of a binary (`cargo xtask bench attach`).
+    #[command(hide = true)]
+    BenchAttach(crate::tools::bench_attach::BenchAttachArgs),
 }
 
 /// Options of a recording session.
@@ -81,6 +90,55 @@ pub struct RecordArgs {
     #[arg(long, value_name = "VERSION", default_value = "1", value_parser = parse_fdr_version)]
     pub fdr_version: FdrVersion,
 
+    /// How function exits are observed: `sleds` probes XRay's exit and tail sleds (exact, safe,
+    /// but the kernel single-steps each `ret`: ~15x the cost of an entry probe); `return` uses
+    /// return probes (cheap, but a C++ exception or Rust panic unwinding through a probed frame
+    /// kills the program); `auto` uses return probes only when no unwinding personality routine
+    /// exists anywhere in the traced image, exit sleds otherwise, and says which it chose.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = ExitMode::Auto)]
+    pub exits: ExitMode,
+
+    /// Integer arguments recorded at functions marked `xray_log_args` (XRay records 1).
+    #[arg(long = "args", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(0..=6))]
+    pub args: u8,
+
+    /// Bytes of a custom or typed event's payload copied from the program; longer payloads are
+    /// truncated to this many bytes, and counted.
+    #[arg(long, value_name = "BYTES", default_value_t = profiler_common::DEFAULT_MAX_EVENT_BYTES,
+          value_parser = clap::value_parser!(u32).range(0..=profiler_common::MAX_EVENT_BYTES as i64))]
+    pub max_event_bytes: u32,
+
+    /// Do not write report.txt (per-function statistics with names) and trace.json (a
+    /// Chrome/Perfetto timeline) into the session directory at the end.
+    #[arg(long)]
+    pub no_report: bool,
+
+    /// Benchmark baseline: attach empty programs on the same probes and record nothing.
+    #[arg(long, hide = true)]
+    pub floor: bool,
+
+    /// Benchmark only: skip parts of the kernel-side work (bits: 1 ring write, 2 thread
+    /// state, 4 clock) to measure what each costs. Traces made with it are wrong.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub ablate: u32,
+
+    /// Place every probe as its own perf event, even where the kernel has uprobe_multi links
+    /// (the fallback path; for tests and benchmarks).
+    #[arg(long, hide = true)]
+    pub no_uprobe_multi: bool,
+
+    /// Trace only functions whose demangled name matches PATTERN (repeatable: any of them). A
+    /// glob over the whole name (`'fx::*'`, `'*parse*'`, `'{a,b}'`), or after `re:` a regex
+    /// that may match anywhere (`'re:^ns::(get|set)'`). Nameless functions are `#ID`.
+    #[arg(long = "functions", value_name = "PATTERN")]
+    pub functions: Vec<String>,
+
+    /// Do not trace functions whose demangled name matches PATTERN (repeatable; same syntax as
+    /// --functions, and wins over it).
+    #[arg(long = "exclude", value_name = "PATTERN")]
+    pub exclude: Vec<String>,
+
     /// How many functions the summary lists.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
@@ -88,6 +146,18 @@ pub struct RecordArgs {
     /// The command to launch and trace (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// How function exits are observed (see `--exits`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExitMode {
+    /// Exit and tail sleds.
+    Sleds,
+    /// Return probes at function entry.
+    Return,
+    /// Return probes where no unwinding can pass through a frame, exit sleds otherwise.
+    Auto,
 }
 
 fn parse_fdr_version(s: &str) -> Result<FdrVersion, String> {

@@ -14,6 +14,9 @@ fn main() -> ExitCode {
         }),
         Some(Tool::Dump(args)) => profiler_daemon::tools::dump::run(args),
         Some(Tool::Verify(args)) => profiler_daemon::tools::verify::run(args),
+        Some(Tool::Report(args)) => profiler_daemon::tools::report::run(args),
+        Some(Tool::Convert(args)) => profiler_daemon::tools::convert::run(args),
+        Some(Tool::BenchAttach(args)) => profiler_daemon::tools::bench_attach::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

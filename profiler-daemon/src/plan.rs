@@ -30,21 +30,30 @@ pub struct AttachPlan {
     pub deleted: bool,
     /// File name of the binary, used to name per-process output directories.
     pub exe_name: String,
-    /// Probes on entry, log-args entry, exit and tail sleds.
+    /// Probes on every sled: entry, log-args entry, exit, tail, custom and typed event sleds
+    /// (which of them are placed depends on the exit mode, see `bpf::Tracer::attach`).
     pub probes: Vec<Probe>,
+    /// Event sleds whose argument registers could not be decoded (not probed).
+    pub undecodable_event_sleds: usize,
     /// Number of instrumented functions in the map.
     pub functions: usize,
     /// Function names by XRay function id.
     pub names: FunctionNames,
 }
 
-/// The sled kinds this version probes. Custom and typed event sleds need their payload
-/// registers decoded first and are not probed yet.
-fn probed(kind: SledKind) -> bool {
-    matches!(
-        kind,
-        SledKind::Entry | SledKind::LogArgsEntry | SledKind::Exit | SledKind::Tail
-    )
+/// The probe for a sled: function and tail sleds need only the kind; event sleds also the
+/// registers their arguments are in, decoded from the sled's bytes (`None` if undecodable).
+fn probe_for(sled: &crate::instrmap::Sled, data: &[u8]) -> Option<Probe> {
+    let mut cookie = Cookie::new(sled.function_id, sled.kind);
+    if matches!(sled.kind, SledKind::CustomEvent | SledKind::TypedEvent) {
+        let at = usize::try_from(sled.file_offset).ok()?;
+        let bytes = data.get(at..at.saturating_add(32).min(data.len()))?;
+        cookie.regs = crate::eventsled::decode(bytes, sled.kind == SledKind::TypedEvent)?;
+    }
+    Some(Probe {
+        file_offset: sled.file_offset,
+        cookie,
+    })
 }
 
 impl AttachPlan {
@@ -53,18 +62,12 @@ impl AttachPlan {
         let image = ElfImage::open(binary)?;
         let map = InstrMap::from_elf(&image)?;
         let symbols = SymbolTable::from_elf(&image);
-        let probes = map
+        let probes: Vec<Probe> = map
             .sleds
             .iter()
-            .filter(|sled| probed(sled.kind))
-            .map(|sled| Probe {
-                file_offset: sled.file_offset,
-                cookie: Cookie {
-                    function_id: sled.function_id,
-                    kind: sled.kind as u8,
-                },
-            })
+            .filter_map(|sled| probe_for(sled, &image.data))
             .collect();
+        let undecodable_event_sleds = map.sleds.len() - probes.len();
         // Probes are placed one at a time, and a process keeps running meanwhile. With every
         // exit probe placed before any entry probe, a call whose entry is recorded always has
         // its exit recorded too; the window can only produce exits without entries, which the
@@ -89,6 +92,7 @@ impl AttachPlan {
             binary,
             exe_name,
             probes,
+            undecodable_event_sleds,
             functions: map.functions.len(),
             names,
         })

@@ -1,20 +1,21 @@
 //! The recording command: plan, load, attach, drain until the end, finalize, summarize.
-use crate::bpf::{Scope, Tracer};
+use crate::bpf::{Exits, KernelBooks, LoadOptions, Scope, Tracer};
 use crate::cli::RecordArgs;
 use crate::intake::Intake;
 use crate::launch::{self, ChildExit, HeldChild};
+use crate::order::Sequencer;
 use crate::output::OutputDir;
 use crate::plan::AttachPlan;
 use crate::process::{self, TracedProcess};
-use crate::session::Session;
+use crate::session::{IntakeLosses, Session};
 use anyhow::{bail, Context as _, Result};
 use std::num::NonZeroU32;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-/// How often the ring buffer is drained. Events are written without waking the daemon, so this
-/// bounds how full the buffer gets: at ~1 µs per probe hit and 40 bytes per event, 10 ms is
-/// ~400 KiB per busy CPU against an 8 MiB buffer.
+/// How often the ring buffers are drained. Events are written without waking the daemon, so
+/// this bounds how full a buffer gets: at ~0.5 µs per probe hit and 48 bytes per event, 10 ms
+/// is ~1 MiB per busy CPU against an 8 MiB buffer (a half-full buffer wakes us early).
 const DRAIN_INTERVAL: Duration = Duration::from_millis(10);
 /// How often files are made complete on disk (header size patched, buffers flushed).
 const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -33,7 +34,7 @@ enum Target {
 pub fn run(cli: &RecordArgs) -> Result<u8> {
     // Reading the binary first gives the most precise error for bad input, root or not.
     let process = cli.pid.map(TracedProcess::find).transpose()?;
-    let plan = match (&process, &cli.attach, cli.command.first()) {
+    let mut plan = match (&process, &cli.attach, cli.command.first()) {
         (Some(process), _, _) => AttachPlan::for_process(process)?,
         (None, Some(bin), _) => AttachPlan::for_binary(bin)?,
         (None, None, Some(cmd)) => AttachPlan::for_binary(&launch::resolve_program(cmd)?)?,
@@ -45,12 +46,26 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             plan.display_path
         );
     }
+    crate::select::FunctionFilter::new(&cli.functions, &cli.exclude)?.apply(&mut plan)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
+    let image = match &process {
+        Some(process) => crate::exits::mapped_image(process.pid),
+        None => crate::exits::static_image(&plan.binary),
+    };
+    let (exits, exits_choice) = crate::exits::choose(cli.exits, &image);
     // Loading validates --buffer-size too; only then is anything created on disk.
-    let mut tracer = Tracer::load(cli.buffer_size)?;
+    let mut tracer = Tracer::load(LoadOptions {
+        ring_bytes: cli.buffer_size,
+        nargs: cli.args,
+        max_event_bytes: cli.max_event_bytes,
+        exits,
+        floor: cli.floor,
+        ablate: cli.ablate,
+        perf_events_only: cli.no_uprobe_multi,
+    })?;
     let out = OutputDir::create_root(&cli.out_dir())?;
 
     // Fork before any thread exists (the runtime starts below): see launch.rs.
@@ -80,20 +95,40 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         "fdr-profiled: attached {placed} probes to {} functions in {}",
         plan.functions, plan.display_path
     );
-    let intake = Intake::new(tracer.take_events()?, tracer.take_lost_counter()?);
-    let session = Session::new(out, plan, cli.fdr_version);
+    eprintln!(
+        "fdr-profiled: exits: {} ({})",
+        match exits {
+            Exits::Sleds => "exit sleds",
+            Exits::Return => "return probes",
+        },
+        exits_choice.reason
+    );
+    if plan.undecodable_event_sleds > 0 {
+        eprintln!(
+            "fdr-profiled: warning: {} custom/typed event sleds have an instruction pattern this \
+             version cannot decode; their events are not recorded",
+            plan.undecodable_event_sleds
+        );
+    }
+    let rings = tracer.take_rings();
+    let books = tracer.take_books()?;
+    let session = Session::new(out, plan, cli.fdr_version, exits_choice);
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the event loop")?;
-    runtime.block_on(record(cli, target, intake, session, tracer))
+    runtime.block_on(async {
+        let intake = Intake::new(rings)?;
+        record(cli, target, intake, books, session, tracer).await
+    })
 }
 
 async fn record(
     cli: &RecordArgs,
     target: Target,
     mut intake: Intake,
+    mut books: KernelBooks,
     mut session: Session,
     tracer: Tracer,
 ) -> Result<u8> {
@@ -139,14 +174,25 @@ async fn record(
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_flush = Instant::now();
     let mut child_exit = None;
+    let mut order = Sequencer::default();
     loop {
         tokio::select! {
             _ = drain.tick() => {
-                intake.drain(|event| session.record(event));
+                intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
                 if last_flush.elapsed() >= FLUSH_INTERVAL {
+                    // Threads that exited with a full buffer: their books are in the table.
+                    let exited = books.take_exited();
+                    if !exited.is_empty() {
+                        intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
+                        order.end_threads(&exited, &mut |e, g| session.record(e, g));
+                    }
                     session.flush();
                     last_flush = Instant::now();
                 }
+            }
+            woken = intake.wakeup() => {
+                woken?;
+                intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
             }
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
@@ -162,20 +208,56 @@ async fn record(
         }
     }
     // Every probe hit happened before the child exited or before now: one more drain gets all
-    // of them. Detach first so nothing arrives after the last drain.
+    // of them. Detach first so nothing arrives after the last drain; the kernel's books are
+    // kept to account for the live threads' last events.
     drop(tracer);
-    intake.drain(|event| session.record(event));
-    let lost = intake.lost_in_kernel().unwrap_or_else(|err| {
-        eprintln!("fdr-profiled: warning: cannot read the lost-events counter: {err}");
-        0
-    });
+    intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
+    order.finish(&books.threads(), &mut |e, g| session.record(e, g));
+    let losses = IntakeLosses {
+        unattributed_lost: books.unattributed_lost(),
+        malformed: intake.malformed() + order.stale(),
+    };
     let out_dir = session.out_dir().to_path_buf();
-    let report = session.finish(lost + intake.malformed())?;
+    let report = session.finish(losses)?;
     eprint!("{}", report.render(&out_dir, cli.top));
+    if !cli.no_report && !cli.floor {
+        write_outputs(&out_dir, report.events);
+    }
     Ok(match child_exit {
         Some(exit) => u8::try_from(exit.shell_code()).unwrap_or(u8::MAX),
         None => 0,
     })
+}
+
+/// Above this many events the timeline is not written by default: its JSON would be several
+/// gigabytes, more than a browser opens (`fdr-profiled convert` writes it on request).
+const MAX_DEFAULT_TIMELINE_EVENTS: u64 = 2_000_000;
+
+/// The report and timeline written next to the trace files (see `session_outputs`).
+fn write_outputs(dir: &std::path::Path, events: u64) {
+    if events > MAX_DEFAULT_TIMELINE_EVENTS {
+        match crate::session_outputs::write_report(dir) {
+            Ok(path) => eprintln!(
+                "fdr-profiled: report: {} (no trace.json: {events} events; `fdr-profiled convert` writes one)",
+                path.display()
+            ),
+            Err(err) => eprintln!("fdr-profiled: warning: could not write the report: {err:#}"),
+        }
+        return;
+    }
+    match crate::session_outputs::write_session_outputs(dir) {
+        Ok(outputs) => {
+            for w in &outputs.warnings {
+                eprintln!("fdr-profiled: warning: {w}");
+            }
+            eprintln!(
+                "fdr-profiled: report: {}, timeline: {}",
+                outputs.report.display(),
+                outputs.trace.display()
+            );
+        }
+        Err(err) => eprintln!("fdr-profiled: warning: could not write the report: {err:#}"),
+    }
 }
 
 /// Resolves when the process traced by `--pid` exits; never without one.

@@ -1,18 +1,22 @@
 //! A recording session: events in, one FDR file per thread out.
 //!
-//! Events arrive in each thread's program order (see [`crate::intake`]); this module routes them
-//! to the thread's [`ThreadWriter`], creating the process directory and the thread's file on the
-//! thread's first event, and keeps the totals the summary shows.
-use crate::fdr::records::FunctionAction;
-use crate::fdr::writer::{Recorded, ThreadWriter, WallClock};
+//! Events arrive in each thread's program order (see [`crate::order`]); this module routes them
+//! to the thread's [`ThreadTrace`], creating the process directory and the thread's file on the
+//! thread's first event and closing the file when the thread exits, and keeps the totals the
+//! summary shows.
+mod thread;
+
+use crate::fdr::writer::{ThreadWriter, WallClock};
 use crate::fdr::FdrVersion;
+use crate::intake::Event;
+use crate::order::Gap;
 use crate::output::OutputDir;
 use crate::plan::AttachPlan;
-use crate::summary::{CallTimer, FunctionTotals, ProcessReport, SessionReport, ThreadReport};
+use crate::summary::{FunctionTotals, ProcessReport, SessionReport, ThreadReport};
 use anyhow::Result;
-use profiler_common::{Cookie, SledEvent, SledKind};
+use profiler_common::event_kind;
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
+pub use thread::{ThreadCounts, ThreadTrace};
 
 /// Timestamps are `bpf_ktime_get_ns()`: nanoseconds, so the FDR tick rate is 1 GHz.
 pub const CYCLE_FREQUENCY: u64 = 1_000_000_000;
@@ -20,18 +24,33 @@ pub const CYCLE_FREQUENCY: u64 = 1_000_000_000;
 /// Name of the session manifest in the output directory.
 pub const MANIFEST: &str = "session.json";
 
-struct Thread {
-    writer: Option<ThreadWriter<File>>,
-    file: String,
-    timer: CallTimer,
-    events: u64,
-    dropped_write_errors: u64,
-}
-
 struct Process {
     dir: OutputDir,
     dir_name: String,
-    threads: BTreeMap<u32, Thread>,
+    /// Threads whose file is open.
+    threads: BTreeMap<u32, ThreadTrace>,
+    /// Threads that exited: their files are final and closed.
+    done: Vec<ThreadReport>,
+    /// Files per tid so far (a tid the kernel reuses gets a second file).
+    files_per_tid: HashMap<u32, u32>,
+}
+
+/// How exits were observed, for the manifest.
+#[derive(Clone, Debug)]
+pub struct ExitsChoice {
+    /// `sleds` or `return`.
+    pub mode: &'static str,
+    /// Why (`--exits` given, or what `auto` found).
+    pub reason: String,
+}
+
+/// Losses and anomalies only the kernel side and the intake know about.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IntakeLosses {
+    /// Events lost that belong to no known thread.
+    pub unattributed_lost: u64,
+    /// Records that could not be decoded or numbered.
+    pub malformed: u64,
 }
 
 /// The state of one recording.
@@ -40,90 +59,96 @@ pub struct Session {
     plan: AttachPlan,
     clock: Clock,
     processes: BTreeMap<u32, Process>,
+    /// Which process each live thread belongs to (end markers carry no pid).
+    pid_of: HashMap<u32, u32>,
     totals: HashMap<u32, FunctionTotals>,
     events: u64,
     ignored: u64,
+    unattributed_lost: u64,
     version: FdrVersion,
+    exits: ExitsChoice,
+    /// The traced file's build-id, read at the start (the path may name another file later).
+    build_id: Option<String>,
 }
 
 impl Session {
     /// Starts a session writing FDR files of `version` under `out` for the binary `plan`
     /// describes.
-    pub fn new(out: OutputDir, plan: AttachPlan, version: FdrVersion) -> Session {
+    pub fn new(
+        out: OutputDir,
+        plan: AttachPlan,
+        version: FdrVersion,
+        exits: ExitsChoice,
+    ) -> Session {
+        let build_id = crate::elf::ElfImage::open(&plan.binary)
+            .ok()
+            .and_then(|image| image.build_id());
         Session {
             out,
             plan,
             clock: Clock::now(),
             processes: BTreeMap::new(),
+            pid_of: HashMap::new(),
             totals: HashMap::new(),
             events: 0,
             ignored: 0,
+            unattributed_lost: 0,
             version,
+            exits,
+            build_id,
         }
     }
 
-    /// Records one event. Write errors do not stop the session: the thread's file is closed as
-    /// it stands (still loadable), a warning is printed, and its later events are counted as
-    /// dropped.
-    pub fn record(&mut self, event: &SledEvent) {
-        self.events += 1;
-        let cookie = Cookie::decode(event.cookie);
-        let (kind, action) = match SledKind::from_u8(cookie.kind) {
-            Some(kind @ SledKind::Entry) => (kind, FunctionAction::Entry),
-            Some(kind @ SledKind::LogArgsEntry) => (kind, FunctionAction::EntryArgs),
-            Some(kind @ SledKind::Exit) => (kind, FunctionAction::Exit),
-            Some(kind @ SledKind::Tail) => (kind, FunctionAction::TailExit),
-            _ => {
-                self.ignored += 1;
-                return;
-            }
+    /// Records a thread's next event (in its program order, see [`crate::order`]); `gap` says
+    /// how many of its events were lost right before it.
+    pub fn record(&mut self, event: Event, gap: Option<Gap>) {
+        let h = event.header;
+        let ending = h.kind == event_kind::THREAD_EXIT;
+        if !ending {
+            self.events += 1;
+        }
+        let pid = if h.pid != 0 {
+            h.pid
+        } else {
+            self.pid_of.get(&h.tid).copied().unwrap_or(0)
         };
+        let known = self
+            .processes
+            .get(&pid)
+            .is_some_and(|p| p.threads.contains_key(&h.tid));
+        if ending && !known {
+            // A thread whose every event was lost, or that never reached instrumented code.
+            self.unattributed_lost += gap.map_or(0, |g| g.lost);
+            self.pid_of.remove(&h.tid);
+            return;
+        }
+        let mut event = event;
+        event.header.pid = pid;
         let thread = match thread_of(
             &mut self.processes,
             &self.out,
             &self.plan,
             &self.clock,
             self.version,
-            event,
+            self.exits.mode == "sleds",
+            &event,
         ) {
             Ok(thread) => thread,
             Err(err) => {
                 eprintln!("fdr-profiled: warning: {err:#}");
                 self.ignored += 1;
+                self.unattributed_lost += gap.map_or(0, |g| g.lost);
                 return;
             }
         };
-        thread.events += 1;
-        let Some(writer) = thread.writer.as_mut() else {
-            thread.dropped_write_errors += 1;
-            return;
-        };
-        // CPU numbers fit 16 bits on every machine Linux supports today; clamp rather than wrap.
-        let cpu = u16::try_from(event.cpu).unwrap_or(u16::MAX);
-        let written = if kind == SledKind::LogArgsEntry {
-            writer.entry_with_args(cookie.function_id, event.ts_ns, cpu, &[event.arg])
-        } else {
-            writer.function(action, cookie.function_id, event.ts_ns, cpu)
-        };
-        match written {
-            Ok(Recorded::Written | Recorded::WrittenAfterUnwind { .. }) => match action {
-                FunctionAction::Entry | FunctionAction::EntryArgs => {
-                    thread.timer.enter(cookie.function_id, event.ts_ns)
+        self.pid_of.insert(h.tid, pid);
+        thread.apply(&event, gap, &mut self.totals);
+        if ending {
+            self.pid_of.remove(&h.tid);
+            if let Some(process) = self.processes.get_mut(&pid) {
+                if let Some(thread) = process.threads.remove(&h.tid) {
+                    process.done.push(thread.finish(h.tid));
                 }
-                FunctionAction::Exit | FunctionAction::TailExit => {
-                    thread
-                        .timer
-                        .exit(cookie.function_id, event.ts_ns, &mut self.totals)
-                }
-            },
-            Ok(_) => {}
-            Err(err) => {
-                eprintln!(
-                    "fdr-profiled: warning: writing {}: {err}; later events of thread {} are dropped",
-                    thread.file, event.tid
-                );
-                thread.dropped_write_errors += 1;
-                thread.writer = None;
             }
         }
     }
@@ -132,64 +157,59 @@ impl Session {
     pub fn flush(&mut self) {
         for process in self.processes.values_mut() {
             for thread in process.threads.values_mut() {
-                if let Some(writer) = thread.writer.as_mut() {
-                    if let Err(err) = writer.flush() {
-                        eprintln!("fdr-profiled: warning: flushing {}: {err}", thread.file);
-                    }
-                }
+                thread.flush();
             }
         }
     }
 
+    /// Open thread files.
+    pub fn open_files(&self) -> usize {
+        self.processes.values().map(|p| p.threads.len()).sum()
+    }
+
     /// Finalizes every file, writes `session.json` and returns the report.
-    pub fn finish(self, events_lost: u64) -> Result<SessionReport> {
+    pub fn finish(self, losses: IntakeLosses) -> Result<SessionReport> {
         let mut report = SessionReport {
             fdr_version: self.version.number(),
+            exits: self.exits.mode.to_owned(),
+            exits_reason: self.exits.reason.clone(),
             events: self.events,
-            events_lost,
+            events_lost: 0,
+            events_lost_unattributed: self.unattributed_lost + losses.unattributed_lost,
+            events_malformed: losses.malformed,
             events_dropped_write_errors: 0,
             dropped_unmatched_exits: 0,
             events_ignored: self.ignored,
+            custom_events: 0,
+            custom_events_truncated: 0,
+            typed_events: 0,
             processes: Vec::new(),
             functions: SessionReport::rank_functions(&self.totals, &self.plan.names),
         };
         for (pid, process) in self.processes {
-            let mut threads = Vec::new();
+            let mut threads = process.done;
             for (tid, thread) in process.threads {
-                let mut records = 0;
-                let mut dropped_unmatched_exits = 0;
-                let mut dropped_write_errors = thread.dropped_write_errors;
-                if let Some(writer) = thread.writer {
-                    match writer.finish() {
-                        Ok((_, stats)) => {
-                            records = stats.records;
-                            dropped_unmatched_exits = stats.dropped_unmatched_exits;
-                        }
-                        Err(err) => {
-                            eprintln!("fdr-profiled: warning: finishing {}: {err}", thread.file);
-                            dropped_write_errors += 1;
-                        }
-                    }
-                }
-                report.dropped_unmatched_exits += dropped_unmatched_exits;
-                report.events_dropped_write_errors += dropped_write_errors;
-                threads.push(ThreadReport {
-                    tid,
-                    file: thread.file,
-                    records,
-                    events: thread.events,
-                    dropped_unmatched_exits,
-                    dropped_write_errors,
-                });
+                threads.push(thread.finish(tid));
+            }
+            threads.sort_by_key(|t| t.tid);
+            for t in &threads {
+                report.events_lost += t.events_lost;
+                report.dropped_unmatched_exits += t.dropped_unmatched_exits;
+                report.events_dropped_write_errors += t.dropped_write_errors;
+                report.custom_events += t.custom_events;
+                report.custom_events_truncated += t.custom_events_truncated;
+                report.typed_events += t.typed_events;
             }
             report.processes.push(ProcessReport {
                 pid,
                 binary: self.plan.display_path.clone(),
                 binary_deleted: self.plan.deleted,
+                build_id: self.build_id.clone(),
                 dir: process.dir_name,
                 threads,
             });
         }
+        report.events_lost += report.events_lost_unattributed + report.events_malformed;
         let json = serde_json::to_vec_pretty(&report)?;
         self.out.write_atomically(MANIFEST, &json)?;
         Ok(report)
@@ -201,19 +221,21 @@ impl Session {
     }
 }
 
-/// The thread's state, creating its process directory and file on first sight.
+/// The thread's trace, creating its process directory and file on first sight.
 fn thread_of<'a>(
     processes: &'a mut BTreeMap<u32, Process>,
     out: &OutputDir,
     plan: &AttachPlan,
     clock: &Clock,
     version: FdrVersion,
-    event: &SledEvent,
-) -> Result<&'a mut Thread> {
-    let process = match processes.entry(event.pid) {
+    sleds_mode: bool,
+    event: &Event,
+) -> Result<&'a mut ThreadTrace> {
+    let h = &event.header;
+    let process = match processes.entry(h.pid) {
         std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::btree_map::Entry::Vacant(e) => {
-            let dir = out.create_subdir(&format!("{}-{}", plan.exe_name, event.pid))?;
+            let dir = out.create_subdir(&format!("{}-{}", plan.exe_name, h.pid))?;
             let dir_name = dir
                 .path()
                 .file_name()
@@ -223,34 +245,36 @@ fn thread_of<'a>(
                 dir,
                 dir_name,
                 threads: BTreeMap::new(),
+                done: Vec::new(),
+                files_per_tid: HashMap::new(),
             })
         }
     };
-    let thread = match process.threads.entry(event.tid) {
+    let thread = match process.threads.entry(h.tid) {
         std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::btree_map::Entry::Vacant(e) => {
-            let name = format!("tid-{}.fdr", event.tid);
+            let n = process.files_per_tid.entry(h.tid).or_insert(0);
+            *n += 1;
+            let name = if *n == 1 {
+                format!("tid-{}.fdr", h.tid)
+            } else {
+                format!("tid-{}.{}.fdr", h.tid, n)
+            };
             let staging = format!(".{name}.tmp");
             let file = format!("{}/{}", process.dir_name, name);
             let handle = process.dir.create_file(&staging)?;
             let writer = ThreadWriter::with_version(
                 handle,
-                event.tid,
-                event.pid,
+                h.tid,
+                h.pid,
                 CYCLE_FREQUENCY,
-                clock.wall_clock(event.ts_ns),
+                clock.wall_clock(h.ts_ns),
                 version,
             )
             .map_err(|err| anyhow::anyhow!("writing {file}: {err}"))?;
             // The header and preamble are on disk: only now does the file get its name.
             process.dir.publish(&staging, &name)?;
-            e.insert(Thread {
-                writer: Some(writer),
-                file,
-                timer: CallTimer::default(),
-                events: 0,
-                dropped_write_errors: 0,
-            })
+            e.insert(ThreadTrace::new(writer, file, sleds_mode))
         }
     };
     Ok(thread)

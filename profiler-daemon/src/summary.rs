@@ -63,10 +63,29 @@ pub struct ThreadReport {
     pub records: u64,
     /// Events received for this thread.
     pub events: u64,
+    /// Events of this thread the kernel could not queue (buffer full). Exact: the kernel
+    /// numbers every event of a thread.
+    pub events_lost: u64,
+    /// Frames whose exit was lost: closed in the file at the first event after the loss.
+    pub frames_closed_by_loss: u64,
+    /// Exits not written because their entry was lost.
+    pub exits_of_lost_entries: u64,
+    /// Frames without an exit of their own (an exception unwound them, or they were beyond
+    /// the kernel's 64 pending return probes): closed in the file when the frame below them
+    /// exits, at that time, so that the file stays loadable (native XRay writes no exit).
+    pub frames_unwound: u64,
     /// Exits dropped because their entry was never seen (tracing started inside the call).
     pub dropped_unmatched_exits: u64,
     /// Events dropped because the file could not be written.
     pub dropped_write_errors: u64,
+    /// Custom events written.
+    pub custom_events: u64,
+    /// Custom/typed events whose payload was cut to `--max-event-bytes`.
+    pub custom_events_truncated: u64,
+    /// Typed events written.
+    pub typed_events: u64,
+    /// Custom/typed events whose payload could not be read from the program (not written).
+    pub unreadable_events: u64,
 }
 
 /// One traced process.
@@ -79,6 +98,9 @@ pub struct ProcessReport {
     /// The binary was deleted or replaced on disk after the process started (the file traced
     /// is the one the process runs, not what `binary` names now).
     pub binary_deleted: bool,
+    /// GNU build-id of the traced file (lowercase hex), read when the session started: lets
+    /// `report` and `convert` notice a binary rebuilt or replaced since the recording.
+    pub build_id: Option<String>,
     /// Its directory, relative to the session directory.
     pub dir: String,
     /// Its threads that ran instrumented code.
@@ -103,16 +125,32 @@ pub struct FunctionReport {
 pub struct SessionReport {
     /// FDR version of the trace files (1 or 5).
     pub fdr_version: u16,
+    /// How exits were observed: `sleds` or `return`.
+    pub exits: String,
+    /// Why that exit mode.
+    pub exits_reason: String,
     /// Events received from the kernel.
     pub events: u64,
-    /// Events the kernel could not deliver (ring buffer full).
+    /// Events the kernel could not deliver (ring buffer full), in total: the threads' counts
+    /// plus the unattributed and malformed ones.
     pub events_lost: u64,
+    /// Lost events that belong to no thread with a file (all its events lost, or the
+    /// per-thread table was full).
+    pub events_lost_unattributed: u64,
+    /// Records that could not be decoded or were numbered inconsistently (never expected).
+    pub events_malformed: u64,
     /// Events that could not be written to a file.
     pub events_dropped_write_errors: u64,
     /// Exits dropped because their entry was never seen.
     pub dropped_unmatched_exits: u64,
-    /// Events from sleds this version does not record, or from processes not being traced.
+    /// Events that could not be given a file.
     pub events_ignored: u64,
+    /// Custom events written.
+    pub custom_events: u64,
+    /// Custom/typed events whose payload was truncated.
+    pub custom_events_truncated: u64,
+    /// Typed events written.
+    pub typed_events: u64,
     /// Traced processes.
     pub processes: Vec<ProcessReport>,
     /// Functions by total time, longest first.
@@ -149,11 +187,46 @@ impl SessionReport {
             self.processes.len(),
             threads
         );
+        let _ = writeln!(s, "  exits: {} ({})", self.exits, self.exits_reason);
         let _ = writeln!(
             s,
             "  events: {}, events lost: {}",
             self.events, self.events_lost
         );
+        let lossy: Vec<String> = self
+            .processes
+            .iter()
+            .flat_map(|p| &p.threads)
+            .filter(|t| t.events_lost > 0)
+            .map(|t| format!("tid {}: {}", t.tid, t.events_lost))
+            .collect();
+        if !lossy.is_empty() {
+            let _ = writeln!(
+                s,
+                "  lost per thread: {}{}",
+                lossy.iter().take(8).cloned().collect::<Vec<_>>().join(", "),
+                if lossy.len() > 8 { ", ..." } else { "" }
+            );
+            let _ = writeln!(
+                s,
+                "  (files stay valid: frames left during a loss are closed at the next event; \
+                 exits of lost entries are not written; raise --buffer-size to lose less)"
+            );
+        }
+        if self.events_lost_unattributed > 0 {
+            let _ = writeln!(
+                s,
+                "  lost events of threads without a file: {}",
+                self.events_lost_unattributed
+            );
+        }
+        if self.custom_events + self.typed_events > 0 {
+            let _ = writeln!(
+                s,
+                "  custom events: {}, typed events: {}, payloads truncated: {}",
+                self.custom_events, self.typed_events, self.custom_events_truncated
+            );
+        }
         if self.events_dropped_write_errors > 0 {
             let _ = writeln!(
                 s,

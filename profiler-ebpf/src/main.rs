@@ -1,70 +1,418 @@
-//! The kernel half of fdr-profiled: one uprobe program, attached to every XRay sled.
+//! The kernel half of fdr-profiled.
 //!
-//! Each hit writes one [`SledEvent`] into a BPF ring buffer. The cookie set at attach time says
-//! which function and which kind of sled fired, so the program does no lookups at all. Writes use
-//! `BPF_RB_NO_WAKEUP`: waking the reader per event costs several times the probe itself
-//! (platform.md), so the daemon drains on a timer instead.
+//! - `sled` (uprobe) is attached to every probed XRay sled. The attach cookie says which
+//!   function and which kind of sled fired (and, for event sleds, which registers hold the
+//!   payload), so the program never maps addresses back to ids.
+//! - `sled_return` (uretprobe) is attached at function entries in return-probe mode.
+//! - `thread_exit` (raw tracepoint `sched_process_exit`) closes a thread's books.
+//! - `floor` / `floor_return` are empty: the benchmark's measure of the kernel's own cost.
+//!
+//! Each event goes to the ring buffer of the CPU it happened on (no cross-CPU contention) and
+//! carries a per-thread sequence number from the per-thread state in `THREADS`, so the daemon
+//! can put a thread's events back in program order after it migrated, and knows exactly which
+//! of its events were lost when a buffer was full. Writes do not wake the reader (a wakeup per
+//! event costs several times the probe, platform.md) unless the buffer is filling up.
 #![no_std]
 #![no_main]
 
+mod regs;
+
 use aya_ebpf::{
-    bindings::BPF_RB_NO_WAKEUP,
-    helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+    bindings::{
+        BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
     },
-    macros::{map, uprobe},
-    maps::{PerCpuArray, RingBuf},
-    programs::ProbeContext,
+    btf_maps::{ArrayOfMaps, RingBuf},
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
+        bpf_ktime_get_ns, bpf_ringbuf_output, bpf_ringbuf_query, bpf_ringbuf_reserve,
+        bpf_ringbuf_submit, generated::bpf_probe_read_user,
+    },
+    macros::{btf_map, map, raw_tracepoint, uprobe, uretprobe},
+    maps::{HashMap, PerCpuArray},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     EbpfContext,
 };
-use profiler_common::{Cookie, SledEvent, SledKind, DEFAULT_RING_BYTES};
+use core::ffi::c_void;
+use profiler_common::{
+    ablate, counter, event_flags, event_kind, ArgsEvent, Cookie, EventHeader, EventPayload,
+    SledKind, ThreadState, MAX_ARGS, MAX_EVENT_BYTES, MAX_RETURN_PROBE_DEPTH,
+};
 
-/// Events for the daemon. Its size is set by the daemon at load time (`--buffer-size`).
-#[map(name = "EVENTS")]
-static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+/// One ring buffer per CPU, created and inserted by the daemon (`--buffer-size` each). The
+/// template here only fixes the inner map's type; its size does not constrain the real ones.
+#[btf_map]
+static RINGS: ArrayOfMaps<RingBuf<u8, 4096>, 4096> = ArrayOfMaps::new();
 
-/// Per-CPU count of events that found the ring buffer full.
-#[map(name = "LOST")]
-static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// Per-thread sequence numbers, depth and loss bookkeeping, by thread id. Entries are created
+/// at a thread's first event and removed when it exits (`thread_exit`).
+#[map(name = "THREADS")]
+static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(1 << 18, BPF_F_NO_PREALLOC);
+
+/// Per-CPU counters of losses that belong to no thread (see `profiler_common::counter`).
+#[map(name = "COUNTERS")]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Where a custom event's payload is assembled before it is copied into a ring buffer.
+const SCRATCH_BYTES: usize =
+    EventHeader::SIZE + core::mem::size_of::<EventPayload>() + MAX_EVENT_BYTES as usize;
+#[map(name = "SCRATCH")]
+static SCRATCH: PerCpuArray<[u64; SCRATCH_BYTES / 8]> = PerCpuArray::with_max_entries(1, 0);
+
+// Settings the daemon writes into the object before loading it.
+#[unsafe(no_mangle)]
+static CFG_NARGS: u32 = 1;
+#[unsafe(no_mangle)]
+static CFG_MAX_EVENT_BYTES: u32 = 4096;
+#[unsafe(no_mangle)]
+static CFG_WAKEUP_BYTES: u64 = 4 << 20;
+#[unsafe(no_mangle)]
+static CFG_RETURN_MODE: u32 = 0;
+/// Benchmark only (`profiler_common::ablate`): parts of the work to skip, to measure what
+/// each costs. Zero in every real session.
+#[unsafe(no_mangle)]
+static CFG_ABLATE: u32 = 0;
+
+/// Stand-in thread state for the `ablate::STATE` measurement.
+#[map(name = "ABLATE_STATE")]
+static ABLATE_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
+
+fn ablated(part: u32) -> bool {
+    setting(&CFG_ABLATE) & part != 0
+}
+
+fn setting<T: Copy>(v: &T) -> T {
+    // SAFETY: a plain read of a global; volatile so the compiler does not fold the default in.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+fn count(index: u32, n: u64) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot: no other writer can race with this update.
+        unsafe { *slot += n };
+    }
+}
+
+/// The thread's state, created on its first event; `None` only if the table is full.
+fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
+    if ablated(ablate::STATE) {
+        // SAFETY: per-CPU slot, valid for the program's run.
+        return ABLATE_STATE.get_ptr_mut(0).map(|s| unsafe { &mut *s });
+    }
+    let fresh = ThreadState {
+        gap_low: i32::MAX,
+        ..ThreadState::default()
+    };
+    if let Some(s) = THREADS.get_ptr_mut(&tid) {
+        // SAFETY: map values stay valid for the program's run; only this thread's probes
+        // touch its entry, and they run one at a time.
+        let s = unsafe { &mut *s };
+        if s.exited != 0 {
+            // A new thread got the id of one whose books the daemon has not collected yet.
+            count(counter::TRAILING_LOST_UNATTRIBUTED, s.gap_lost as u64);
+            *s = fresh;
+        }
+        return Some(s);
+    }
+    THREADS.insert(&tid, &fresh, BPF_NOEXIST as u64).ok()?;
+    // SAFETY: as above.
+    THREADS.get_ptr_mut(&tid).map(|s| unsafe { &mut *s })
+}
+
+/// The ring buffer of this CPU, as the map pointer the ring-buffer helpers take.
+fn ring(cpu: u32) -> Option<*mut c_void> {
+    RINGS.get(cpu).map(|r| r as *const _ as *mut c_void)
+}
+
+/// Submit flags: no wakeup, unless (checked every 64th event of a thread, the query being
+/// a helper call) the buffer is more than the configured amount full.
+fn submit_flags(ring: *mut c_void, seq: u64) -> u64 {
+    if seq & 63 == 0 {
+        // SAFETY: `ring` is a ring-buffer map pointer from RINGS.
+        let avail = unsafe { bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA as u64) };
+        if avail > setting(&CFG_WAKEUP_BYTES) {
+            return BPF_RB_FORCE_WAKEUP as u64;
+        }
+    }
+    BPF_RB_NO_WAKEUP as u64
+}
+
+/// What one event does to the thread's call depth (and, in return-probe mode, to its pending
+/// return probes); returns the header's flags.
+fn account_call(state: &mut ThreadState, kind: u8) -> u8 {
+    let return_mode = setting(&CFG_RETURN_MODE) != 0;
+    if kind == SledKind::Entry as u8 || kind == SledKind::LogArgsEntry as u8 {
+        state.depth += 1;
+        if return_mode {
+            if state.returns_pending >= MAX_RETURN_PROBE_DEPTH {
+                state.beyond_return_depth += 1;
+                return event_flags::NO_RETURN;
+            }
+            state.tail_exited[0] &= !(1u64 << (state.returns_pending & 63));
+            state.returns_pending += 1;
+        }
+    } else if kind == SledKind::Exit as u8 || kind == SledKind::Tail as u8 {
+        state.depth -= 1;
+        if return_mode && kind == SledKind::Tail as u8 {
+            // The tail-calling frame is the top pending one; its return probe fires after the
+            // tail callee's and must not report a second exit.
+            if state.beyond_return_depth > 0 {
+                state.beyond_return_depth -= 1;
+            } else if state.returns_pending > 0 {
+                state.tail_exited[0] |= 1u64 << ((state.returns_pending - 1) & 63);
+            }
+        }
+    }
+    0
+}
+
+/// Books a written or lost event in the thread's state. `depth_after` is the depth the event
+/// left the thread at.
+fn settle(state: &mut ThreadState, written: bool, depth_before: i32) {
+    state.seq += 1;
+    if written {
+        state.gap_lost = 0;
+        state.gap_low = i32::MAX;
+    } else {
+        state.lost += 1;
+        state.gap_lost += 1;
+        if state.depth < depth_before && state.depth < state.gap_low {
+            state.gap_low = state.depth;
+        }
+    }
+}
+
+fn header(
+    state: &ThreadState,
+    pid_tgid: u64,
+    cookie: &Cookie,
+    cpu: u32,
+    depth: i32,
+) -> EventHeader {
+    EventHeader {
+        // SAFETY: plain helper call.
+        ts_ns: if ablated(ablate::CLOCK) {
+            0
+        } else {
+            unsafe { bpf_ktime_get_ns() }
+        },
+        seq: state.seq,
+        pid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        function_id: cookie.function_id,
+        kind: cookie.kind,
+        flags: 0,
+        cpu: cpu as u16,
+        depth,
+        gap_lost: state.gap_lost,
+        gap_low: state.gap_low,
+        payload_len: 0,
+    }
+}
+
+/// Writes a fixed-size record `T` (whose first field is the header) to the ring.
+fn write<T: Copy>(ring: *mut c_void, rec: &T, seq: u64) -> bool {
+    if ablated(ablate::WRITE) {
+        return true;
+    }
+    let flags = submit_flags(ring, seq);
+    // SAFETY: reserve returns null or room for a T; T is plain data at most 8-byte aligned.
+    unsafe {
+        let p = bpf_ringbuf_reserve(ring, core::mem::size_of::<T>() as u64, 0) as *mut T;
+        if p.is_null() {
+            return false;
+        }
+        core::ptr::write(p, *rec);
+        bpf_ringbuf_submit(p as *mut c_void, flags);
+    }
+    true
+}
 
 #[uprobe]
 pub fn sled(ctx: ProbeContext) -> u32 {
-    // SAFETY: plain BPF helper calls; the context pointer comes from the kernel.
-    let (cookie, ts_ns, cpu) = unsafe {
+    // SAFETY: plain helper calls on the kernel's context.
+    let (cookie, cpu) = unsafe {
         (
-            bpf_get_attach_cookie(ctx.as_ptr()),
-            bpf_ktime_get_ns(),
+            Cookie::decode(bpf_get_attach_cookie(ctx.as_ptr())),
             bpf_get_smp_processor_id(),
         )
     };
     let pid_tgid = bpf_get_current_pid_tgid();
-    // At a LOG_ARGS_ENTRY sled (the function's first instruction) rdi still holds the first
-    // argument; XRay's own runtime logs exactly that one.
-    let arg = if Cookie::decode(cookie).kind == SledKind::LogArgsEntry as u8 {
-        ctx.arg::<u64>(0).unwrap_or(0)
-    } else {
-        0
+    let Some(state) = thread_state(pid_tgid as u32) else {
+        count(counter::NO_THREAD_STATE, 1);
+        return 0;
     };
-    match EVENTS.reserve::<SledEvent>(0) {
-        Some(mut entry) => {
-            entry.write(SledEvent {
-                ts_ns,
-                pid: (pid_tgid >> 32) as u32,
-                tid: pid_tgid as u32,
-                cookie,
-                cpu,
-                reserved: 0,
-                arg,
-            });
-            entry.submit(BPF_RB_NO_WAKEUP as u64);
-        }
-        None => {
-            if let Some(lost) = LOST.get_ptr_mut(0) {
-                // SAFETY: per-CPU slot, so no other writer can race with this increment.
-                unsafe { *lost += 1 };
+    let depth = state.depth;
+    let flags = account_call(state, cookie.kind);
+    let mut h = header(state, pid_tgid, &cookie, cpu, depth);
+    h.flags = flags;
+    let written = match ring(cpu) {
+        None => false,
+        Some(ring) => {
+            if cookie.kind == SledKind::CustomEvent as u8
+                || cookie.kind == SledKind::TypedEvent as u8
+            {
+                write_event(&ctx, ring, h, &cookie)
+            } else if cookie.kind == SledKind::LogArgsEntry as u8 {
+                let n = setting(&CFG_NARGS).min(MAX_ARGS as u32);
+                h.payload_len = n * 8;
+                let rec = ArgsEvent {
+                    header: h,
+                    args: regs::args(&ctx),
+                };
+                write(ring, &rec, h.seq)
+            } else {
+                write(ring, &h, h.seq)
             }
         }
+    };
+    settle(state, written, depth);
+    0
+}
+
+/// A custom or typed event: type, pointer and size are in the registers the cookie names;
+/// the payload is copied (up to the configured maximum) from the program's memory.
+fn write_event(ctx: &ProbeContext, ring: *mut c_void, mut h: EventHeader, cookie: &Cookie) -> bool {
+    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    let typed = cookie.kind == SledKind::TypedEvent as u8;
+    let (event_type, ptr, size) = if typed {
+        (
+            regs::read(ctx, cookie.regs[0]),
+            regs::read(ctx, cookie.regs[1]),
+            regs::read(ctx, cookie.regs[2]),
+        )
+    } else {
+        (
+            0,
+            regs::read(ctx, cookie.regs[0]),
+            regs::read(ctx, cookie.regs[1]),
+        )
+    };
+    let max = setting(&CFG_MAX_EVENT_BYTES) as u64;
+    let mut n = if size < max { size } else { max };
+    if n > MAX_EVENT_BYTES as u64 {
+        n = MAX_EVENT_BYTES as u64;
     }
+    const PAYLOAD_AT: usize = EventHeader::SIZE + core::mem::size_of::<EventPayload>();
+    // SAFETY: `buf` is this CPU's scratch slot, SCRATCH_BYTES long; n <= MAX_EVENT_BYTES keeps
+    // the copy inside it.
+    unsafe {
+        let base = buf as *mut u8;
+        if n > 0
+            && bpf_probe_read_user(
+                base.add(PAYLOAD_AT) as *mut c_void,
+                n as u32,
+                ptr as *const c_void,
+            ) != 0
+        {
+            h.flags |= event_flags::UNREADABLE;
+            n = 0;
+        }
+        h.payload_len = (core::mem::size_of::<EventPayload>() as u64 + n) as u32;
+        core::ptr::write(base as *mut EventHeader, h);
+        core::ptr::write(
+            base.add(EventHeader::SIZE) as *mut EventPayload,
+            EventPayload { size, event_type },
+        );
+        let len = (PAYLOAD_AT as u64 + n) & 0xffff;
+        if len > SCRATCH_BYTES as u64 {
+            return false;
+        }
+        bpf_ringbuf_output(ring, base as *mut c_void, len, submit_flags(ring, h.seq)) == 0
+    }
+}
+
+#[uretprobe]
+pub fn sled_return(ctx: RetProbeContext) -> u32 {
+    // SAFETY: plain helper calls on the kernel's context.
+    let (cookie, cpu) = unsafe {
+        (
+            Cookie::decode(bpf_get_attach_cookie(ctx.as_ptr())),
+            bpf_get_smp_processor_id(),
+        )
+    };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(state) = thread_state(pid_tgid as u32) else {
+        count(counter::NO_THREAD_STATE, 1);
+        return 0;
+    };
+    // Frames entered beyond the kernel's return-probe depth have no return probe: any return
+    // probe firing means they are gone.
+    state.depth -= state.beyond_return_depth as i32;
+    state.beyond_return_depth = 0;
+    if state.returns_pending == 0 {
+        return 0;
+    }
+    state.returns_pending -= 1;
+    let bit = 1u64 << (state.returns_pending & 63);
+    if state.tail_exited[0] & bit != 0 {
+        state.tail_exited[0] &= !bit;
+        return 0;
+    }
+    let depth = state.depth;
+    state.depth -= 1;
+    let cookie = Cookie {
+        kind: SledKind::Exit as u8,
+        ..cookie
+    };
+    let h = header(state, pid_tgid, &cookie, cpu, depth);
+    let written = match ring(cpu) {
+        Some(ring) => write(ring, &h, h.seq),
+        None => false,
+    };
+    settle(state, written, depth);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let Some(s) = THREADS.get_ptr_mut(&tid) else {
+        return 0;
+    };
+    // SAFETY: map value pointer, valid for this run.
+    let state = unsafe { &mut *s };
+    // SAFETY: plain helper call.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let cookie = Cookie {
+        function_id: 0,
+        kind: event_kind::THREAD_EXIT,
+        regs: [0; 3],
+    };
+    let h = header(state, pid_tgid, &cookie, cpu, state.depth);
+    let written = match ring(cpu) {
+        // No wakeup: the reader's timer picks it up with the thread's other events.
+        Some(ring) => unsafe {
+            let p = bpf_ringbuf_reserve(ring, EventHeader::SIZE as u64, 0) as *mut EventHeader;
+            if p.is_null() {
+                false
+            } else {
+                core::ptr::write(p, h);
+                bpf_ringbuf_submit(p as *mut c_void, BPF_RB_NO_WAKEUP as u64);
+                true
+            }
+        },
+        None => false,
+    };
+    if written {
+        let _ = THREADS.remove(&tid);
+    } else {
+        // Leave the books for the daemon to collect (it knows them by the flag).
+        count(counter::EXIT_RECORDS_LOST, 1);
+        state.exited = 1;
+    }
+    0
+}
+
+#[uprobe]
+pub fn floor(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+#[uretprobe]
+pub fn floor_return(_ctx: RetProbeContext) -> u32 {
     0
 }
 

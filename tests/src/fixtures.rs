@@ -7,6 +7,8 @@
 //! | [`rust_fixture`] | `threads.rs` | `rustc +nightly --edition 2021 -Zinstrument-xray=always -C opt-level=1 -g` |
 //! | [`native_fdr_fixture`] | `threads.cpp` with `-DFX_NATIVE_FDR` | as the C++ fixture; runs compiler-rt's own FDR mode |
 //! | [`plain_c_fixture`] | `plain.c` | `clang-19 -O2` (an ELF without `xray_instr_map`) |
+//! | [`workloads`] | `calls.c`, `exceptions.cpp`, `events.cpp` | the exit-mode, loss, migration and event tests' fixtures |
+//! | [`symbolize`] | `inlined_events.cpp`, split debug files | the symbolizer, report and convert tests' fixtures |
 //!
 //! A build is redone when the output is missing, older than its source, or
 //! was made by a different command line (kept next to it in `NAME.cmd`).
@@ -32,6 +34,9 @@ use std::sync::OnceLock;
 use std::time::SystemTime;
 
 use crate::tools::{clang, clangxx, target_dir};
+
+pub mod symbolize;
+pub mod workloads;
 
 /// The functions of the C++ fixture whose per-thread call counts it prints,
 /// as `llvm-xray -symbolize` names them. Together with [`CPP_MAIN`] these are

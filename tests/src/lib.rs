@@ -15,14 +15,20 @@
 //! - [`run`]: running the daemon and fixtures as children with timeouts.
 //! - [`scenario`]: the `--attach` and `-- CMD` end-to-end runs shared by the
 //!   C++ and Rust tests.
+//! - [`launched`]: `-- CMD` runs the exit-mode, loss, migration and event
+//!   tests inspect themselves (session fields, our reader, llvm-xray).
+//! - [`structure`]: per-thread call structure compared with a native XRay
+//!   FDR trace.
 //!
 //! Nothing here skips a test because a tool is missing: it panics saying
 //! what to install.
 
 pub mod counts;
 pub mod fixtures;
+pub mod launched;
 pub mod run;
 pub mod scenario;
+pub mod structure;
 #[cfg(test)]
 mod synthetic;
 pub mod tools;

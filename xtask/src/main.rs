@@ -3,9 +3,11 @@
 //!
 //! The two commands the README promises are `cargo xtask demo` and `cargo xtask test`; both run
 //! `setup` first so that a fresh machine needs nothing else.
+mod bench;
 mod demo;
 mod run;
 mod setup;
+mod viewers;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -34,6 +36,12 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Set up, build (release), run benchmarks and write BENCHMARKS.md at the repository root.
+    Bench {
+        /// Which benchmark: a section name (calls, ...) or `all`.
+        #[arg(default_value = "all", value_parser = clap::builder::PossibleValuesParser::new(bench::names()))]
+        which: String,
+    },
 }
 
 fn main() {
@@ -43,6 +51,7 @@ fn main() {
         Command::Build => setup::setup().and_then(|()| build(true)),
         Command::Demo => demo::demo(),
         Command::Test { args } => test(&args),
+        Command::Bench { which } => bench::bench(&which),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");
@@ -65,6 +74,9 @@ fn build(release: bool) -> Result<()> {
 fn test(extra: &[String]) -> Result<()> {
     setup::setup()?;
     build(false)?;
+    // The full-speed loss tests (tests/tests/loss.rs) run the release daemon: throughput is a
+    // property of the optimised build.
+    build(true)?;
     let mut args = vec!["test", "--workspace", "--exclude", "profiler-ebpf"];
     args.extend(extra.iter().map(String::as_str));
     let totals = run::cargo_test(&args)?;

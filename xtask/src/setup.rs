@@ -8,8 +8,18 @@ use std::process::Command;
 
 /// Debian packages the build, the fixtures and the reference checks need: clang-19 compiles the
 /// XRay fixtures (the runtime archive is in libclang-rt-19-dev), llvm-19 and llvm give
-/// `llvm-xray` 19 and 14, the two reference readers every trace is checked with.
-const DEBIAN_PACKAGES: &[&str] = &["clang-19", "libclang-rt-19-dev", "llvm-19", "llvm"];
+/// `llvm-xray` 19 and 14, the two reference readers every trace is checked with; bpftrace and
+/// uftrace are the peer tools `cargo xtask bench` compares with.
+const DEBIAN_PACKAGES: &[&str] = &[
+    "clang-19",
+    "libclang-rt-19-dev",
+    "llvm-19",
+    "llvm",
+    "bpftrace",
+    "uftrace",
+    // Headless browser the viewer tests load speedscope (and our SVGs) in.
+    "chromium",
+];
 
 /// bpf-linker release line that works with aya-ebpf 0.2 (platform.md).
 const BPF_LINKER_VERSION: &str = "^0.13";
@@ -19,6 +29,7 @@ pub fn setup() -> Result<()> {
     nightly_rust_src()?;
     debian_packages()?;
     bpf_linker()?;
+    crate::viewers::install()?;
     Ok(())
 }
 

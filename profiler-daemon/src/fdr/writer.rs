@@ -375,6 +375,16 @@ impl<W: TraceSink> ThreadWriter<W> {
         self.stack.len()
     }
 
+    /// The innermost frame written and not yet exited.
+    pub fn top(&self) -> Option<u32> {
+        self.stack.last().copied()
+    }
+
+    /// The latest tick written (later records are clamped to it).
+    pub fn last_tsc(&self) -> u64 {
+        self.floor
+    }
+
     /// The sink, for tests that inspect or sabotage it.
     #[cfg(test)]
     pub(crate) fn sink_mut(&mut self) -> &mut W {

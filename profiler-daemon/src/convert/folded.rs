@@ -1,0 +1,152 @@
+//! Folded stacks (`outer;inner;leaf N`, the format of Brendan Gregg's `flamegraph.pl` and of
+//! inferno) and flame graph SVGs drawn from them.
+//!
+//! N is the stack's self time in nanoseconds, summed over every thread and process. Stacks are
+//! kept in a trie, one node per distinct stack, so memory grows with the number of distinct
+//! stacks, not with the number of calls. A `;` inside a function name (Rust array types such
+//! as `[u8; 4]`) would split the frame, so it is written as a full-width `；`.
+use crate::replay::{self, Call, FunctionKey, Session, Visitor};
+use std::collections::HashMap;
+use std::io::{self, Write};
+
+const ROOT: u32 = u32::MAX;
+
+/// Distinct call stacks and their self time.
+#[derive(Default)]
+pub struct StackTrie {
+    /// (parent, frame) per node.
+    nodes: Vec<(u32, FunctionKey)>,
+    self_ns: Vec<u64>,
+    index: HashMap<(u32, FunctionKey), u32>,
+}
+
+impl StackTrie {
+    fn child(&mut self, parent: u32, frame: FunctionKey) -> u32 {
+        let nodes = &mut self.nodes;
+        let self_ns = &mut self.self_ns;
+        *self.index.entry((parent, frame)).or_insert_with(|| {
+            nodes.push((parent, frame));
+            self_ns.push(0);
+            (nodes.len() - 1) as u32
+        })
+    }
+
+    /// Number of distinct stacks.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether no call was seen.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Reads every thread of `session`; returns problems found (one line each).
+    pub fn from_session(session: &Session) -> (StackTrie, Vec<String>) {
+        let mut trie = StackTrie::default();
+        let mut warnings = Vec::new();
+        for t in session.threads() {
+            let mut v = ThreadStacks {
+                trie: &mut trie,
+                stack: Vec::new(),
+                object: t.object,
+            };
+            replay::replay_thread(&t, &mut v, &mut warnings);
+        }
+        (trie, warnings)
+    }
+
+    /// One `a;b;c N` line per stack with self time, sorted (inferno wants them sorted).
+    pub fn lines(&self, session: &Session) -> Vec<String> {
+        let mut namer = session.namer();
+        let mut names: HashMap<FunctionKey, String> = HashMap::new();
+        let mut out = Vec::new();
+        let mut path = Vec::new();
+        for (node, &ns) in self.self_ns.iter().enumerate() {
+            if ns == 0 {
+                continue;
+            }
+            path.clear();
+            let mut at = node as u32;
+            while at != ROOT {
+                let (parent, frame) = self.nodes[at as usize];
+                path.push(frame);
+                at = parent;
+            }
+            let mut line = String::new();
+            for (i, frame) in path.iter().rev().enumerate() {
+                if i > 0 {
+                    line.push(';');
+                }
+                let name = names.entry(*frame).or_insert_with(|| {
+                    namer
+                        .function(*frame)
+                        .name
+                        .replace(';', "\u{ff1b}")
+                        .replace(['\n', '\r'], " ")
+                });
+                line.push_str(name);
+            }
+            line.push(' ');
+            line.push_str(&ns.to_string());
+            out.push(line);
+        }
+        out.sort();
+        out
+    }
+}
+
+struct ThreadStacks<'a> {
+    trie: &'a mut StackTrie,
+    stack: Vec<u32>,
+    object: u32,
+}
+
+impl Visitor for ThreadStacks<'_> {
+    fn enter(&mut self, id: u32, _: u64, _: &[u64], _: usize) {
+        let parent = self.stack.last().copied().unwrap_or(ROOT);
+        let node = self.trie.child(
+            parent,
+            FunctionKey {
+                object: self.object,
+                id,
+            },
+        );
+        self.stack.push(node);
+    }
+
+    fn exit(&mut self, call: &Call) {
+        if let Some(node) = self.stack.pop() {
+            let ns = &mut self.trie.self_ns[node as usize];
+            *ns = ns.saturating_add(call.self_time());
+        }
+    }
+}
+
+/// Writes the folded stacks of `session`; returns problems found.
+pub fn write_folded(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>> {
+    let (trie, warnings) = StackTrie::from_session(session);
+    for line in trie.lines(session) {
+        writeln!(out, "{line}")?;
+    }
+    out.flush()?;
+    Ok(warnings)
+}
+
+/// Writes a flame graph SVG of `session`; returns problems found.
+pub fn write_svg(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>> {
+    let (trie, warnings) = StackTrie::from_session(session);
+    let lines = trie.lines(session);
+    if lines.is_empty() {
+        return Err(io::Error::other(
+            "no completed call with self time: nothing to draw",
+        ));
+    }
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = format!("fdr-profiled: {}", session.layout.dir.display());
+    options.count_name = "ns".to_owned();
+    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut *out)
+        .map_err(|e| io::Error::other(format!("drawing the flame graph: {e}")))?;
+    out.flush()?;
+    Ok(warnings)
+}

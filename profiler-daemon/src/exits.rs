@@ -1,0 +1,207 @@
+//! Choosing how function exits are observed (`--exits`).
+//!
+//! A return probe replaces the return address on the stack. An exception or panic unwinding
+//! through such a frame finds the kernel's trampoline instead of a call site, has no unwind
+//! information for it, and terminates the program (platform.md: reproduced with C++). So return
+//! probes are only safe when nothing can unwind: `auto` looks for an unwinding personality
+//! routine anywhere in the process image (the executable, the libraries it needs, and for a
+//! running process everything it has mapped) and uses return probes only when there is none.
+use crate::bpf::Exits;
+use crate::cli::ExitMode;
+use crate::elf::ElfImage;
+use crate::session::ExitsChoice;
+use object::{Object as _, ObjectSymbol as _};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The routines that drive unwinding through frames: C++ (`__gxx_personality_v0`), C compiled
+/// with `-fexceptions` (`__gcc_personality_v0`), Rust panics (`rust_eh_personality`).
+pub const PERSONALITY_ROUTINES: &[&str] = &[
+    "__gxx_personality_v0",
+    "__gcc_personality_v0",
+    "rust_eh_personality",
+    "__gxx_personality_seh0",
+    "__gcc_personality_sj0",
+];
+
+/// Resolves `--exits` for the objects that make up the traced image.
+pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (Exits, ExitsChoice) {
+    match mode {
+        ExitMode::Sleds => (
+            Exits::Sleds,
+            ExitsChoice {
+                mode: "sleds",
+                reason: "--exits sleds".into(),
+            },
+        ),
+        ExitMode::Return => (
+            Exits::Return,
+            ExitsChoice {
+                mode: "return",
+                reason: "--exits return: an exception or panic unwinding through a probed frame \
+                         would kill the program"
+                    .into(),
+            },
+        ),
+        ExitMode::Auto => match image.iter().find_map(|p| personality_in(p).map(|s| (p, s))) {
+            Some((path, symbol)) => (
+                Exits::Sleds,
+                ExitsChoice {
+                    mode: "sleds",
+                    reason: format!(
+                        "auto: {} has {symbol}, so exceptions or panics may unwind through \
+                         traced frames, which return probes would break",
+                        path.display()
+                    ),
+                },
+            ),
+            None => (
+                Exits::Return,
+                ExitsChoice {
+                    mode: "return",
+                    reason: format!(
+                        "auto: no unwinding personality routine in {} object{}",
+                        image.len(),
+                        if image.len() == 1 { "" } else { "s" }
+                    ),
+                },
+            ),
+        },
+    }
+}
+
+/// The first personality routine `path` defines or imports; `None` if none (or unreadable:
+/// an object we cannot read is reported as having one, the safe answer).
+pub fn personality_in(path: &Path) -> Option<&'static str> {
+    let Ok(image) = ElfImage::open(path) else {
+        return Some("no readable symbol table");
+    };
+    let Ok(file) = image.parse() else {
+        return Some("no readable symbol table");
+    };
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .filter_map(|s| s.name().ok())
+        .find_map(|name| PERSONALITY_ROUTINES.iter().find(|&&p| p == name).copied())
+}
+
+/// The executable and the shared libraries it names (DT_NEEDED, transitively), found where the
+/// dynamic loader would look: its DT_RUNPATH/DT_RPATH, then the system directories.
+pub fn static_image(executable: &Path) -> Vec<PathBuf> {
+    let mut out = vec![executable.to_path_buf()];
+    let mut seen = BTreeSet::new();
+    let mut i = 0;
+    while i < out.len() && out.len() < 256 {
+        let (needed, search) = dynamic_deps(&out[i]);
+        for lib in needed {
+            if !seen.insert(lib.clone()) {
+                continue;
+            }
+            let found = search
+                .iter()
+                .map(PathBuf::from)
+                .chain(SYSTEM_LIBRARY_DIRS.iter().map(PathBuf::from))
+                .map(|d| d.join(&lib))
+                .find(|p| p.is_file());
+            if let Some(path) = found {
+                out.push(path);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Every file-backed mapping of a running process, read through its root directory.
+pub fn mapped_image(pid: u32) -> Vec<PathBuf> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let mut paths = BTreeSet::new();
+    for line in maps.lines() {
+        let Some(path) = line.split_whitespace().nth(5) else {
+            continue;
+        };
+        if path.starts_with('/') && !line.ends_with("(deleted)") {
+            paths.insert(path.to_owned());
+        }
+    }
+    let mut out = vec![PathBuf::from(format!("/proc/{pid}/exe"))];
+    out.extend(
+        paths
+            .into_iter()
+            .map(|p| PathBuf::from(format!("/proc/{pid}/root{p}"))),
+    );
+    out
+}
+
+const SYSTEM_LIBRARY_DIRS: &[&str] = &[
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+    "/usr/local/lib",
+];
+
+/// DT_NEEDED names and DT_RUNPATH/DT_RPATH directories (`$ORIGIN` expanded) of an object.
+fn dynamic_deps(path: &Path) -> (Vec<String>, Vec<String>) {
+    use object::elf;
+    use object::read::elf::Dyn as _;
+    let mut needed = Vec::new();
+    let mut search = Vec::new();
+    let Ok(image) = ElfImage::open(path) else {
+        return (needed, search);
+    };
+    let Ok(file) = image.parse() else {
+        return (needed, search);
+    };
+    let endian = file.endian();
+    let table = file.elf_section_table();
+    let Ok(Some((entries, strings_at))) = table.dynamic(endian, file.data()) else {
+        return (needed, search);
+    };
+    let Ok(strings) = table.strings(endian, file.data(), strings_at) else {
+        return (needed, search);
+    };
+    let origin = path
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    for entry in entries {
+        let tag = entry.d_tag(endian) as u32;
+        let Ok(value) = entry.string(endian, strings) else {
+            continue;
+        };
+        let value = String::from_utf8_lossy(value).into_owned();
+        match tag {
+            elf::DT_NEEDED if !needed.contains(&value) => needed.push(value),
+            elf::DT_RUNPATH | elf::DT_RPATH => {
+                search.extend(value.split(':').map(|d| d.replace("$ORIGIN", &origin)))
+            }
+            _ => {}
+        }
+    }
+    (needed, search)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_modes_are_taken_as_given() {
+        assert_eq!(choose(ExitMode::Sleds, &[]).0, Exits::Sleds);
+        assert_eq!(choose(ExitMode::Return, &[]).0, Exits::Return);
+    }
+
+    #[test]
+    fn an_unreadable_object_counts_as_unwinding() {
+        let (exits, why) = choose(ExitMode::Auto, &[PathBuf::from("/nonexistent/lib.so")]);
+        assert_eq!(exits, Exits::Sleds);
+        assert!(
+            why.reason.contains("no readable symbol table"),
+            "{}",
+            why.reason
+        );
+    }
+}

@@ -1,0 +1,142 @@
+use super::*;
+use profiler_common::SledKind;
+
+fn ev(tid: u32, seq: u64, gap_lost: u32, kind: u8) -> Event {
+    Event {
+        header: EventHeader {
+            tid,
+            seq,
+            gap_lost,
+            gap_low: if gap_lost > 0 { 1 } else { i32::MAX },
+            kind,
+            ..EventHeader::default()
+        },
+        args: [0; profiler_common::MAX_ARGS],
+        nargs: 0,
+        data: None,
+    }
+}
+
+fn run(events: Vec<Event>) -> (Vec<(u32, u64, Option<Gap>)>, Sequencer) {
+    let mut out = Vec::new();
+    let mut s = Sequencer::default();
+    let mut sink = |e: Event, g: Option<Gap>| out.push((e.header.tid, e.header.seq, g));
+    for e in events {
+        s.push(e, &mut sink);
+    }
+    (out, s)
+}
+
+const ENTRY: u8 = SledKind::Entry as u8;
+
+#[test]
+fn in_order_events_pass_straight_through() {
+    let (out, s) = run((0..5).map(|i| ev(1, i, 0, ENTRY)).collect());
+    assert_eq!(
+        out.iter().map(|o| o.1).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
+    );
+    assert_eq!(s.threads(), 1);
+}
+
+#[test]
+fn a_migrated_thread_is_put_back_in_order() {
+    // Buffer of CPU 1 drained first holds 2, 3; CPU 0's holds 0, 1, 4.
+    let order = [2, 3, 0, 1, 4];
+    let (out, _) = run(order.iter().map(|&i| ev(9, i, 0, ENTRY)).collect());
+    assert_eq!(
+        out.iter().map(|o| o.1).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
+    );
+}
+
+#[test]
+fn losses_are_delivered_as_gaps_not_waited_for() {
+    // 2 and 3 were lost; 4 says so.
+    let (out, _) = run(vec![
+        ev(1, 0, 0, ENTRY),
+        ev(1, 1, 0, ENTRY),
+        ev(1, 4, 2, ENTRY),
+    ]);
+    assert_eq!(out[2], (1, 4, Some(Gap { lost: 2, low: 1 })));
+    // An event after a gap that arrives before its predecessor still waits for it.
+    let (out, _) = run(vec![
+        ev(1, 4, 2, ENTRY),
+        ev(1, 0, 0, ENTRY),
+        ev(1, 1, 0, ENTRY),
+    ]);
+    assert_eq!(out.iter().map(|o| o.1).collect::<Vec<_>>(), vec![0, 1, 4]);
+}
+
+#[test]
+fn threads_are_independent_and_end_with_their_exit_record() {
+    let (out, s) = run(vec![
+        ev(1, 1, 0, ENTRY),
+        ev(2, 0, 0, ENTRY),
+        ev(1, 2, 0, event_kind::THREAD_EXIT),
+        ev(1, 0, 0, ENTRY),
+    ]);
+    assert_eq!(
+        out,
+        vec![(2, 0, None), (1, 0, None), (1, 1, None), (1, 2, None)]
+    );
+    assert_eq!(
+        s.threads(),
+        1,
+        "thread 1 is forgotten after its exit record"
+    );
+    // A reused tid starts from 0 again.
+    let (out, _) = run(vec![
+        ev(1, 0, 0, event_kind::THREAD_EXIT),
+        ev(1, 0, 0, ENTRY),
+    ]);
+    assert_eq!(out.len(), 2);
+}
+
+#[test]
+fn stale_numbers_are_counted_and_dropped() {
+    let (out, s) = run(vec![
+        ev(1, 0, 0, ENTRY),
+        ev(1, 0, 0, ENTRY),
+        ev(1, 1, 5, ENTRY),
+    ]);
+    assert_eq!(out.len(), 1);
+    assert_eq!(s.stale(), 2);
+}
+
+#[test]
+fn finish_delivers_trailing_losses_and_stragglers() {
+    let mut out = Vec::new();
+    let mut s = Sequencer::default();
+    let mut sink =
+        |e: Event, g: Option<Gap>| out.push((e.header.tid, e.header.seq, e.header.kind, g));
+    s.push(ev(1, 0, 0, ENTRY), &mut sink);
+    s.push(ev(2, 3, 0, ENTRY), &mut sink); // 0..3 of thread 2 never arrive
+    let live = [(
+        1,
+        ThreadState {
+            seq: 3,
+            gap_lost: 2,
+            gap_low: 0,
+            ..ThreadState::default()
+        },
+    )];
+    s.finish(&live, &mut sink);
+    assert_eq!(
+        out[1],
+        (1, 3, event_kind::THREAD_EXIT, Some(Gap { lost: 2, low: 0 }))
+    );
+    assert_eq!(
+        out[2],
+        (
+            2,
+            3,
+            ENTRY,
+            Some(Gap {
+                lost: 3,
+                low: i32::MIN
+            })
+        )
+    );
+    assert_eq!(s.threads(), 0);
+}

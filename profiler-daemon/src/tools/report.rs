@@ -1,0 +1,71 @@
+//! `fdr-profiled report DIR`: per-function statistics of a recorded session.
+use crate::replay::Session;
+use crate::report::render::{self, Format};
+use crate::report::SortKey;
+use crate::symbolize::Symbolizer;
+use anyhow::{Context as _, Result};
+use std::io::Write as _;
+use std::path::PathBuf;
+
+/// Options of `report`.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The session directory (the recording's --out).
+    pub dir: PathBuf,
+    /// One table per thread instead of one over all threads and processes.
+    #[arg(long)]
+    pub per_thread: bool,
+    /// Row order.
+    #[arg(long, value_enum, default_value_t = SortKey::Total)]
+    pub sort: SortKey,
+    /// Show only the first N functions (per thread with --per-thread); 0 shows all.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub top: usize,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write to this file instead of standard output.
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// The instrumented binary, when the session does not record it (or it moved). It must
+    /// be the same build the session recorded, if the session recorded a build-id.
+    #[arg(long, value_name = "BIN")]
+    pub binary: Option<PathBuf>,
+    /// Directory searched for separate debug files (`.build-id/` and debug-link paths).
+    #[arg(long, value_name = "DIR", default_value = crate::symbolize::debuginfo::SYSTEM_DEBUG_ROOT)]
+    pub debug_dir: PathBuf,
+}
+
+/// Runs `report`; returns the exit code.
+pub fn run(args: &ReportArgs) -> Result<u8> {
+    let symbolizer = Symbolizer::new(vec![args.debug_dir.clone()]);
+    let mut session = Session::open(&args.dir, args.binary.as_deref(), &symbolizer)?;
+    let mut report = crate::report::build(&mut session, args.per_thread);
+    report.sort_and_cut(args.sort, args.top);
+    let text = render::render(&report, args.format);
+    // In text the warnings are part of the report; otherwise they go to stderr, where they
+    // do not break the machine-readable output.
+    if args.format != Format::Text {
+        for w in &report.warnings {
+            eprintln!("fdr-profiled: warning: {w}");
+        }
+    }
+    write_output(args.output.as_deref(), text.as_bytes())?;
+    Ok(0)
+}
+
+/// Writes `bytes` to `path`, or to standard output (a closed pipe is not an error).
+pub fn write_output(path: Option<&std::path::Path>, bytes: &[u8]) -> Result<()> {
+    match path {
+        Some(p) => std::fs::write(p, bytes).with_context(|| format!("writing {}", p.display())),
+        None => {
+            let mut out = std::io::stdout().lock();
+            match out.write_all(bytes).and_then(|()| out.flush()) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(e).context("writing to stdout")
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! End to end: `--exits sleds|return|auto`.
+//!
+//! - The C++ exception fixture (exceptions thrown through instrumented frames, caught above
+//!   them) runs to its normal end under `auto` and `sleds`; `auto` says it chose exit sleds
+//!   (stderr and session.json); per thread, entries equal the calls the fixture counted and
+//!   exits the calls that returned normally; the call structure equals compiler-rt's own FDR
+//!   trace of the same program.
+//! - `auto` chooses return probes for the plain C fixture; return probes there give exact
+//!   counts and files llvm-xray 14 and 19 load.
+//! - The C++ threads fixture (tail calls, recursion, logged arguments) has the call structure of
+//!   its native XRay FDR trace in both explicit modes: one Tail_Exit per tail call and no
+//!   second exit when the return probe of a tail-calling function fires later.
+//!
+//! Needs root, BPF, llvm-xray 14/19, clang-19 and a built daemon.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tests::counts::{expected_calls, parse_count_lines, ExpectedCalls};
+use tests::fixtures::workloads::{
+    calls_fixture, exceptions_fixture, exceptions_native_fixture, native_trace,
+    parse_returned_lines, CALLS_FUNCTIONS, EXCEPTIONS_DONE_20, EXCEPTIONS_FUNCTIONS,
+};
+use tests::launched::launch;
+use tests::scenario::{trace_launched_with, FixtureSpec, CPP};
+use tests::structure::{assert_same_structure, per_thread, without_unwound_exits, Payloads};
+use tests::{convert, native_fdr_fixture, native_fdr_trace, scratch_dir, LLVM_XRAY_VERSIONS};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The plain C fixture, for the shared scenario checks.
+const CALLS: FixtureSpec = FixtureSpec {
+    name: "calls",
+    build: calls_fixture,
+    known: CALLS_FUNCTIONS,
+    main_fn: "main",
+    only_known: true,
+};
+
+/// Per thread (tids differ between runs, so as a sorted list): function -> count.
+fn by_content(calls: &ExpectedCalls) -> Vec<BTreeMap<String, u64>> {
+    let mut v: Vec<_> = calls.values().cloned().collect();
+    v.sort();
+    v
+}
+
+/// The exception fixture under `daemon_args`: normal end, exit sleds, exact entries and exits,
+/// native structure.
+fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
+    let untraced = tests::tools::run_output(
+        std::process::Command::new(exceptions_fixture()).args(["--iterations", "20"]),
+    );
+    assert!(untraced.status.success());
+    let untraced = String::from_utf8_lossy(&untraced.stdout).into_owned();
+
+    let run = launch(
+        &format!("exits-exceptions-{mode_label}"),
+        &exceptions_fixture(),
+        daemon_args,
+        &["--iterations", "20"],
+        TIMEOUT,
+    );
+    let stdout = &run.done.stdout;
+    assert_eq!(
+        stdout.lines().last(),
+        Some(EXCEPTIONS_DONE_20),
+        "the traced fixture must end normally:\n{stdout}"
+    );
+    let calls = expected_calls(&parse_count_lines(stdout));
+    let returned = parse_returned_lines(stdout);
+    assert_eq!(
+        by_content(&calls),
+        by_content(&expected_calls(&parse_count_lines(&untraced))),
+        "traced and untraced runs count the same calls"
+    );
+    assert_eq!(
+        by_content(&returned),
+        by_content(&parse_returned_lines(&untraced))
+    );
+
+    let line = run.exits_line();
+    assert!(
+        line.starts_with("exit sleds ("),
+        "{mode_label}: exits line {line:?}"
+    );
+    assert_eq!(run.session_str("exits"), "sleds");
+    assert!(!run.session_str("exits_reason").is_empty());
+    if daemon_args.is_empty() {
+        assert!(
+            line.contains("personality"),
+            "auto must say it found a personality routine: {line:?}"
+        );
+    }
+    assert_eq!(run.session.events_lost, 0, "{}", run.session.json);
+
+    // Our reader accepts every file (files() panics otherwise); llvm-xray 14 and 19 read the
+    // same records; per thread and function: entries = calls, exits = normal returns.
+    let pid = run.pid();
+    let files = run.files();
+    assert_eq!(files.len(), 3, "3 threads ran instrumented code");
+    let mut per_version = Vec::new();
+    for major in LLVM_XRAY_VERSIONS {
+        per_version.push(run.converted(major));
+    }
+    for (tid, c) in &per_version[1] {
+        let records14: Vec<_> = per_version[0][tid]
+            .records
+            .iter()
+            .map(|r| (r.func_id, r.kind.clone(), r.tsc))
+            .collect();
+        let records19: Vec<_> = c
+            .records
+            .iter()
+            .map(|r| (r.func_id, r.kind.clone(), r.tsc))
+            .collect();
+        assert_eq!(
+            records14, records19,
+            "tid {tid}: llvm-xray 14 and 19 disagree"
+        );
+        let (_, unwound_exits) = without_unwound_exits(c.records.iter());
+        let mut unwound_in_thread = 0;
+        let want_calls = calls
+            .get(tid)
+            .unwrap_or_else(|| panic!("no count lines for {tid}"));
+        let want_returns = &returned[tid];
+        for f in EXCEPTIONS_FUNCTIONS {
+            let entries = c
+                .records
+                .iter()
+                .filter(|r| r.function == *f && r.kind.is_entry())
+                .count() as u64;
+            let exits = c
+                .records
+                .iter()
+                .filter(|r| r.function == *f && r.kind.is_exit())
+                .count() as u64;
+            let want = want_calls.get(*f).copied().unwrap_or(0);
+            let want_ret = want_returns.get(*f).copied().unwrap_or(0);
+            // Every entry has one exit in our files: its return, or for a frame an exception
+            // unwound, the exit the daemon writes at the catcher's exit (so that llvm-xray's
+            // account loads the file; native XRay writes none).
+            let unwound = unwound_exits
+                .get(&(*tid, f.to_string()))
+                .copied()
+                .unwrap_or(0);
+            assert_eq!(
+                (entries, exits - unwound, unwound),
+                (want, want_ret, want - want_ret),
+                "tid {tid} {f}: (entries, returns, exits of unwound frames)"
+            );
+            unwound_in_thread += unwound;
+        }
+        assert_eq!(
+            run.thread_u64("frames_unwound")
+                .get(tid)
+                .copied()
+                .unwrap_or(0),
+            unwound_in_thread,
+            "tid {tid}: session.json frames_unwound"
+        );
+        let main_records = c.records.iter().filter(|r| r.function == "main").count();
+        assert_eq!(
+            main_records,
+            if *tid == pid { 2 } else { 0 },
+            "tid {tid}: main"
+        );
+    }
+
+    // The structure of compiler-rt's own trace of the same program.
+    let native_dir = scratch_dir("exits-exceptions-native");
+    let native_bin = exceptions_native_fixture();
+    let (native_file, native_stdout) =
+        native_trace(&native_bin, native_dir.path(), &["--iterations", "20"]);
+    assert_eq!(native_stdout.lines().last(), Some(EXCEPTIONS_DONE_20));
+    let native = convert(19, &native_bin, &native_file);
+    let (ours, _) = without_unwound_exits(per_version[1].values().flat_map(|c| c.records.iter()));
+    assert_same_structure(
+        &format!("exceptions, {mode_label}"),
+        &per_thread(ours),
+        &per_thread(&native.records),
+        Payloads { max_bytes: 0 },
+    );
+}
+
+/// `--exits` not given (auto): the C++ runtime is in the image, so exit sleds; the program runs
+/// to its end.
+#[test]
+fn exceptions_complete_under_auto() {
+    exceptions_under(&[], "auto");
+}
+
+/// `--exits sleds`: the same.
+#[test]
+fn exceptions_complete_under_sleds() {
+    exceptions_under(&["--exits", "sleds"], "sleds");
+}
+
+/// `auto` on a plain C program: no personality routine anywhere, so return probes; exact counts
+/// and valid files (the scenario's checks).
+#[test]
+fn auto_picks_return_probes_for_plain_c() {
+    let run = trace_launched_with(&CALLS, 5_000, &[]);
+    let line = run
+        .tracer
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(tests::launched::EXITS_PREFIX))
+        .unwrap_or_else(|| panic!("no exits line:\n{}", run.tracer.stderr));
+    assert!(line.starts_with("return probes ("), "{line:?}");
+    assert_eq!(run.trace.session.json["exits"], "return");
+    assert!(run.trace.session.json["exits_reason"]
+        .as_str()
+        .is_some_and(|r| !r.is_empty()));
+}
+
+/// Explicit modes on the C fixture: exact per-thread counts, llvm-xray 14 and 19 load the files,
+/// no loss (the scenario's checks), and the daemon says it used the mode asked for.
+#[test]
+fn explicit_modes_on_plain_c() {
+    for (mode, said) in [("return", "return probes ("), ("sleds", "exit sleds (")] {
+        let run = trace_launched_with(&CALLS, 20_000, &["--exits", mode]);
+        assert!(
+            run.tracer.stderr.lines().any(|l| l
+                .strip_prefix(tests::launched::EXITS_PREFIX)
+                .is_some_and(|r| r.starts_with(said))),
+            "--exits {mode}:\n{}",
+            run.tracer.stderr
+        );
+        assert_eq!(run.trace.session.json["exits"], mode);
+    }
+}
+
+/// The C++ threads fixture in both modes: exact counts (scenario checks), one Tail_Exit and no
+/// Exit per call of the tail-calling function, and the structure of the native trace.
+#[test]
+fn tail_calls_and_structure_match_native_in_both_modes() {
+    let native_dir = scratch_dir("exits-threads-native");
+    let (native_file, _) = native_fdr_trace(native_dir.path(), &["--iterations", "30"]);
+    let native = per_thread(&convert(19, &native_fdr_fixture(), &native_file).records);
+    for mode in ["return", "sleds"] {
+        let run = trace_launched_with(&CPP, 30, &["--exits", mode]);
+        tests::scenario::assert_cpp_logged_args(&run.trace);
+        for t in &run.trace.threads {
+            let c = t.calls().get("fx_tail_caller").copied().unwrap_or_default();
+            assert!(c.entries() > 0, "tid {}: fx_tail_caller ran", t.tid);
+            assert_eq!(
+                (c.tail_exit, c.exit),
+                (c.entries(), 0),
+                "--exits {mode}, tid {}: fx_tail_caller leaves by a tail exit only",
+                t.tid
+            );
+        }
+        let ours = per_thread(run.trace.threads.iter().flat_map(|t| t.records.iter()));
+        assert_same_structure(
+            &format!("threads.cpp, --exits {mode}"),
+            &ours,
+            &native,
+            Payloads { max_bytes: 0 },
+        );
+    }
+}

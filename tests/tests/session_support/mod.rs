@@ -1,0 +1,265 @@
+//! Shared by the `report`, `convert` and `viewer` tests: synthetic sessions (FDR files written
+//! with the daemon's own writer, for the function ids of a real fixture binary, and a
+//! `session.json`), what `llvm-xray account` says about a file, and running our commands.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use profiler_daemon::elf::ElfImage;
+use profiler_daemon::fdr::writer::{ThreadWriter, WallClock};
+use profiler_daemon::fdr::{FdrVersion, FunctionAction};
+use tests::tools::run_output;
+use tests::{extract_sleds, fdr_profiled};
+
+/// One thing a synthetic thread does.
+#[derive(Clone, Debug)]
+pub enum Ev {
+    /// Entry of function id at ns.
+    Enter(u32, u64),
+    /// Entry with logged arguments.
+    EnterArgs(u32, u64, Vec<u64>),
+    /// Exit of function id at ns.
+    Exit(u32, u64),
+    /// A custom event at ns with a payload.
+    Custom(u64, Vec<u8>),
+}
+
+/// One synthetic process: pid, recorded binary, recorded build-id, threads (tid, events).
+pub struct SynthProcess {
+    pub pid: u32,
+    pub binary: PathBuf,
+    pub build_id: Option<String>,
+    pub threads: Vec<(u32, Vec<Ev>)>,
+}
+
+/// Writes a session directory `dir` holding `processes`; returns each thread file's path.
+pub fn write_session(dir: &Path, processes: &[SynthProcess]) -> BTreeMap<(u32, u32), PathBuf> {
+    let mut files = BTreeMap::new();
+    let mut manifest = Vec::new();
+    for p in processes {
+        let exe = p.binary.file_name().unwrap().to_string_lossy().into_owned();
+        let pdir = format!("{exe}-{}", p.pid);
+        std::fs::create_dir_all(dir.join(&pdir)).unwrap();
+        let mut threads = Vec::new();
+        for (tid, events) in &p.threads {
+            let rel = format!("{pdir}/tid-{tid}.fdr");
+            let path = dir.join(&rel);
+            let file = std::fs::File::create(&path).unwrap();
+            let mut w = ThreadWriter::with_version(
+                file,
+                *tid,
+                p.pid,
+                1_000_000_000,
+                WallClock::default(),
+                FdrVersion::V1,
+            )
+            .unwrap();
+            for ev in events {
+                match ev {
+                    Ev::Enter(id, ts) => w.function(FunctionAction::Entry, *id, *ts, 0),
+                    Ev::EnterArgs(id, ts, args) => w.entry_with_args(*id, *ts, 0, args),
+                    Ev::Exit(id, ts) => w.function(FunctionAction::Exit, *id, *ts, 0),
+                    Ev::Custom(ts, data) => w.custom_event(*ts, 0, data),
+                }
+                .unwrap();
+            }
+            w.finish().unwrap();
+            threads.push(serde_json::json!({"tid": tid, "file": rel, "records": 0}));
+            files.insert((p.pid, *tid), path);
+        }
+        manifest.push(serde_json::json!({
+            "pid": p.pid,
+            "binary": p.binary.display().to_string(),
+            "binary_deleted": false,
+            "build_id": p.build_id,
+            "dir": pdir,
+            "threads": threads,
+        }));
+    }
+    let json = serde_json::json!({"fdr_version": 1, "events": 0, "processes": manifest});
+    std::fs::write(
+        dir.join("session.json"),
+        serde_json::to_vec_pretty(&json).unwrap(),
+    )
+    .unwrap();
+    files
+}
+
+/// The build-id of `bin`.
+pub fn build_id(bin: &Path) -> String {
+    ElfImage::open(bin).unwrap().build_id().expect("a build-id")
+}
+
+/// Function id of `name` in `bin`, per llvm-xray 19.
+pub fn function_id(bin: &Path, name: &str) -> u32 {
+    extract_sleds(19, bin)
+        .into_iter()
+        .find(|s| s.function_name == name)
+        .unwrap_or_else(|| panic!("{name} not in {}", bin.display()))
+        .id
+}
+
+/// A deterministic nest of calls: `rounds` times outer → middle → leaf (twice), durations
+/// varying with the round, starting at `t0` ns. Ids are (outer, middle, leaf).
+pub fn nested_calls(ids: (u32, u32, u32), rounds: u64, t0: u64) -> Vec<Ev> {
+    let (outer, middle, leaf) = ids;
+    let mut ev = Vec::new();
+    let mut t = t0;
+    for r in 0..rounds {
+        ev.push(Ev::Enter(outer, t));
+        t += 100 + r % 7;
+        ev.push(Ev::Enter(middle, t));
+        for k in 0..2 {
+            t += 10;
+            ev.push(Ev::Enter(leaf, t));
+            t += 50 + (r * 13 + k) % 17 * 1_000;
+            ev.push(Ev::Exit(leaf, t));
+        }
+        t += 20 + r % 3 * 500;
+        ev.push(Ev::Exit(middle, t));
+        t += 30;
+        ev.push(Ev::Exit(outer, t));
+        t += 1_000;
+    }
+    ev
+}
+
+/// One row of `llvm-xray account`'s text output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AccountRow {
+    pub id: u32,
+    pub count: u64,
+    /// min, median, p90, p99, max as printed (seconds, 6 decimals).
+    pub stats: [String; 5],
+    pub sum: f64,
+    /// `file:line:column` as printed.
+    pub debug: String,
+    pub function: String,
+}
+
+/// Parses `llvm-xray account` text output.
+pub fn parse_account(text: &str) -> BTreeMap<u32, AccountRow> {
+    let mut rows = BTreeMap::new();
+    for line in text.lines().skip(2) {
+        let (head, rest) = line.split_once('[').expect("account line has [");
+        let (stats, tail) = rest.split_once(']').expect("account line has ]");
+        let mut head = head.split_whitespace();
+        let id: u32 = head.next().unwrap().parse().unwrap();
+        let count: u64 = head.next().unwrap().parse().unwrap();
+        let stats: Vec<String> = stats.split(',').map(|s| s.trim().to_owned()).collect();
+        let tail = tail.trim_start();
+        let (sum, names) = tail.split_once(char::is_whitespace).unwrap();
+        let (debug, function) = names.trim_start().split_once(": ").unwrap();
+        rows.insert(
+            id,
+            AccountRow {
+                id,
+                count,
+                stats: stats.try_into().unwrap(),
+                sum: sum.parse().unwrap(),
+                debug: debug.to_owned(),
+                function: function.to_owned(),
+            },
+        );
+    }
+    rows
+}
+
+/// Nanoseconds as `llvm-xray account` prints seconds.
+pub fn seconds(ns: u64) -> String {
+    format!("{:.6}", ns as f64 / 1e9)
+}
+
+/// Runs `fdr-profiled ARGS`; returns (success, stdout, stderr).
+pub fn run_tool(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
+    let out = run_output(Command::new(fdr_profiled()).args(args));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `fdr-profiled report DIR --format json EXTRA...`, parsed; panics unless it succeeds.
+pub fn report_json(dir: &Path, extra: &[&str]) -> (serde_json::Value, String) {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "report".as_ref(),
+        dir.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ];
+    args.extend(extra.iter().map(|s| std::ffi::OsStr::new(*s)));
+    let (ok, stdout, stderr) = run_tool(&args);
+    assert!(ok, "report {}: {stderr}", dir.display());
+    let json = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    (json, stderr)
+}
+
+/// The report's function rows as (pid, tid, id) → row.
+pub fn rows_by_thread(json: &serde_json::Value) -> BTreeMap<(u64, u64, u32), serde_json::Value> {
+    json["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                (
+                    r["pid"].as_u64().unwrap_or(0),
+                    r["tid"].as_u64().unwrap_or(0),
+                    r["id"].as_u64().unwrap() as u32,
+                ),
+                r.clone(),
+            )
+        })
+        .collect()
+}
+
+/// Checks one thread's rows of a per-thread report against `llvm-xray account` (LLVM 19) of
+/// its file: the same functions, calls, min, median, p90, p99, max and sum, and the same names.
+pub fn assert_thread_matches_account(
+    rows: &BTreeMap<(u64, u64, u32), serde_json::Value>,
+    pid: u32,
+    tid: u32,
+    bin: &Path,
+    file: &Path,
+) {
+    let account = parse_account(&tests::account(19, bin, file));
+    let ours: BTreeMap<u32, &serde_json::Value> = rows
+        .iter()
+        .filter(|((p, t, _), _)| *p == u64::from(pid) && *t == u64::from(tid))
+        .map(|((_, _, id), r)| (*id, r))
+        .collect();
+    assert_eq!(
+        ours.keys().collect::<Vec<_>>(),
+        account.keys().collect::<Vec<_>>(),
+        "functions of {}",
+        file.display()
+    );
+    for (id, want) in &account {
+        let got = ours[id];
+        let ns = |k: &str| got[k].as_u64().unwrap();
+        let name = got["name"].as_str().unwrap();
+        assert_eq!(got["calls"].as_u64().unwrap(), want.count, "{name}");
+        let stats = [
+            seconds(ns("min_ns")),
+            seconds(ns("median_ns")),
+            seconds(ns("p90_ns")),
+            seconds(ns("p99_ns")),
+            seconds(ns("max_ns")),
+        ];
+        assert_eq!(stats, want.stats, "{name} in {}", file.display());
+        assert!(
+            (ns("total_ns") as f64 / 1e9 - want.sum).abs() < 1.5e-6,
+            "{name}: sum {} vs {}",
+            ns("total_ns"),
+            want.sum
+        );
+        assert_eq!(
+            name,
+            tests::fixtures::symbolize::unescape_rust_legacy(&want.function),
+            "name of {id}"
+        );
+    }
+}
