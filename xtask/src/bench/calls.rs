@@ -39,8 +39,14 @@ const TARGET_RATIO: f64 = 1.10;
 enum Tool {
     /// The workload alone.
     Bare,
-    /// fdr-profiled with `--exits MODE`, recording (or `--floor`: empty programs, same probes).
-    Daemon { exits: &'static str, floor: bool },
+    /// fdr-profiled with `--exits MODE`, recording (or `--floor`: empty programs, same probes;
+    /// `ablate`: the hidden `--ablate` bits, skipping parts of the kernel-side work to show
+    /// what each part costs).
+    Daemon {
+        exits: &'static str,
+        floor: bool,
+        ablate: u32,
+    },
     /// bpftrace, uprobe + uretprobe on the function, counting in maps.
     BpftraceCount,
     /// bpftrace, uprobe + uretprobe, one printf per event into a file.
@@ -71,6 +77,7 @@ const CONFIGS: &[Config] = &[
         tool: Tool::Daemon {
             exits: "sleds",
             floor: true,
+            ablate: 0,
         },
         calls: 150_000,
         floor: None,
@@ -80,6 +87,7 @@ const CONFIGS: &[Config] = &[
         tool: Tool::Daemon {
             exits: "sleds",
             floor: false,
+            ablate: 0,
         },
         calls: 150_000,
         floor: Some("floor, exit sleds"),
@@ -89,6 +97,7 @@ const CONFIGS: &[Config] = &[
         tool: Tool::Daemon {
             exits: "return",
             floor: true,
+            ablate: 0,
         },
         calls: 1_000_000,
         floor: None,
@@ -98,6 +107,47 @@ const CONFIGS: &[Config] = &[
         tool: Tool::Daemon {
             exits: "return",
             floor: false,
+            ablate: 0,
+        },
+        calls: 1_000_000,
+        floor: Some("floor, return probes"),
+    },
+    Config {
+        name: "return, ablation: no ring-buffer write",
+        tool: Tool::Daemon {
+            exits: "return",
+            floor: false,
+            ablate: 1,
+        },
+        calls: 1_000_000,
+        floor: Some("floor, return probes"),
+    },
+    Config {
+        name: "return, ablation: no per-thread state",
+        tool: Tool::Daemon {
+            exits: "return",
+            floor: false,
+            ablate: 2,
+        },
+        calls: 1_000_000,
+        floor: Some("floor, return probes"),
+    },
+    Config {
+        name: "return, ablation: no clock read",
+        tool: Tool::Daemon {
+            exits: "return",
+            floor: false,
+            ablate: 4,
+        },
+        calls: 1_000_000,
+        floor: Some("floor, return probes"),
+    },
+    Config {
+        name: "return, ablation: none of the three",
+        tool: Tool::Daemon {
+            exits: "return",
+            floor: false,
+            ablate: 7,
         },
         calls: 1_000_000,
         floor: Some("floor, return probes"),
@@ -226,10 +276,17 @@ fn command(config: &Config, bin: &Path, daemon: &Path, work: &Path) -> (String, 
     };
     match config.tool {
         Tool::Bare => (bin_s, args),
-        Tool::Daemon { exits, floor } => {
-            let mut a = Vec::new();
+        Tool::Daemon {
+            exits,
+            floor,
+            ablate,
+        } => {
+            let mut a = vec!["--no-report".to_owned()];
             if floor {
                 a.push("--floor".to_owned());
+            }
+            if ablate != 0 {
+                a.extend(["--ablate".to_owned(), ablate.to_string()]);
             }
             a.extend(["--exits".to_owned(), exits.to_owned(), "--out".to_owned()]);
             a.push(work.join("trace").display().to_string());
@@ -291,7 +348,7 @@ fn measure(config: &Config, bin: &Path, daemon: &Path, work: &Path) -> Result<Me
         })?;
     let mut lost = None;
     match config.tool {
-        Tool::Daemon { exits, floor } => {
+        Tool::Daemon { exits, floor, .. } => {
             let want = if exits == "sleds" {
                 "exit sleds"
             } else {
