@@ -76,8 +76,8 @@ pub fn run() -> Result<String> {
          one at a time as aya does, measured on the first {perf_probes} probes; the 200k rows \
          scale that linearly (*extrapolated*, not measured). File descriptors: those the \
          attached probes hold.\n",
-        first.functions,
-        first.plan_probes,
+        thousands(first.functions),
+        thousands(first.plan_probes),
         FLAGS.join(" ")
     )?;
     writeln!(out, "{}\n", support::machine_description())?;
@@ -95,7 +95,7 @@ pub fn run() -> Result<String> {
         writeln!(
             out,
             "| uprobe_multi | {who} | {} | {} | {} | {} |",
-            m.probes,
+            thousands(m.probes),
             seconds(attach),
             seconds(detach),
             m.fds
@@ -104,7 +104,7 @@ pub fn run() -> Result<String> {
         writeln!(
             out,
             "| perf event per probe | {who} | {} | {} | {} | {} |",
-            perf.probes,
+            thousands(perf.probes),
             seconds(perf.attach_s),
             seconds(perf.detach_s),
             perf.fds
@@ -113,10 +113,10 @@ pub fn run() -> Result<String> {
         writeln!(
             out,
             "| perf event per probe, *extrapolated* | {who} | {} | *{}* | *{}* | *{}* |",
-            perf.plan_probes,
+            thousands(perf.plan_probes),
             seconds(perf.attach_s * scale),
             seconds(perf.detach_s * scale),
-            (perf.fds as f64 * scale).round()
+            thousands((perf.fds as f64 * scale).round() as u64)
         )?;
     }
     let met = if goal.iter().all(|g| *g) {
@@ -127,11 +127,67 @@ pub fn run() -> Result<String> {
     writeln!(
         out,
         "\nGoal (100k functions attached in under {GOAL_SECS} s and detached in under {GOAL_SECS} s \
-         with uprobe_multi): **{met}**. Without `uprobe_multi` the daemon also needs one \
-         descriptor per probe: it raises `RLIMIT_NOFILE` as far as it may (the hard limit, and \
-         up to `fs.nr_open` with CAP_SYS_RESOURCE), and says so when that is not enough."
+         with uprobe_multi): **{met}**.\n\n{}",
+        descriptor_limits()
     )?;
     Ok(out)
+}
+
+/// How many perf-event probes this machine lets the daemon hold: one descriptor each, up to the
+/// hard `RLIMIT_NOFILE`, or up to `fs.nr_open` with CAP_SYS_RESOURCE (containers often lack it).
+fn descriptor_limits() -> String {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointer to an rlimit to fill.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let cap_sys_resource = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let caps = s
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))?
+                .to_owned();
+            u64::from_str_radix(caps.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << 24) != 0);
+    let ceiling = if cap_sys_resource {
+        nr_open
+    } else {
+        lim.rlim_max
+    };
+    format!(
+        "Descriptors: without `uprobe_multi` every probe holds one, so the daemon raises \
+         `RLIMIT_NOFILE` as far as it may and stops with an error when that is not enough. Here \
+         the hard limit is {}, `fs.nr_open` is {} and CAP_SYS_RESOURCE is {}: the fallback \
+         could hold at most about {} probes.",
+        thousands(lim.rlim_max),
+        thousands(nr_open),
+        if cap_sys_resource {
+            "present"
+        } else {
+            "absent"
+        },
+        thousands(ceiling.saturating_sub(1024)),
+    )
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Runs `fdr-profiled bench-attach ARGS BINARY` and parses its JSON line.
@@ -168,8 +224,10 @@ fn bench_attach(daemon: &Path, binary: &Path, args: &[&str]) -> Result<Measured>
 }
 
 fn seconds(s: f64) -> String {
-    if s >= 100.0 {
-        format!("{s:.0} s")
+    if s >= 7200.0 {
+        format!("{:.1} h", s / 3600.0)
+    } else if s >= 120.0 {
+        format!("{:.0} min", s / 60.0)
     } else if s >= 1.0 {
         format!("{s:.2} s")
     } else {
@@ -279,4 +337,22 @@ fn generated_binary() -> Result<PathBuf> {
     }
     std::fs::write(&stamp, recipe)?;
     Ok(binary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_for_the_table() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(200_002), "200,002");
+        assert_eq!(thousands(1_048_576), "1,048,576");
+        assert_eq!(seconds(0.1474), "147 ms");
+        assert_eq!(seconds(1.5), "1.50 s");
+        assert_eq!(seconds(600.0), "10 min");
+        assert_eq!(seconds(54_248.0), "15.1 h");
+    }
 }
