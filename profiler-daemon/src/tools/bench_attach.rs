@@ -23,10 +23,6 @@ pub struct BenchAttachArgs {
     /// Place only the first N probes of the plan.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
-    /// Perf mode: threads closing the perf events. Each close waits for RCU grace periods
-    /// (~0.1 s here); concurrent closes share them.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub detach_threads: usize,
     /// The instrumented binary (probes fire in every process running it).
     pub binary: PathBuf,
 }
@@ -86,12 +82,12 @@ pub fn run(args: &BenchAttachArgs) -> Result<u8> {
             }
             let attach = start.elapsed();
             let fds = rlimit::open_files() - before;
-            let links = links
-                .into_iter()
-                .map(|id| program.take_link(id))
-                .collect::<Result<Vec<_>, _>>()?;
+            // One at a time, as dropping aya's links does. Each removal waits for RCU grace
+            // periods under a lock, so closing from several threads is no faster (measured).
             let start = Instant::now();
-            close_in_parallel(links, args.detach_threads.max(1));
+            for link in links {
+                program.detach(link)?;
+            }
             (attach, fds, start.elapsed())
         }
     };
@@ -105,7 +101,6 @@ pub fn run(args: &BenchAttachArgs) -> Result<u8> {
             "attach_s": secs(attach),
             "detach_s": secs(detach),
             "fds": fds,
-            "detach_threads": if args.mode == AttachMode::Perf { args.detach_threads.max(1) } else { 1 },
         })
     );
     Ok(0)
@@ -113,15 +108,4 @@ pub fn run(args: &BenchAttachArgs) -> Result<u8> {
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
-}
-
-/// Drops `items` from `threads` threads at once, each dropping its share in turn.
-fn close_in_parallel<T: Send>(mut items: Vec<T>, threads: usize) {
-    let per_thread = items.len().div_ceil(threads).max(1);
-    std::thread::scope(|scope| {
-        while !items.is_empty() {
-            let chunk: Vec<T> = items.split_off(items.len().saturating_sub(per_thread));
-            scope.spawn(move || drop(chunk));
-        }
-    });
 }

@@ -5,9 +5,10 @@
 //! Each method runs twice: with no process running the binary (the kernel only records the
 //! probes) and with one process parked in it (the kernel also writes a breakpoint into that
 //! process's copy of every probed page). The perf-event fallback is measured on a subset of the
-//! probes: removing each perf-event uprobe waits for RCU grace periods (about 0.15 s each on the
-//! machine below), so all 200,000 would take hours; its full-size numbers are that subset
-//! scaled linearly, and labelled so.
+//! probes: removing each perf-event uprobe waits for RCU grace periods under a kernel lock
+//! (about 0.1 s each on the machine below; closing them from 64 threads was no faster), so all
+//! 200,000 would take hours; its full-size numbers are that subset scaled linearly, and
+//! labelled so.
 use super::support::{self, median, run_limited};
 use anyhow::{bail, Context as _, Result};
 use std::fmt::Write as _;
@@ -74,8 +75,10 @@ pub fn run() -> Result<String> {
          `uprobe_multi`: one `BPF_LINK_CREATE` link for all probes (median of {MULTI_ROUNDS} \
          runs). Perf events: one perf-event uprobe and descriptor per probe, placed and removed \
          one at a time as aya does, measured on the first {perf_probes} probes; the 200k rows \
-         scale that linearly (*extrapolated*, not measured). File descriptors: those the \
-         attached probes hold.\n",
+         scale that linearly (*extrapolated*, not measured). Removing a perf-event uprobe waits \
+         for RCU grace periods under a kernel lock, so closing them from many threads does not \
+         help (64 threads measured no faster); a daemon on the fallback also takes that long to \
+         exit. File descriptors: those the attached probes hold.\n",
         thousands(first.functions),
         thousands(first.plan_probes),
         FLAGS.join(" ")
