@@ -29,10 +29,7 @@ pub struct SessionOutputs {
 pub fn write_session_outputs(dir: &Path) -> Result<SessionOutputs> {
     let symbolizer = Symbolizer::default();
     let mut session = Session::open(dir, None, &symbolizer)?;
-    let report = crate::report::build(&mut session, false);
-    let report_path = dir.join(REPORT_FILE);
-    std::fs::write(&report_path, render::text(&report))
-        .with_context(|| format!("writing {}", report_path.display()))?;
+    let (report_path, report) = report_into(&mut session, dir)?;
     let trace_path = dir.join(TRACE_FILE);
     let mut warnings = report.warnings.clone();
     for w in crate::tools::convert::write_file(&session, Format::Chrome, &trace_path)? {
@@ -52,9 +49,14 @@ pub fn write_session_outputs(dir: &Path) -> Result<SessionOutputs> {
 pub fn write_report(dir: &Path) -> Result<PathBuf> {
     let symbolizer = Symbolizer::default();
     let mut session = Session::open(dir, None, &symbolizer)?;
-    let report = crate::report::build(&mut session, false);
-    let report_path = dir.join(REPORT_FILE);
-    std::fs::write(&report_path, render::text(&report))
-        .with_context(|| format!("writing {}", report_path.display()))?;
-    Ok(report_path)
+    Ok(report_into(&mut session, dir)?.0)
+}
+
+/// Builds the session's report and writes it as `dir/report.txt`.
+fn report_into(session: &mut Session, dir: &Path) -> Result<(PathBuf, crate::report::Report)> {
+    let report = crate::report::build(session, false);
+    let path = dir.join(REPORT_FILE);
+    std::fs::write(&path, render::text(&report))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok((path, report))
 }

@@ -227,18 +227,27 @@ fn write<T: Copy>(ring: *mut c_void, rec: &T, seq: u64) -> bool {
     true
 }
 
-#[uprobe]
-pub fn sled(ctx: ProbeContext) -> u32 {
+/// What every probe starts with: the attach cookie, the CPU, the thread, and the thread's
+/// state (`None`, counted, when the state table is full).
+fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, u64, &'static mut ThreadState)> {
     // SAFETY: plain helper calls on the kernel's context.
     let (cookie, cpu) = unsafe {
         (
-            Cookie::decode(bpf_get_attach_cookie(ctx.as_ptr())),
+            Cookie::decode(bpf_get_attach_cookie(ctx)),
             bpf_get_smp_processor_id(),
         )
     };
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(state) = thread_state(pid_tgid as u32) else {
         count(counter::NO_THREAD_STATE, 1);
+        return None;
+    };
+    Some((cookie, cpu, pid_tgid, state))
+}
+
+#[uprobe]
+pub fn sled(ctx: ProbeContext) -> u32 {
+    let Some((cookie, cpu, pid_tgid, state)) = probe_hit(ctx.as_ptr()) else {
         return 0;
     };
     let depth = state.depth;
@@ -325,16 +334,7 @@ fn write_event(ctx: &ProbeContext, ring: *mut c_void, mut h: EventHeader, cookie
 
 #[uretprobe]
 pub fn sled_return(ctx: RetProbeContext) -> u32 {
-    // SAFETY: plain helper calls on the kernel's context.
-    let (cookie, cpu) = unsafe {
-        (
-            Cookie::decode(bpf_get_attach_cookie(ctx.as_ptr())),
-            bpf_get_smp_processor_id(),
-        )
-    };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let Some(state) = thread_state(pid_tgid as u32) else {
-        count(counter::NO_THREAD_STATE, 1);
+    let Some((cookie, cpu, pid_tgid, state)) = probe_hit(ctx.as_ptr()) else {
         return 0;
     };
     // Frames entered beyond the kernel's return-probe depth have no return probe: any return
@@ -357,10 +357,7 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
         ..cookie
     };
     let h = header(state, pid_tgid, &cookie, cpu, depth);
-    let written = match ring(cpu) {
-        Some(ring) => write(ring, &h, h.seq),
-        None => false,
-    };
+    let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));
     settle(state, written, depth);
     0
 }
@@ -382,20 +379,7 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
         regs: [0; 3],
     };
     let h = header(state, pid_tgid, &cookie, cpu, state.depth);
-    let written = match ring(cpu) {
-        // No wakeup: the reader's timer picks it up with the thread's other events.
-        Some(ring) => unsafe {
-            let p = bpf_ringbuf_reserve(ring, EventHeader::SIZE as u64, 0) as *mut EventHeader;
-            if p.is_null() {
-                false
-            } else {
-                core::ptr::write(p, h);
-                bpf_ringbuf_submit(p as *mut c_void, BPF_RB_NO_WAKEUP as u64);
-                true
-            }
-        },
-        None => false,
-    };
+    let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));
     if written {
         let _ = THREADS.remove(&tid);
     } else {

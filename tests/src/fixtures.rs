@@ -186,33 +186,7 @@ pub fn native_fdr_fixture() -> PathBuf {
 /// file and the program's stdout. Panics if the program fails or does not
 /// write exactly one file.
 pub fn native_fdr_trace(dir: &Path, args: &[&str]) -> (PathBuf, String) {
-    let bin = native_fdr_fixture();
-    let mut base = dir.as_os_str().to_os_string();
-    base.push("/");
-    let mut options = OsString::from("xray_logfile_base=");
-    options.push(&base);
-    let out = crate::tools::run_output(Command::new(&bin).args(args).env("XRAY_OPTIONS", options));
-    assert!(
-        out.status.success(),
-        "{} {args:?} failed: {}\n{}",
-        bin.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("read native trace dir")
-        .map(|e| e.expect("dir entry").path())
-        .collect();
-    assert_eq!(
-        files.len(),
-        1,
-        "expected one native FDR file in {}: {files:?}",
-        dir.display()
-    );
-    (
-        files.into_iter().next().unwrap(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
+    workloads::native_trace(&native_fdr_fixture(), dir, args)
 }
 
 /// A plain C program (`tests/fixtures/plain.c`, `clang-19 -O2`): a valid ELF

@@ -1,7 +1,6 @@
 //! `fdr-profiled convert DIR --format chrome|speedscope|folded|svg`.
 use crate::convert::{chrome, folded, speedscope, Format};
 use crate::replay::Session;
-use crate::symbolize::Symbolizer;
 use anyhow::{Context as _, Result};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -9,27 +8,21 @@ use std::path::{Path, PathBuf};
 /// Options of `convert`.
 #[derive(Debug, clap::Args)]
 pub struct ConvertArgs {
-    /// The session directory (the recording's --out).
-    pub dir: PathBuf,
+    /// The session, and how its functions are named.
+    #[command(flatten)]
+    pub input: super::SessionInput,
     /// What to write.
     #[arg(long, value_enum)]
     pub format: Format,
     /// Write to this file instead of standard output.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// The instrumented binary, when the session does not record it (or it moved). It must
-    /// be the same build the session recorded, if the session recorded a build-id.
-    #[arg(long, value_name = "BIN")]
-    pub binary: Option<PathBuf>,
-    /// Directory searched for separate debug files (`.build-id/` and debug-link paths).
-    #[arg(long, value_name = "DIR", default_value = crate::symbolize::debuginfo::SYSTEM_DEBUG_ROOT)]
-    pub debug_dir: PathBuf,
 }
 
 /// Runs `convert`; returns the exit code.
 pub fn run(args: &ConvertArgs) -> Result<u8> {
-    let symbolizer = Symbolizer::new(vec![args.debug_dir.clone()]);
-    let session = Session::open(&args.dir, args.binary.as_deref(), &symbolizer)?;
+    let symbolizer = args.input.symbolizer();
+    let session = args.input.open(&symbolizer)?;
     for w in &session.warnings {
         eprintln!("fdr-profiled: warning: {w}");
     }

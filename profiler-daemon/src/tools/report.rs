@@ -1,8 +1,6 @@
 //! `fdr-profiled report DIR`: per-function statistics of a recorded session.
-use crate::replay::Session;
 use crate::report::render::{self, Format};
 use crate::report::SortKey;
-use crate::symbolize::Symbolizer;
 use anyhow::{Context as _, Result};
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -10,8 +8,9 @@ use std::path::PathBuf;
 /// Options of `report`.
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
-    /// The session directory (the recording's --out).
-    pub dir: PathBuf,
+    /// The session, and how its functions are named.
+    #[command(flatten)]
+    pub input: super::SessionInput,
     /// One table per thread instead of one over all threads and processes.
     #[arg(long)]
     pub per_thread: bool,
@@ -27,19 +26,12 @@ pub struct ReportArgs {
     /// Write to this file instead of standard output.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// The instrumented binary, when the session does not record it (or it moved). It must
-    /// be the same build the session recorded, if the session recorded a build-id.
-    #[arg(long, value_name = "BIN")]
-    pub binary: Option<PathBuf>,
-    /// Directory searched for separate debug files (`.build-id/` and debug-link paths).
-    #[arg(long, value_name = "DIR", default_value = crate::symbolize::debuginfo::SYSTEM_DEBUG_ROOT)]
-    pub debug_dir: PathBuf,
 }
 
 /// Runs `report`; returns the exit code.
 pub fn run(args: &ReportArgs) -> Result<u8> {
-    let symbolizer = Symbolizer::new(vec![args.debug_dir.clone()]);
-    let mut session = Session::open(&args.dir, args.binary.as_deref(), &symbolizer)?;
+    let symbolizer = args.input.symbolizer();
+    let mut session = args.input.open(&symbolizer)?;
     let mut report = crate::report::build(&mut session, args.per_thread);
     report.sort_and_cut(args.sort, args.top);
     let text = render::render(&report, args.format);
