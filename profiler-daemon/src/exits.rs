@@ -112,23 +112,19 @@ pub fn static_image(executable: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Every file-backed mapping of a running process, read through its root directory.
+/// Every file a running process maps: through its root directory, which names it as the
+/// process sees it (containers included), or through `/proc/PID/map_files` for files deleted
+/// since they were mapped (see [`crate::mappings`]).
 pub fn mapped_image(pid: u32) -> Vec<PathBuf> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let mut paths = BTreeSet::new();
-    for line in maps.lines() {
-        let Some(path) = line.split_whitespace().nth(5) else {
-            continue;
-        };
-        if path.starts_with('/') && !line.ends_with("(deleted)") {
-            paths.insert(path.to_owned());
-        }
-    }
     let mut out = vec![PathBuf::from(format!("/proc/{pid}/exe"))];
     out.extend(
-        paths
+        crate::mappings::mapped_objects(pid)
+            .unwrap_or_default()
             .into_iter()
-            .map(|p| PathBuf::from(format!("/proc/{pid}/root{p}"))),
+            .map(|m| match m.deleted {
+                true => m.open_path,
+                false => PathBuf::from(format!("/proc/{pid}/root{}", m.path)),
+            }),
     );
     out
 }

@@ -10,6 +10,7 @@
 pub mod bpf;
 pub mod cli;
 pub mod convert;
+pub mod discovery;
 pub mod elf;
 pub mod eventsled;
 pub mod exits;
@@ -17,6 +18,8 @@ pub mod fdr;
 pub mod instrmap;
 pub mod intake;
 pub mod launch;
+pub mod mappings;
+pub mod objects;
 pub mod order;
 pub mod output;
 pub mod plan;

@@ -1,10 +1,13 @@
-//! The attach plan: from one instrumented ELF file to the list of probes to place, each with the
-//! cookie the eBPF program will see, plus the names the summary needs.
+//! The attach plan: from one instrumented ELF object (an executable or a shared object) to the
+//! list of probes to place, each with the cookie the eBPF program will see, plus the names and
+//! identity the summary and the session manifest need.
+//!
+//! Function ids are the trace's: the executable (XRay object 0) keeps its map's ids, a shared
+//! object's are packed as XRay's runtime packs them, `(object_id << 24) | function_id`.
 use crate::elf::ElfImage;
 use crate::instrmap::InstrMap;
-use crate::process::TracedProcess;
 use crate::symbols::SymbolTable;
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use profiler_common::{Cookie, SledKind};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,12 +21,30 @@ pub struct Probe {
     pub cookie: Cookie,
 }
 
-/// Everything needed to trace one binary.
+/// Bits of a trace function id that hold the function's id within its object.
+pub const OBJECT_ID_SHIFT: u32 = 24;
+/// Largest object id a trace can hold: FDR function records carry 28 bits of id.
+pub const MAX_OBJECT_ID: u32 = 15;
+
+/// The id a trace uses for function `function_id` of object `object_id`.
+pub fn packed_id(object_id: u32, function_id: u32) -> u32 {
+    (object_id << OBJECT_ID_SHIFT) | function_id
+}
+
+/// Everything needed to trace one object.
 #[derive(Debug)]
 pub struct AttachPlan {
-    /// The binary, as an absolute path (uprobes attach to its inode). For a process given by
-    /// pid this is `/proc/PID/exe`.
+    /// The file, as an absolute path (uprobes attach to its inode). For a process given by
+    /// pid this is `/proc/PID/exe` or a `/proc/PID/map_files` link.
     pub binary: PathBuf,
+    /// XRay object id: 0 for the executable, 1..=[`MAX_OBJECT_ID`] for shared objects.
+    pub object_id: u32,
+    /// GNU build-id of the file (lowercase hex), read with the map: lets readers of the
+    /// session check they symbolize with the same file.
+    pub build_id: Option<String>,
+    /// Where the process maps the object's file offset 0; 0 when unknown (not yet mapped,
+    /// or several processes).
+    pub load_address: u64,
     /// The binary's path as users know it, for messages and the session manifest.
     pub display_path: String,
     /// The traced file was deleted or replaced on disk: `display_path` no longer names it.
@@ -37,14 +58,14 @@ pub struct AttachPlan {
     pub undecodable_event_sleds: usize,
     /// Number of instrumented functions in the map.
     pub functions: usize,
-    /// Function names by XRay function id.
+    /// Function names by trace function id.
     pub names: FunctionNames,
 }
 
 /// The probe for a sled: function and tail sleds need only the kind; event sleds also the
 /// registers their arguments are in, decoded from the sled's bytes (`None` if undecodable).
-fn probe_for(sled: &crate::instrmap::Sled, data: &[u8]) -> Option<Probe> {
-    let mut cookie = Cookie::new(sled.function_id, sled.kind);
+fn probe_for(sled: &crate::instrmap::Sled, data: &[u8], object_id: u32) -> Option<Probe> {
+    let mut cookie = Cookie::new(packed_id(object_id, sled.function_id), sled.kind);
     if matches!(sled.kind, SledKind::CustomEvent | SledKind::TypedEvent) {
         let at = usize::try_from(sled.file_offset).ok()?;
         let bytes = data.get(at..at.saturating_add(32).min(data.len()))?;
@@ -57,15 +78,25 @@ fn probe_for(sled: &crate::instrmap::Sled, data: &[u8]) -> Option<Probe> {
 }
 
 impl AttachPlan {
-    /// Reads `binary`'s instrumentation map and symbols and plans a probe per probed sled.
+    /// Reads `binary`'s instrumentation map and symbols and plans a probe per probed sled,
+    /// as the executable (object 0).
     pub fn for_binary(binary: &Path) -> Result<AttachPlan> {
+        AttachPlan::for_object(binary, 0)
+    }
+
+    /// [`AttachPlan::for_binary`] for object `object_id` (at most [`MAX_OBJECT_ID`]).
+    pub fn for_object(binary: &Path, object_id: u32) -> Result<AttachPlan> {
+        anyhow::ensure!(
+            object_id <= MAX_OBJECT_ID,
+            "object id {object_id} does not fit in a trace"
+        );
         let image = ElfImage::open(binary)?;
         let map = InstrMap::from_elf(&image)?;
         let symbols = SymbolTable::from_elf(&image);
         let probes: Vec<Probe> = map
             .sleds
             .iter()
-            .filter_map(|sled| probe_for(sled, &image.data))
+            .filter_map(|sled| probe_for(sled, &image.data, object_id))
             .collect();
         let undecodable_event_sleds = map.sleds.len() - probes.len();
         // Probes are placed one at a time, and a process keeps running meanwhile. With every
@@ -77,7 +108,10 @@ impl AttachPlan {
         let names = FunctionNames(
             map.functions
                 .iter()
-                .filter_map(|f| Some((f.id, symbols.name_at(f.address)?.to_owned())))
+                .filter_map(|f| {
+                    let name = symbols.name_at(f.address)?.to_owned();
+                    Some((packed_id(object_id, f.id), name))
+                })
                 .collect(),
         );
         // Absolute, so that the uprobe and the messages name the same file whatever the cwd.
@@ -90,6 +124,9 @@ impl AttachPlan {
             display_path: binary.display().to_string(),
             deleted: false,
             binary,
+            object_id,
+            build_id: image.build_id(),
+            load_address: 0,
             exe_name,
             probes,
             undecodable_event_sleds,
@@ -99,24 +136,16 @@ impl AttachPlan {
     }
 }
 
-impl AttachPlan {
-    /// The plan for the executable of a running process, read through `/proc/PID/exe` so that
-    /// it is the file the process runs even if the path now names another file or none.
-    pub fn for_process(process: &TracedProcess) -> Result<AttachPlan> {
-        let mut plan = AttachPlan::for_binary(&process.exe_link)
-            .with_context(|| format!("pid {} ({})", process.pid, process.exe_path))?;
-        plan.exe_name = process.exe_name();
-        plan.display_path = process.exe_path_on_disk().to_owned();
-        plan.deleted = process.exe_deleted();
-        Ok(plan)
-    }
-}
-
 /// Function names by XRay function id.
 #[derive(Debug, Default)]
 pub struct FunctionNames(HashMap<u32, String>);
 
 impl FunctionNames {
+    /// Adds the names of another object's functions (their ids are packed, so none collide).
+    pub fn extend(&mut self, other: FunctionNames) {
+        self.0.extend(other.0);
+    }
+
     /// The function's symbol name, or `#id` when the binary has no symbol for it.
     pub fn name(&self, id: u32) -> String {
         self.0.get(&id).cloned().unwrap_or_else(|| format!("#{id}"))

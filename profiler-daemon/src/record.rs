@@ -1,12 +1,15 @@
 //! The recording command: plan, load, attach, drain until the end, finalize, summarize.
 use crate::bpf::{Exits, KernelBooks, LoadOptions, Scope, Tracer};
+use crate::cli::ExitMode;
 use crate::cli::RecordArgs;
+use crate::discovery::Discovery;
 use crate::intake::Intake;
 use crate::launch::{self, ChildExit, HeldChild};
+use crate::objects;
 use crate::order::Sequencer;
 use crate::output::OutputDir;
-use crate::plan::AttachPlan;
 use crate::process::{self, TracedProcess};
+use crate::select::FunctionFilter;
 use crate::session::{IntakeLosses, Session};
 use anyhow::{bail, Context as _, Result};
 use std::num::NonZeroU32;
@@ -19,6 +22,10 @@ use std::time::{Duration, Instant};
 const DRAIN_INTERVAL: Duration = Duration::from_millis(10);
 /// How often files are made complete on disk (header size patched, buffers flushed).
 const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a traced process's mappings are read again for objects it loaded (`dlopen`): a
+/// new object is probed within this much of being mapped. Reading `/proc/PID/maps` costs tens
+/// of microseconds; only files not seen before are opened.
+const RESCAN_INTERVAL: Duration = Duration::from_millis(200);
 
 /// What to trace.
 enum Target {
@@ -34,26 +41,26 @@ enum Target {
 pub fn run(cli: &RecordArgs) -> Result<u8> {
     // Reading the binary first gives the most precise error for bad input, root or not.
     let process = cli.pid.map(TracedProcess::find).transpose()?;
-    let mut plan = match (&process, &cli.attach, cli.command.first()) {
-        (Some(process), _, _) => AttachPlan::for_process(process)?,
-        (None, Some(bin), _) => AttachPlan::for_binary(bin)?,
-        (None, None, Some(cmd)) => AttachPlan::for_binary(&launch::resolve_program(cmd)?)?,
+    let program = match (&process, &cli.attach, cli.command.first()) {
+        (None, None, Some(cmd)) => Some(launch::resolve_program(cmd)?),
+        _ => None,
+    };
+    let mut planned = match (&process, &cli.attach, &program) {
+        (Some(process), _, _) => objects::for_process(process)?,
+        (None, Some(bin), _) => objects::for_binary(bin)?,
+        (None, None, Some(program)) => objects::for_command(program)?,
         (None, None, None) => bail!("nothing to trace: give --attach BIN, --pid PID or -- COMMAND"),
     };
-    if plan.probes.is_empty() {
-        bail!(
-            "{}: the instrumentation map has no function sleds",
-            plan.display_path
-        );
-    }
-    crate::select::FunctionFilter::new(&cli.functions, &cli.exclude)?.apply(&mut plan)?;
+    let filter = crate::select::FunctionFilter::new(&cli.functions, &cli.exclude)?;
+    planned.select(&filter)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
-    let image = match &process {
-        Some(process) => crate::exits::mapped_image(process.pid),
-        None => crate::exits::static_image(&plan.binary),
+    let image = match (&process, &program) {
+        (Some(process), _) => crate::exits::mapped_image(process.pid),
+        (None, Some(program)) => crate::exits::static_image(program),
+        (None, None) => crate::exits::static_image(&planned.plans[0].binary),
     };
     let (exits, exits_choice) = crate::exits::choose(cli.exits, &image);
     // Loading validates --buffer-size too; only then is anything created on disk.
@@ -69,11 +76,15 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     let out = OutputDir::create_root(&cli.out_dir())?;
 
     // Fork before any thread exists (the runtime starts below): see launch.rs.
-    let target = match &process {
+    let target = match (&process, &program) {
         // The pidfd is taken before attaching, so an exit during the attach is not missed.
-        Some(process) => Target::Pid(process.pid, process::open_pidfd(process.pid)?),
-        None if cli.attach.is_some() => Target::Attach,
-        None => Target::Launch(HeldChild::spawn(&plan.binary, &cli.command)?),
+        (Some(process), _) => Target::Pid(process.pid, process::open_pidfd(process.pid)?),
+        (None, Some(program)) => {
+            let child = HeldChild::spawn(program, &cli.command)?;
+            planned.watch_child(child.pid(), program);
+            Target::Launch(child)
+        }
+        (None, None) => Target::Attach,
     };
     let scope = match &target {
         Target::Attach => Scope::AllProcesses,
@@ -82,19 +93,30 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         }
         Target::Pid(pid, _) => Scope::Process(NonZeroU32::new(*pid).context("pid 0")?),
     };
-    let placed = match tracer.attach(&plan, scope) {
-        Ok(n) => n,
-        Err(err) => {
+    if let Some(discovery) = &mut planned.discovery {
+        if cli.exits == ExitMode::Auto && exits == Exits::Return {
+            discovery.guard_unwinding();
+        }
+    }
+    let mut session = Session::new(
+        out,
+        planned.executable.clone(),
+        cli.fdr_version,
+        exits_choice.clone(),
+    );
+    let undecodable: usize = planned
+        .plans
+        .iter()
+        .map(|p| p.undecodable_event_sleds)
+        .sum();
+    for plan in std::mem::take(&mut planned.plans) {
+        if let Err(err) = objects::attach(&mut tracer, &mut session, plan, scope) {
             if let Target::Launch(child) = target {
                 launch::reap(child);
             }
             return Err(err);
         }
-    };
-    eprintln!(
-        "fdr-profiled: attached {placed} probes to {} functions in {}",
-        plan.functions, plan.display_path
-    );
+    }
     eprintln!(
         "fdr-profiled: exits: {} ({})",
         match exits {
@@ -103,25 +125,36 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         },
         exits_choice.reason
     );
-    if plan.undecodable_event_sleds > 0 {
+    if undecodable > 0 {
         eprintln!(
-            "fdr-profiled: warning: {} custom/typed event sleds have an instruction pattern this \
-             version cannot decode; their events are not recorded",
-            plan.undecodable_event_sleds
+            "fdr-profiled: warning: {undecodable} custom/typed event sleds have an instruction pattern this \
+             version cannot decode; their events are not recorded"
         );
     }
     let rings = tracer.take_rings();
     let books = tracer.take_books()?;
-    let session = Session::new(out, plan, cli.fdr_version, exits_choice);
-
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the event loop")?;
     runtime.block_on(async {
         let intake = Intake::new(rings)?;
-        record(cli, target, intake, books, session, tracer).await
+        let probing = Probing {
+            discovery: planned.discovery,
+            filter,
+            scope,
+            tracer,
+        };
+        record(cli, target, intake, books, session, probing).await
     })
+}
+
+/// What places probes while recording: the tracer, and the objects still to be found.
+struct Probing {
+    discovery: Option<Discovery>,
+    filter: FunctionFilter,
+    scope: Scope,
+    tracer: Tracer,
 }
 
 async fn record(
@@ -130,7 +163,7 @@ async fn record(
     mut intake: Intake,
     mut books: KernelBooks,
     mut session: Session,
-    tracer: Tracer,
+    mut probing: Probing,
 ) -> Result<u8> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -175,6 +208,8 @@ async fn record(
     let mut last_flush = Instant::now();
     let mut child_exit = None;
     let mut order = Sequencer::default();
+    let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
+    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = drain.tick() => {
@@ -194,6 +229,11 @@ async fn record(
                 woken?;
                 intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
             }
+            _ = rescan.tick(), if probing.discovery.is_some() => {
+                if let Some(discovery) = &mut probing.discovery {
+                    objects::rescan(discovery, &probing.filter, &mut probing.tracer, &mut session, probing.scope);
+                }
+            }
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sleep_until(deadline) => break,
@@ -210,7 +250,7 @@ async fn record(
     // Every probe hit happened before the child exited or before now: one more drain gets all
     // of them. Detach first so nothing arrives after the last drain; the kernel's books are
     // kept to account for the live threads' last events.
-    drop(tracer);
+    drop(probing);
     intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
     order.finish(&books.threads(), &mut |e, g| session.record(e, g));
     let losses = IntakeLosses {

@@ -77,25 +77,31 @@ impl FunctionFilter {
     /// Keeps only the probes (of every kind) of selected functions in `plan`, and sets
     /// `plan.functions` to the number of functions selected. Errors when none is.
     pub fn apply(&self, plan: &mut AttachPlan) -> Result<usize> {
+        let selected = self.retain(plan);
+        if selected == 0 {
+            bail!(
+                "--functions/--exclude select none of the instrumented functions of {} (see `fdr-profiled list`)",
+                plan.display_path
+            );
+        }
+        Ok(selected)
+    }
+
+    /// [`FunctionFilter::apply`] without the error: returns how many functions are selected
+    /// (possibly none), for sessions of several objects where one may have none selected.
+    pub fn retain(&self, plan: &mut AttachPlan) -> usize {
         if self.is_empty() {
-            return Ok(plan.functions);
+            return plan.functions;
         }
         let ids: HashSet<u32> = plan.probes.iter().map(|p| p.cookie.function_id).collect();
         let selected: HashSet<u32> = ids
             .into_iter()
             .filter(|&id| self.selects(&plan.names.name(id)))
             .collect();
-        if selected.is_empty() {
-            bail!(
-                "--functions/--exclude select none of the {} instrumented functions of {} (see `fdr-profiled list`)",
-                plan.functions,
-                plan.display_path
-            );
-        }
         plan.probes
             .retain(|p| selected.contains(&p.cookie.function_id));
         plan.functions = selected.len();
-        Ok(selected.len())
+        selected.len()
     }
 }
 

@@ -11,8 +11,8 @@ use crate::fdr::FdrVersion;
 use crate::intake::Event;
 use crate::order::Gap;
 use crate::output::OutputDir;
-use crate::plan::AttachPlan;
-use crate::summary::{FunctionTotals, ProcessReport, SessionReport, ThreadReport};
+use crate::plan::{AttachPlan, FunctionNames};
+use crate::summary::{FunctionTotals, ObjectReport, ProcessReport, SessionReport, ThreadReport};
 use anyhow::Result;
 use profiler_common::event_kind;
 use std::collections::{BTreeMap, HashMap};
@@ -53,10 +53,24 @@ pub struct IntakeLosses {
     pub malformed: u64,
 }
 
+/// The traced executable as the manifest names it.
+#[derive(Clone, Debug)]
+pub struct Executable {
+    /// File name, for the per-process directories (`<name>-<pid>`).
+    pub name: String,
+    /// Its path as users know it.
+    pub path: String,
+    /// The file was deleted or replaced on disk after the process started.
+    pub deleted: bool,
+}
+
 /// The state of one recording.
 pub struct Session {
     out: OutputDir,
-    plan: AttachPlan,
+    executable: Executable,
+    /// The objects probed so far, by object id.
+    objects: Vec<ObjectReport>,
+    names: FunctionNames,
     clock: Clock,
     processes: BTreeMap<u32, Process>,
     /// Which process each live thread belongs to (end markers carry no pid).
@@ -67,25 +81,22 @@ pub struct Session {
     unattributed_lost: u64,
     version: FdrVersion,
     exits: ExitsChoice,
-    /// The traced file's build-id, read at the start (the path may name another file later).
-    build_id: Option<String>,
 }
 
 impl Session {
-    /// Starts a session writing FDR files of `version` under `out` for the binary `plan`
-    /// describes.
+    /// Starts a session writing FDR files of `version` under `out` for processes running
+    /// `executable`; the objects probed are added with [`Session::add_object`].
     pub fn new(
         out: OutputDir,
-        plan: AttachPlan,
+        executable: Executable,
         version: FdrVersion,
         exits: ExitsChoice,
     ) -> Session {
-        let build_id = crate::elf::ElfImage::open(&plan.binary)
-            .ok()
-            .and_then(|image| image.build_id());
         Session {
             out,
-            plan,
+            executable,
+            objects: Vec::new(),
+            names: FunctionNames::default(),
             clock: Clock::now(),
             processes: BTreeMap::new(),
             pid_of: HashMap::new(),
@@ -95,8 +106,24 @@ impl Session {
             unattributed_lost: 0,
             version,
             exits,
-            build_id,
         }
+    }
+
+    /// Records that `plan`'s object was probed with `probes` probes, `attached_ns`
+    /// (CLOCK_MONOTONIC, the trace clock) being when they were all in place.
+    pub fn add_object(&mut self, plan: AttachPlan, probes: usize, attached_ns: u64) {
+        self.objects.push(ObjectReport {
+            object_id: plan.object_id,
+            path: plan.display_path,
+            deleted: plan.deleted,
+            build_id: plan.build_id,
+            load_address: plan.load_address,
+            functions: plan.functions,
+            probes,
+            attached_ns,
+        });
+        self.objects.sort_by_key(|o| o.object_id);
+        self.names.extend(plan.names);
     }
 
     /// Records a thread's next event (in its program order, see [`crate::order`]); `gap` says
@@ -127,7 +154,7 @@ impl Session {
         let thread = match thread_of(
             &mut self.processes,
             &self.out,
-            &self.plan,
+            &self.executable.name,
             &self.clock,
             self.version,
             self.exits.mode == "sleds",
@@ -184,7 +211,7 @@ impl Session {
             custom_events_truncated: 0,
             typed_events: 0,
             processes: Vec::new(),
-            functions: SessionReport::rank_functions(&self.totals, &self.plan.names),
+            functions: SessionReport::rank_functions(&self.totals, &self.names),
         };
         for (pid, process) in self.processes {
             let mut threads = process.done;
@@ -200,11 +227,13 @@ impl Session {
                 report.custom_events_truncated += t.custom_events_truncated;
                 report.typed_events += t.typed_events;
             }
+            let executable = self.objects.iter().find(|o| o.object_id == 0);
             report.processes.push(ProcessReport {
                 pid,
-                binary: self.plan.display_path.clone(),
-                binary_deleted: self.plan.deleted,
-                build_id: self.build_id.clone(),
+                binary: self.executable.path.clone(),
+                binary_deleted: self.executable.deleted,
+                build_id: executable.and_then(|o| o.build_id.clone()),
+                objects: self.objects.clone(),
                 dir: process.dir_name,
                 threads,
             });
@@ -225,7 +254,7 @@ impl Session {
 fn thread_of<'a>(
     processes: &'a mut BTreeMap<u32, Process>,
     out: &OutputDir,
-    plan: &AttachPlan,
+    exe_name: &str,
     clock: &Clock,
     version: FdrVersion,
     sleds_mode: bool,
@@ -235,7 +264,7 @@ fn thread_of<'a>(
     let process = match processes.entry(h.pid) {
         std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::btree_map::Entry::Vacant(e) => {
-            let dir = out.create_subdir(&format!("{}-{}", plan.exe_name, h.pid))?;
+            let dir = out.create_subdir(&format!("{exe_name}-{}", h.pid))?;
             let dir_name = dir
                 .path()
                 .file_name()

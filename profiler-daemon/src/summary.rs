@@ -101,10 +101,37 @@ pub struct ProcessReport {
     /// GNU build-id of the traced file (lowercase hex), read when the session started: lets
     /// `report` and `convert` notice a binary rebuilt or replaced since the recording.
     pub build_id: Option<String>,
+    /// The instrumented objects probed in it, by object id: what the trace's function ids
+    /// mean (`id >> 24` is the object, `id & 0xffffff` the function in its map).
+    pub objects: Vec<ObjectReport>,
     /// Its directory, relative to the session directory.
     pub dir: String,
     /// Its threads that ran instrumented code.
     pub threads: Vec<ThreadReport>,
+}
+
+/// One instrumented object of a traced process.
+#[derive(Clone, Debug, Serialize)]
+pub struct ObjectReport {
+    /// XRay object id: 0 for the executable, whose function ids are plain; a shared object's
+    /// functions appear in the trace as `(object_id << 24) | function_id`.
+    pub object_id: u32,
+    /// The file as the process maps it.
+    pub path: String,
+    /// The file was deleted or replaced on disk after it was mapped.
+    pub deleted: bool,
+    /// GNU build-id (lowercase hex), read when it was probed.
+    pub build_id: Option<String>,
+    /// Where the process mapped the file's offset 0 (0 when unknown: an object probed before
+    /// it was mapped, or by path for every process).
+    pub load_address: u64,
+    /// Instrumented functions probed.
+    pub functions: usize,
+    /// Probes placed.
+    pub probes: usize,
+    /// When its probes were all in place (CLOCK_MONOTONIC ns, the clock of the trace): calls
+    /// into it before then are not in the trace.
+    pub attached_ns: u64,
 }
 
 /// A function's line in the summary.

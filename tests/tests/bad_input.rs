@@ -228,7 +228,7 @@ fn pid_of_a_process_without_instrumentation() {
     let f = run(&mut by_pid(sleeper.id(), &scratch.path().join("out")));
     let _ = sleeper.kill();
     let _ = sleeper.wait();
-    assert_one_line_error(&f, &["no xray_instr_map"]);
+    assert_one_line_error(&f, &["maps no instrumented object"]);
 }
 
 #[test]

@@ -1,5 +1,8 @@
-//! `fdr-profiled list TARGET`: the instrumented functions of a binary or of a running process's
-//! executable, with their XRay ids, sled kinds and counts — what a trace's ids will mean.
+//! `fdr-profiled list TARGET`: the instrumented functions of a binary, or of every instrumented
+//! object a running process maps, with their ids, sled kinds and counts — what a trace's ids
+//! will mean (a shared object's ids are packed as `(object_id << 24) | id`, as `--pid` traces
+//! them; object ids are given in the order the objects are found, so a process that loads more
+//! objects later can number them differently from this listing).
 use crate::elf::ElfImage;
 use crate::instrmap::InstrMap;
 use crate::process::TracedProcess;
@@ -9,8 +12,16 @@ use profiler_common::SledKind;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// Where the functions come from: a pid (all digits) or a path.
-fn resolve(target: &str) -> Result<(PathBuf, String)> {
+/// One object to list: the file to read, how to name it, its object id.
+struct Listed {
+    path: PathBuf,
+    shown: String,
+    object_id: u32,
+}
+
+/// Where the functions come from: a pid (all digits; every instrumented object it maps) or a
+/// path.
+fn resolve(target: &str) -> Result<Vec<Listed>> {
     if !target.is_empty()
         && target.bytes().all(|b| b.is_ascii_digit())
         && !Path::new(target).exists()
@@ -19,10 +30,25 @@ fn resolve(target: &str) -> Result<(PathBuf, String)> {
             .parse()
             .with_context(|| format!("{target}: not a pid"))?;
         let process = TracedProcess::find(pid)?;
-        let shown = format!("pid {pid} ({})", process.exe_path);
-        return Ok((process.exe_link, shown));
+        let planned = crate::objects::for_process(&process)?;
+        return Ok(planned
+            .plans
+            .into_iter()
+            .map(|plan| Listed {
+                shown: match plan.object_id {
+                    0 => format!("pid {pid} ({})", plan.display_path),
+                    id => format!("pid {pid} {} (object {id})", plan.display_path),
+                },
+                path: plan.binary,
+                object_id: plan.object_id,
+            })
+            .collect());
     }
-    Ok((PathBuf::from(target), target.to_owned()))
+    Ok(vec![Listed {
+        path: PathBuf::from(target),
+        shown: target.to_owned(),
+        object_id: 0,
+    }])
 }
 
 /// Short names of the sled kinds, as `llvm-xray extract` spells them.
@@ -37,12 +63,27 @@ fn kind_name(kind: SledKind) -> &'static str {
     }
 }
 
-/// Renders the table for `target`.
+/// Renders the table for `target`: one per object.
 pub fn render(target: &str) -> Result<String> {
-    let (path, shown) = resolve(target)?;
+    let mut out = String::new();
+    for (i, listed) in resolve(target)?.into_iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        render_object(&listed, target, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn render_object(listed: &Listed, target: &str, out: &mut String) -> Result<()> {
+    let Listed {
+        path,
+        shown,
+        object_id,
+    } = listed;
     // ELF errors already name the path; a pid's /proc path needs the pid and real path added.
     let read = || -> Result<(ElfImage, InstrMap)> {
-        let image = ElfImage::open(&path)?;
+        let image = ElfImage::open(path)?;
         let map = InstrMap::from_elf(&image)?;
         Ok((image, map))
     };
@@ -52,7 +93,6 @@ pub fn render(target: &str) -> Result<String> {
         read().with_context(|| shown.clone())?
     };
     let symbols = SymbolTable::from_elf(&image);
-    let mut out = String::new();
     let _ = writeln!(
         out,
         "{shown}: {} instrumented functions, {} sleds",
@@ -70,21 +110,20 @@ pub fn render(target: &str) -> Result<String> {
         kinds.sort();
         kinds.dedup();
         let kinds: Vec<&str> = kinds.into_iter().map(kind_name).collect();
-        let name = symbols.name_at(function.address).map_or_else(
-            || format!("{}+{:#x}", image.path.display(), function.address),
-            str::to_owned,
-        );
+        let name = symbols
+            .name_at(function.address)
+            .map_or_else(|| format!("{shown}+{:#x}", function.address), str::to_owned);
         let _ = writeln!(
             out,
             "{:>8}  {:>#18x}  {:>5}  {:<40}  {}",
-            function.id,
+            crate::plan::packed_id(*object_id, function.id),
             function.address,
             sleds.len(),
             kinds.join(","),
             name
         );
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
