@@ -11,8 +11,10 @@ use crate::output::OutputDir;
 use crate::process::{self, TracedProcess};
 use crate::select::FunctionFilter;
 use crate::session::{IntakeLosses, Session};
+use crate::symbolize::Symbolizer;
 use anyhow::{bail, Context as _, Result};
 use std::num::NonZeroU32;
+use std::os::fd::AsRawFd as _;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
@@ -258,10 +260,17 @@ async fn record(
         malformed: intake.malformed() + order.stale(),
     };
     let out_dir = session.out_dir().to_path_buf();
+    let object_files = session.take_object_files();
     let report = session.finish(losses)?;
     eprint!("{}", report.render(&out_dir, cli.top));
     if !cli.no_report && !cli.floor {
-        write_outputs(&out_dir, report.events);
+        let mut symbolizer = Symbolizer::default();
+        for (build_id, file) in &object_files {
+            let fd = file.as_raw_fd();
+            symbolizer =
+                symbolizer.with_file(build_id.clone(), format!("/proc/self/fd/{fd}").into());
+        }
+        write_outputs(&out_dir, report.events, &symbolizer);
     }
     Ok(match child_exit {
         Some(exit) => u8::try_from(exit.shell_code()).unwrap_or(u8::MAX),
@@ -274,9 +283,9 @@ async fn record(
 const MAX_DEFAULT_TIMELINE_EVENTS: u64 = 2_000_000;
 
 /// The report and timeline written next to the trace files (see `session_outputs`).
-fn write_outputs(dir: &std::path::Path, events: u64) {
+fn write_outputs(dir: &std::path::Path, events: u64, symbolizer: &Symbolizer) {
     if events > MAX_DEFAULT_TIMELINE_EVENTS {
-        match crate::session_outputs::write_report(dir) {
+        match crate::session_outputs::write_report(dir, symbolizer) {
             Ok(path) => eprintln!(
                 "fdr-profiled: report: {} (no trace.json: {events} events; `fdr-profiled convert` writes one)",
                 path.display()
@@ -285,7 +294,7 @@ fn write_outputs(dir: &std::path::Path, events: u64) {
         }
         return;
     }
-    match crate::session_outputs::write_session_outputs(dir) {
+    match crate::session_outputs::write_session_outputs(dir, symbolizer) {
         Ok(outputs) => {
             for w in &outputs.warnings {
                 eprintln!("fdr-profiled: warning: {w}");

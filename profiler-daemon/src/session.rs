@@ -70,6 +70,9 @@ pub struct Session {
     executable: Executable,
     /// The objects probed so far, by object id.
     objects: Vec<ObjectReport>,
+    /// Each probed object's file held open, by build-id, so that the end-of-session report
+    /// can read it even if it is deleted meanwhile (see `object_files`).
+    object_files: Vec<(String, std::fs::File)>,
     names: FunctionNames,
     clock: Clock,
     processes: BTreeMap<u32, Process>,
@@ -96,6 +99,7 @@ impl Session {
             out,
             executable,
             objects: Vec::new(),
+            object_files: Vec::new(),
             names: FunctionNames::default(),
             clock: Clock::now(),
             processes: BTreeMap::new(),
@@ -112,6 +116,9 @@ impl Session {
     /// Records that `plan`'s object was probed with `probes` probes, `attached_ns`
     /// (CLOCK_MONOTONIC, the trace clock) being when they were all in place.
     pub fn add_object(&mut self, plan: AttachPlan, probes: usize, attached_ns: u64) {
+        if let (Some(build_id), Ok(file)) = (&plan.build_id, std::fs::File::open(&plan.binary)) {
+            self.object_files.push((build_id.clone(), file));
+        }
         self.objects.push(ObjectReport {
             object_id: plan.object_id,
             path: plan.display_path,
@@ -178,6 +185,12 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// The probed objects' files, held open since they were probed, by build-id: readable
+    /// through `/proc/self/fd/N` whatever happened to their paths since.
+    pub fn take_object_files(&mut self) -> Vec<(String, std::fs::File)> {
+        std::mem::take(&mut self.object_files)
     }
 
     /// Makes every file on disk a complete, loadable trace of what was recorded so far.

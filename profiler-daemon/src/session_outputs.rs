@@ -25,10 +25,9 @@ pub struct SessionOutputs {
 }
 
 /// Writes `report.txt` and `trace.json` into the session directory `dir` (which must hold a
-/// finished session: its `session.json` and trace files).
-pub fn write_session_outputs(dir: &Path) -> Result<SessionOutputs> {
-    let symbolizer = Symbolizer::default();
-    let mut session = Session::open(dir, None, &symbolizer)?;
+/// finished session: its `session.json` and trace files), naming functions with `symbolizer`.
+pub fn write_session_outputs(dir: &Path, symbolizer: &Symbolizer) -> Result<SessionOutputs> {
+    let mut session = Session::open(dir, None, symbolizer)?;
     let (report_path, report) = report_into(&mut session, dir)?;
     let trace_path = dir.join(TRACE_FILE);
     let mut warnings = report.warnings.clone();
@@ -46,9 +45,8 @@ pub fn write_session_outputs(dir: &Path) -> Result<SessionOutputs> {
 
 /// Writes only `report.txt` into the session directory `dir` (for sessions too large for a
 /// default timeline).
-pub fn write_report(dir: &Path) -> Result<PathBuf> {
-    let symbolizer = Symbolizer::default();
-    let mut session = Session::open(dir, None, &symbolizer)?;
+pub fn write_report(dir: &Path, symbolizer: &Symbolizer) -> Result<PathBuf> {
+    let mut session = Session::open(dir, None, symbolizer)?;
     Ok(report_into(&mut session, dir)?.0)
 }
 

@@ -11,7 +11,7 @@
 //! both (Perfetto by order alone). Nothing else goes into a call's args, since speedscope
 //! shows them as part of the frame's name.
 use super::{micros, payload_text, JsonNames};
-use crate::replay::{self, Call, FunctionKey, Session, TraceEvent, Visitor};
+use crate::replay::{self, Call, FunctionKey, ObjectTable, Session, TraceEvent, Visitor};
 use crate::report::render::site_text;
 use profiler_common::SledKind;
 use std::collections::HashMap;
@@ -52,7 +52,7 @@ pub fn write(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>>
             out: &mut *out,
             names: &mut names,
             sites: &mut sites,
-            object: t.object,
+            objects: t.objects,
             head: format!("\"pid\":{pid},\"tid\":{tid}"),
             start,
             first: &mut first,
@@ -80,7 +80,7 @@ struct ThreadWriter<'a, W: Write> {
     out: &'a mut W,
     names: &'a mut JsonNames,
     sites: &'a mut HashMap<(FunctionKey, bool), String>,
-    object: u32,
+    objects: ObjectTable,
     /// `"pid":P,"tid":T`
     head: String,
     start: u64,
@@ -102,10 +102,7 @@ impl<W: Write> ThreadWriter<'_, W> {
     }
 
     fn key(&self, id: u32) -> FunctionKey {
-        FunctionKey {
-            object: self.object,
-            id,
-        }
+        self.objects.function(id)
     }
 
     /// The event site text of a function's event sleds, as a JSON string.
@@ -122,7 +119,7 @@ impl<W: Write> ThreadWriter<'_, W> {
                 };
                 let sites = namer
                     .object(key.object)
-                    .map(|o| o.event_sites(key.id, kind))
+                    .map(|o| o.event_sites(key.function_id(), kind))
                     .unwrap_or_default();
                 let text: Vec<String> = sites.iter().map(site_text).collect();
                 serde_json::to_string(&text.join(" | ")).unwrap_or_default()

@@ -5,7 +5,7 @@
 //! kept in a trie, one node per distinct stack, so memory grows with the number of distinct
 //! stacks, not with the number of calls. A `;` inside a function name (Rust array types such
 //! as `[u8; 4]`) would split the frame, so it is written as a full-width `；`.
-use crate::replay::{self, Call, FunctionKey, Session, Visitor};
+use crate::replay::{self, Call, FunctionKey, ObjectTable, Session, Visitor};
 use std::collections::HashMap;
 use std::io::{self, Write};
 
@@ -49,7 +49,7 @@ impl StackTrie {
             let mut v = ThreadStacks {
                 trie: &mut trie,
                 stack: Vec::new(),
-                object: t.object,
+                objects: t.objects,
             };
             replay::replay_thread(&t, &mut v, &mut warnings);
         }
@@ -99,19 +99,13 @@ impl StackTrie {
 struct ThreadStacks<'a> {
     trie: &'a mut StackTrie,
     stack: Vec<u32>,
-    object: u32,
+    objects: ObjectTable,
 }
 
 impl Visitor for ThreadStacks<'_> {
     fn enter(&mut self, id: u32, _: u64, _: &[u64], _: usize) {
         let parent = self.stack.last().copied().unwrap_or(ROOT);
-        let node = self.trie.child(
-            parent,
-            FunctionKey {
-                object: self.object,
-                id,
-            },
-        );
+        let node = self.trie.child(parent, self.objects.function(id));
         self.stack.push(node);
     }
 

@@ -5,7 +5,7 @@
 //! Written as the trace is read: the profiles come first, the frame table (known only at the
 //! end) last, which JSON allows.
 use super::JsonNames;
-use crate::replay::{self, Call, FunctionKey, Session, Visitor};
+use crate::replay::{self, Call, FunctionKey, ObjectTable, Session, Visitor};
 use std::collections::HashMap;
 use std::io::{self, Write};
 
@@ -37,7 +37,7 @@ pub fn write(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>>
             out: &mut *out,
             frames: &mut frames,
             order: &mut order,
-            object: t.object,
+            objects: t.objects,
             start,
             first: true,
             span: None,
@@ -80,7 +80,7 @@ struct ProfileWriter<'a, W: Write> {
     out: &'a mut W,
     frames: &'a mut HashMap<FunctionKey, u32>,
     order: &'a mut Vec<FunctionKey>,
-    object: u32,
+    objects: ObjectTable,
     start: u64,
     first: bool,
     span: Option<(u64, u64)>,
@@ -92,10 +92,7 @@ impl<W: Write> ProfileWriter<'_, W> {
         if self.error.is_some() {
             return;
         }
-        let key = FunctionKey {
-            object: self.object,
-            id,
-        };
+        let key = self.objects.function(id);
         let order = &mut *self.order;
         let frame = *self.frames.entry(key).or_insert_with(|| {
             order.push(key);

@@ -1,9 +1,13 @@
-//! What a session directory holds: processes, their binaries, their threads' FDR files.
+//! What a session directory holds: processes, their instrumented objects (the executable and
+//! shared objects), their threads' FDR files.
 //!
 //! `session.json` is read leniently: unknown fields are ignored and missing ones take
-//! defaults, so manifests of older and newer versions both load. Without a manifest (a daemon
-//! killed before the end writes none) the layout is found from the names the daemon gives:
-//! `<exe>-<pid>/tid-<tid>.fdr`; the binary must then be given by the caller.
+//! defaults, so manifests of older and newer versions both load. A manifest without a process's
+//! `objects` list (older daemons) has one object, XRay object 0, the process's `binary`. Each
+//! entry of `objects` is checked on its own: a bad one (not an object, an id outside 0..=15, an
+//! id listed twice) is a warning and is left out, the rest still load. Without a manifest (a
+//! daemon killed before the end writes none) the layout is found from the names the daemon
+//! gives: `<exe>-<pid>/tid-<tid>.fdr`; the binary must then be given by the caller.
 use serde::Deserialize;
 use std::path::{Component, Path, PathBuf};
 
@@ -23,6 +27,20 @@ struct ManifestProcess {
     build_id: Option<String>,
     dir: String,
     threads: Vec<ManifestThread>,
+    /// Kept as raw values so that one malformed entry does not make the whole manifest
+    /// unreadable.
+    objects: Option<Vec<serde_json::Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ManifestObject {
+    object_id: i64,
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    deleted: bool,
+    #[serde(default)]
+    build_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -30,6 +48,23 @@ struct ManifestProcess {
 struct ManifestThread {
     tid: u32,
     file: String,
+}
+
+/// Highest XRay object id: FDR function records carry 28 bits, the top 4 of them the object.
+pub const MAX_OBJECT_ID: u8 = 15;
+
+/// One instrumented object of a process (the executable or a shared object) as recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectEntry {
+    /// XRay object id: the top 4 bits of the 28-bit function ids of its functions in the trace
+    /// (0 for the executable).
+    pub id: u8,
+    /// The file as the process mapped it; `None` when nothing names it.
+    pub path: Option<PathBuf>,
+    /// Its build-id at recording time, when recorded.
+    pub build_id: Option<String>,
+    /// The recorded path named another file (or none) already during the recording.
+    pub deleted: bool,
 }
 
 /// One traced process.
@@ -45,6 +80,8 @@ pub struct ProcessEntry {
     pub binary_deleted: bool,
     /// Short name for people: the executable's file name.
     pub name: String,
+    /// Its instrumented objects, by XRay object id, each id at most once.
+    pub objects: Vec<ObjectEntry>,
     /// Its threads' files.
     pub threads: Vec<ThreadEntry>,
 }
@@ -132,15 +169,67 @@ impl Layout {
             }
             let binary = (!p.binary.is_empty()).then(|| PathBuf::from(&p.binary));
             let name = exe_name(binary.as_deref(), &p.dir, p.pid);
+            let build_id = p.build_id.filter(|b| !b.is_empty());
+            let objects = match p.objects {
+                Some(list) => self.read_objects(p.pid, list),
+                None => vec![ObjectEntry {
+                    id: 0,
+                    path: binary.clone(),
+                    build_id: build_id.clone(),
+                    deleted: p.binary_deleted,
+                }],
+            };
             self.processes.push(ProcessEntry {
                 pid: p.pid,
                 binary,
-                build_id: p.build_id.filter(|b| !b.is_empty()),
+                build_id,
                 binary_deleted: p.binary_deleted,
                 name,
+                objects,
                 threads,
             });
         }
+    }
+
+    /// The valid entries of a process's `objects`, sorted by id; the others are warned about.
+    fn read_objects(&mut self, pid: u32, list: Vec<serde_json::Value>) -> Vec<ObjectEntry> {
+        let mut objects: Vec<ObjectEntry> = Vec::new();
+        for (n, value) in list.into_iter().enumerate() {
+            let o = match serde_json::from_value::<ManifestObject>(value) {
+                Ok(o) => o,
+                Err(e) => {
+                    self.warnings.push(format!(
+                        "session.json: pid {pid}: objects[{n}] is not a valid object ({e}); ignored"
+                    ));
+                    continue;
+                }
+            };
+            let Some(id) = u8::try_from(o.object_id)
+                .ok()
+                .filter(|&id| id <= MAX_OBJECT_ID)
+            else {
+                self.warnings.push(format!(
+                    "session.json: pid {pid}: objects[{n}] has object_id {}, outside 0..={MAX_OBJECT_ID}; ignored",
+                    o.object_id
+                ));
+                continue;
+            };
+            if objects.iter().any(|seen| seen.id == id) {
+                self.warnings.push(format!(
+                    "session.json: pid {pid}: object {id} is listed twice; the second ({:?}) is ignored",
+                    o.path
+                ));
+                continue;
+            }
+            objects.push(ObjectEntry {
+                id,
+                path: (!o.path.is_empty()).then(|| PathBuf::from(o.path)),
+                build_id: o.build_id.filter(|b| !b.is_empty()),
+                deleted: o.deleted,
+            });
+        }
+        objects.sort_by_key(|o| o.id);
+        objects
     }
 
     fn scan(&mut self) -> anyhow::Result<()> {
@@ -181,6 +270,12 @@ impl Layout {
                 build_id: None,
                 binary_deleted: false,
                 name: exe.to_owned(),
+                objects: vec![ObjectEntry {
+                    id: 0,
+                    path: None,
+                    build_id: None,
+                    deleted: false,
+                }],
                 threads,
             });
         }
@@ -210,3 +305,7 @@ fn exe_name(binary: Option<&Path>, dir: &str, pid: u32) -> String {
         .unwrap_or("process")
         .to_owned()
 }
+
+#[cfg(test)]
+#[path = "layout_tests.rs"]
+mod tests;

@@ -1,39 +1,101 @@
 //! Reading a recorded session back: its layout ([`layout`]), each thread's calls replayed in
 //! order ([`thread`]), and the functions named ([`crate::symbolize`]).
 //!
+//! A function id in a trace is packed: the top 4 of its 28 bits are the XRay object id (0 the
+//! executable, 1 to 15 the shared objects the process had instrumented), the low 24 bits the
+//! id in that object's instrumentation map. Each process has an [`ObjectTable`] from XRay
+//! object id to the session's objects, which are loaded once per distinct file and build-id.
+//!
 //! Everything streams: one file at a time, record by record, so memory does not grow with the
 //! number of events. Bad parts of a session are reported and skipped, never fatal: a missing
-//! or replaced binary leaves its functions named by id, a corrupt file contributes what comes
-//! before the corruption.
+//! or replaced object leaves its functions named by their packed id, a corrupt file
+//! contributes what comes before the corruption.
 pub mod layout;
+mod loading;
 pub mod thread;
 
-use crate::symbolize::{FunctionInfo, ObjectSymbols, Symbolizer};
+use crate::symbolize::{FunctionInfo, NameSource, ObjectSymbols, Symbolizer};
 use anyhow::Result;
-pub use layout::{Layout, ProcessEntry, ThreadEntry};
+pub use layout::{Layout, ObjectEntry, ProcessEntry, ThreadEntry};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 pub use thread::{Call, CallEnd, Outcome, TraceEvent, Visitor};
 
-/// A function across the session: the object it belongs to and its XRay id.
+/// A function across the session: the object it belongs to and its id as in the trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FunctionKey {
-    /// Index into [`Session::objects`].
+    /// Index into [`Session::objects`]; [`NO_OBJECT`] when the trace names an object the
+    /// session does not know.
     pub object: u32,
-    /// XRay function id.
+    /// The function id as the trace holds it: `(XRay object id << 24) | function id`. Kept
+    /// packed, not split, so that a function is always shown by the id found in the trace.
     pub id: u32,
+}
+
+/// [`FunctionKey::object`] of functions whose object the session does not list.
+pub const NO_OBJECT: u32 = u32::MAX;
+
+/// Bits of a packed function id that are the function's id within its object.
+pub const FUNCTION_ID_MASK: u32 = 0xFF_FFFF;
+
+impl FunctionKey {
+    /// The XRay function id within the object: what its instrumentation map numbers it.
+    pub fn function_id(&self) -> u32 {
+        self.id & FUNCTION_ID_MASK
+    }
+
+    /// The XRay object id: 0 for the executable, 1 to 15 for shared objects.
+    pub fn xray_object(&self) -> u32 {
+        self.id >> 24
+    }
+}
+
+/// One process's objects: session object index by XRay object id.
+#[derive(Clone, Copy, Debug)]
+pub struct ObjectTable([u32; 16]);
+
+impl ObjectTable {
+    /// The function a trace record's (packed) function id names.
+    pub fn function(&self, id: u32) -> FunctionKey {
+        let object = self
+            .0
+            .get((id >> 24) as usize)
+            .copied()
+            .unwrap_or(NO_OBJECT);
+        FunctionKey { object, id }
+    }
+}
+
+/// An object functions of the session belong to.
+pub struct SessionObject {
+    /// The file as recorded (or as given with `--binary`); `None` when nothing names it.
+    pub path: Option<PathBuf>,
+    /// Its symbols; `None` when it could not be used (missing, replaced, unreadable) and its
+    /// functions are named by id.
+    pub symbols: Option<Arc<ObjectSymbols>>,
+}
+
+impl SessionObject {
+    /// File name for people: `libfoo.so`.
+    pub fn file_name(&self) -> Option<String> {
+        let path = self.path.as_deref()?;
+        Some(
+            path.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| path.display().to_string()),
+        )
+    }
 }
 
 /// A session opened for reading.
 pub struct Session {
     /// What the directory holds.
     pub layout: Layout,
-    /// The objects functions belong to (one per distinct binary; `None` when it could not be
-    /// used — missing, replaced, unreadable — and its functions are named by id).
-    pub objects: Vec<Option<Arc<ObjectSymbols>>>,
-    /// Object index of each process of `layout.processes`.
-    pub process_object: Vec<u32>,
+    /// The objects functions belong to: one per distinct (file, recorded build-id).
+    pub objects: Vec<SessionObject>,
+    /// Object table of each process of `layout.processes`.
+    pub process_objects: Vec<ObjectTable>,
     /// Problems found, one line each (the layout's too).
     pub warnings: Vec<String>,
 }
@@ -45,17 +107,27 @@ pub struct Namer {
 }
 
 impl Namer {
-    /// The function `key`, symbolized; `#id` when its object is not usable.
+    /// The function `key`, symbolized, its `id` the packed id of the trace; `#id` when its
+    /// object is unknown or not usable.
     pub fn function(&mut self, key: FunctionKey) -> Arc<FunctionInfo> {
         if let Some(f) = self.cache.get(&key) {
             return f.clone();
         }
-        let info = match self
-            .objects
-            .get(key.object as usize)
-            .and_then(Option::as_ref)
-        {
-            Some(obj) => obj.function(key.id),
+        let info = match self.object(key.object) {
+            Some(obj) => {
+                let info = obj.function(key.function_id());
+                if info.id != key.id {
+                    // Symbolized by its id within the object; shown by the trace's id.
+                    let mut f = FunctionInfo::clone(&info);
+                    f.id = key.id;
+                    if f.source == NameSource::Unknown {
+                        f.name = format!("#{}", key.id);
+                    }
+                    Arc::new(f)
+                } else {
+                    info
+                }
+            }
             None => Arc::new(FunctionInfo::unknown(key.id)),
         };
         self.cache.insert(key, info.clone());
@@ -77,50 +149,39 @@ pub struct ThreadRef<'a> {
     pub process: &'a ProcessEntry,
     /// The thread.
     pub thread: &'a ThreadEntry,
-    /// Index of the process's object in [`Session::objects`].
-    pub object: u32,
+    /// The process's objects.
+    pub objects: ObjectTable,
+}
+
+impl ThreadRef<'_> {
+    /// The function a trace record's (packed) function id names, in this thread's process.
+    pub fn function(&self, id: u32) -> FunctionKey {
+        self.objects.function(id)
+    }
 }
 
 impl Session {
-    /// Opens `dir`. `binary` overrides the binary the manifest records (for every process).
+    /// Opens `dir`. `binary` overrides the executable (XRay object 0) the manifest records,
+    /// for every process; shared objects are always the recorded ones.
     pub fn open(dir: &Path, binary: Option<&Path>, symbolizer: &Symbolizer) -> Result<Session> {
         let layout = Layout::open(dir)?;
+        let mut loader = loading::Loader::new(binary, symbolizer);
         let mut warnings = layout.warnings.clone();
-        let mut objects: Vec<Option<Arc<ObjectSymbols>>> = Vec::new();
-        let mut by_binary: HashMap<Option<PathBuf>, u32> = HashMap::new();
-        let mut process_object = Vec::new();
-        for p in &layout.processes {
-            let path = binary.map(Path::to_path_buf).or_else(|| p.binary.clone());
-            let index = *by_binary.entry(path.clone()).or_insert_with(|| {
-                objects.push(load_object(
-                    p,
-                    path.as_deref(),
-                    binary.is_some(),
-                    symbolizer,
-                    &mut warnings,
-                ));
-                (objects.len() - 1) as u32
-            });
-            // Another process of the same binary may have recorded another build.
-            if let (Some(obj), Some(recorded)) = (&objects[index as usize], &p.build_id) {
-                if obj.build_id.as_deref() != Some(recorded.as_str()) {
-                    warnings.push(format!(
-                        "{} (pid {}): recorded build-id {recorded} is not {}'s; its functions are shown by id",
-                        p.name,
-                        p.pid,
-                        obj.path.display()
-                    ));
-                    objects.push(None);
-                    process_object.push((objects.len() - 1) as u32);
-                    continue;
-                }
+        let process_objects = layout
+            .processes
+            .iter()
+            .map(|p| ObjectTable(loader.process(p, &mut warnings)))
+            .collect();
+        // One line each, whatever the paths recorded hold.
+        for w in &mut warnings {
+            if w.contains(['\n', '\r']) {
+                *w = w.replace(['\n', '\r'], " ");
             }
-            process_object.push(index);
         }
         Ok(Session {
             layout,
-            objects,
-            process_object,
+            objects: loader.into_objects(),
+            process_objects,
             warnings,
         })
     }
@@ -134,7 +195,7 @@ impl Session {
                     process_index: i,
                     process: p,
                     thread: t,
-                    object: self.process_object[i],
+                    objects: self.process_objects[i],
                 });
             }
         }
@@ -144,9 +205,18 @@ impl Session {
     /// A namer for this session's functions (shares the loaded objects).
     pub fn namer(&self) -> Namer {
         Namer {
-            objects: self.objects.clone(),
+            objects: self.objects.iter().map(|o| o.symbols.clone()).collect(),
             cache: HashMap::new(),
         }
+    }
+
+    /// The file name of the shared object `key` belongs to, for telling people where it is
+    /// from; `None` for the executable's functions (XRay object 0) and unknown objects.
+    pub fn shared_object_name(&self, key: FunctionKey) -> Option<String> {
+        if key.xray_object() == 0 {
+            return None;
+        }
+        self.objects.get(key.object as usize)?.file_name()
     }
 
     /// The earliest timestamp of any thread (ns), from each file's first records: the zero of
@@ -183,54 +253,6 @@ pub fn replay_thread<V: Visitor>(
         }
         Err(e) => {
             warnings.push(format!("{path}: cannot read: {e}; skipped"));
-            None
-        }
-    }
-}
-
-fn load_object(
-    p: &ProcessEntry,
-    path: Option<&Path>,
-    given: bool,
-    symbolizer: &Symbolizer,
-    warnings: &mut Vec<String>,
-) -> Option<Arc<ObjectSymbols>> {
-    let Some(path) = path else {
-        warnings.push(format!(
-            "{} (pid {}): no binary is recorded; its functions are shown by id (give --binary)",
-            p.name, p.pid
-        ));
-        return None;
-    };
-    if p.binary_deleted && p.build_id.is_none() && !given {
-        warnings.push(format!(
-            "{} (pid {}): {} was replaced on disk during the recording and no build-id was recorded to check it; its functions are shown by id (give --binary with the original)",
-            p.name,
-            p.pid,
-            path.display()
-        ));
-        return None;
-    }
-    match symbolizer.object(path, p.build_id.as_deref()) {
-        Ok(obj) => {
-            if p.build_id.is_none() {
-                warnings.push(format!(
-                    "{} (pid {}): no build-id was recorded, so nothing shows that {} is the binary that ran; names assume it is",
-                    p.name,
-                    p.pid,
-                    path.display()
-                ));
-            }
-            for refused in &obj.refused_debug_files {
-                warnings.push(format!("debug file refused: {refused}"));
-            }
-            Some(obj)
-        }
-        Err(e) => {
-            warnings.push(format!(
-                "{} (pid {}): {e:#}; its functions are shown by id",
-                p.name, p.pid
-            ));
             None
         }
     }

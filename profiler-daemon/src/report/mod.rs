@@ -8,7 +8,7 @@
 pub mod render;
 pub mod stats;
 
-use crate::replay::{self, Call, CallEnd, FunctionKey, Session, TraceEvent, Visitor};
+use crate::replay::{self, Call, CallEnd, FunctionKey, ObjectTable, Session, TraceEvent, Visitor};
 use crate::symbolize::{EventSite, FunctionInfo};
 use profiler_common::SledKind;
 use serde::Serialize;
@@ -113,7 +113,7 @@ pub struct Totals {
 struct ThreadAggregator<'a> {
     agg: &'a mut Aggregator,
     thread: Option<ThreadKey>,
-    object: u32,
+    objects: ObjectTable,
 }
 
 impl Visitor for ThreadAggregator<'_> {
@@ -122,10 +122,7 @@ impl Visitor for ThreadAggregator<'_> {
     fn exit(&mut self, call: &Call) {
         let key = RowKey {
             thread: self.thread,
-            function: FunctionKey {
-                object: self.object,
-                id: call.id,
-            },
+            function: self.objects.function(call.id),
         };
         let row = self.agg.rows.entry(key).or_default();
         match call.how {
@@ -143,10 +140,7 @@ impl Visitor for ThreadAggregator<'_> {
 
     fn event(&mut self, e: &TraceEvent<'_>) {
         let key = EventKey {
-            function: e.function.map(|id| FunctionKey {
-                object: self.object,
-                id,
-            }),
+            function: e.function.map(|id| self.objects.function(id)),
             event_type: e.event_type,
         };
         let s = self.agg.events.entry(key).or_default();
@@ -197,7 +191,7 @@ impl Aggregator {
                     pid: t.process.pid,
                     tid: t.thread.tid,
                 }),
-                object: t.object,
+                objects: t.objects,
                 agg: self,
             };
             if let Some(outcome) = replay::replay_thread(t, &mut v, &mut warnings) {
@@ -224,6 +218,8 @@ impl Aggregator {
                 FunctionRow {
                     thread: key.thread,
                     object: key.function.object,
+                    object_path: object_path(session, key.function),
+                    shared_object: session.shared_object_name(key.function),
                     info,
                     calls: s.calls,
                     total: s.total,
@@ -248,10 +244,11 @@ impl Aggregator {
                 };
                 let sites = key
                     .function
-                    .and_then(|f| Some(namer.object(f.object)?.event_sites(f.id, kind)))
+                    .and_then(|f| Some(namer.object(f.object)?.event_sites(f.function_id(), kind)))
                     .unwrap_or_default();
                 EventRow {
                     function,
+                    shared_object: key.function.and_then(|f| session.shared_object_name(f)),
                     event_type: key.event_type,
                     count: s.count,
                     bytes: s.bytes,
@@ -261,15 +258,32 @@ impl Aggregator {
             })
             .collect();
         events.sort_by_key(|e| std::cmp::Reverse(e.count));
+        let mut warnings = session.warnings.clone();
+        let unlisted: std::collections::BTreeSet<u32> = functions
+            .iter()
+            .filter(|r| r.object == replay::NO_OBJECT)
+            .map(|r| r.info.id >> 24)
+            .collect();
+        for k in unlisted {
+            warnings.push(format!(
+                "the trace has functions of XRay object {k}, which session.json does not list for their process; they are shown by id"
+            ));
+        }
         Report {
             dir: session.layout.dir.display().to_string(),
             per_thread: self.per_thread,
             totals: self.totals,
-            warnings: session.warnings.clone(),
+            warnings,
             functions,
             events,
         }
     }
+}
+
+/// The file of the object `key` belongs to, as recorded.
+fn object_path(session: &Session, key: FunctionKey) -> Option<String> {
+    let object = session.objects.get(key.object as usize)?;
+    Some(object.path.as_deref()?.display().to_string())
 }
 
 /// One function's line.
@@ -277,8 +291,14 @@ impl Aggregator {
 pub struct FunctionRow {
     /// The thread, in a per-thread report.
     pub thread: Option<ThreadKey>,
-    /// The object's index in the session.
+    /// The object's index in the session ([`replay::NO_OBJECT`] when the session does not
+    /// know the object).
     pub object: u32,
+    /// The object's file, when known.
+    pub object_path: Option<String>,
+    /// The file name of the shared object the function is from; `None` for the executable's
+    /// functions.
+    pub shared_object: Option<String>,
     /// Name, id, location.
     pub info: Arc<FunctionInfo>,
     /// Calls that returned.
@@ -304,6 +324,8 @@ pub struct FunctionRow {
 pub struct EventRow {
     /// The function whose sled fired (the innermost open call), if any was open.
     pub function: Option<Arc<FunctionInfo>>,
+    /// The file name of the shared object that function is from; `None` for the executable's.
+    pub shared_object: Option<String>,
     /// `None` for custom events.
     pub event_type: Option<u16>,
     /// How many.

@@ -29,6 +29,15 @@ pub fn render(report: &Report, format: Format) -> String {
     }
 }
 
+/// The function's name, followed by ` [libfoo.so]` for a function of a shared object: the
+/// executable's functions are shown as they always were.
+fn display_name(name: &str, shared_object: Option<&str>) -> String {
+    match shared_object {
+        Some(object) => format!("{name} [{object}]"),
+        None => name.to_owned(),
+    }
+}
+
 fn location(r: &FunctionRow) -> String {
     r.info
         .location
@@ -102,7 +111,7 @@ pub fn text(report: &Report) -> String {
             pct(p.p90),
             pct(p.p99),
             human_ns(r.max),
-            r.info.name,
+            display_name(&r.info.name, r.shared_object.as_deref()),
             if loc.is_empty() {
                 String::new()
             } else {
@@ -134,7 +143,7 @@ fn event_text(s: &mut String, e: &EventRow) {
         .function
         .as_ref()
         .map_or("outside any traced call".to_owned(), |f| {
-            format!("in {}", f.name)
+            format!("in {}", display_name(&f.name, e.shared_object.as_deref()))
         });
     let _ = writeln!(
         s,
@@ -182,10 +191,12 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-/// CSV: one line per function; `pid` and `tid` are empty in a report over all threads.
+/// CSV: one line per function; `pid` and `tid` are empty in a report over all threads. `id`
+/// is the id as in the trace; `object` the file of the function's object (last, so that the
+/// columns before it stay where they were before sessions had several objects).
 pub fn csv(report: &Report) -> String {
     let mut s = String::from(
-        "pid,tid,id,function,file,line,calls,total_ns,self_ns,min_ns,median_ns,p90_ns,p99_ns,max_ns,percentiles_exact,unwound,unfinished\n",
+        "pid,tid,id,function,file,line,calls,total_ns,self_ns,min_ns,median_ns,p90_ns,p99_ns,max_ns,percentiles_exact,unwound,unfinished,object\n",
     );
     for r in &report.functions {
         let (pid, tid) = r.thread.map_or((String::new(), String::new()), |k| {
@@ -201,7 +212,7 @@ pub fn csv(report: &Report) -> String {
         let p = r.percentiles;
         let _ = writeln!(
             s,
-            "{pid},{tid},{},{},{},{line},{},{},{},{},{},{},{},{},{},{},{}",
+            "{pid},{tid},{},{},{},{line},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.info.id,
             csv_field(&r.info.name),
             csv_field(&file),
@@ -215,7 +226,8 @@ pub fn csv(report: &Report) -> String {
             r.max,
             p.exact,
             r.unwound,
-            r.unfinished
+            r.unfinished,
+            csv_field(r.object_path.as_deref().unwrap_or_default())
         );
     }
     s
@@ -232,7 +244,9 @@ pub fn to_json(report: &Report) -> serde_json::Value {
                 "pid": r.thread.map(|k| k.pid),
                 "tid": r.thread.map(|k| k.tid),
                 "id": r.info.id,
-                "object": r.object,
+                "object": (r.object != crate::replay::NO_OBJECT).then_some(r.object),
+                "object_path": r.object_path,
+                "shared_object": r.shared_object,
                 "name": r.info.name,
                 "name_source": r.info.source,
                 "address": r.info.address,
@@ -258,6 +272,7 @@ pub fn to_json(report: &Report) -> serde_json::Value {
             json!({
                 "function": e.function.as_ref().map(|f| &f.name),
                 "function_id": e.function.as_ref().map(|f| f.id),
+                "shared_object": e.shared_object,
                 "event_type": e.event_type,
                 "count": e.count,
                 "bytes": e.bytes,

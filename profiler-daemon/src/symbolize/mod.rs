@@ -310,6 +310,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Loads objects on first use and shares them.
 pub struct Symbolizer {
     debug_roots: Vec<PathBuf>,
+    /// Files to read instead of the recorded path, by build-id (see [`Symbolizer::with_file`]).
+    by_build_id: HashMap<String, PathBuf>,
     objects: Mutex<HashMap<PathBuf, Arc<ObjectSymbols>>>,
 }
 
@@ -324,14 +326,37 @@ impl Symbolizer {
     pub fn new(debug_roots: Vec<PathBuf>) -> Symbolizer {
         Symbolizer {
             debug_roots,
+            by_build_id: HashMap::new(),
             objects: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Reads `path` for an object recorded with `build_id` when the recorded path does not
+    /// have it (any more): the recording daemon holds each object it probed open and passes
+    /// `/proc/self/fd/N`, so objects deleted or replaced on disk since, or only reachable in
+    /// the traced process's mount namespace, are still named in its report.
+    pub fn with_file(mut self, build_id: String, path: PathBuf) -> Symbolizer {
+        self.by_build_id.insert(build_id, path);
+        self
     }
 
     /// The object at `path`, loaded once. When `recorded_build_id` is given (what the session
     /// recorded), the file must have that build-id: a binary rebuilt or replaced since the
     /// recording is refused rather than used to name the wrong functions.
     pub fn object(
+        &self,
+        path: &Path,
+        recorded_build_id: Option<&str>,
+    ) -> Result<Arc<ObjectSymbols>> {
+        // The recorded path first: separate debug files are found next to it.
+        let at_path = self.object_at(path, recorded_build_id);
+        match recorded_build_id.and_then(|id| self.by_build_id.get(id)) {
+            Some(held) if at_path.is_err() => self.object_at(held, recorded_build_id),
+            _ => at_path,
+        }
+    }
+
+    fn object_at(
         &self,
         path: &Path,
         recorded_build_id: Option<&str>,
