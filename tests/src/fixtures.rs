@@ -9,6 +9,7 @@
 //! | [`plain_c_fixture`] | `plain.c` | `clang-19 -O2` (an ELF without `xray_instr_map`) |
 //! | [`workloads`] | `calls.c`, `exceptions.cpp`, `events.cpp` | the exit-mode, loss, migration and event tests' fixtures |
 //! | [`symbolize`] | `inlined_events.cpp`, split debug files | the symbolizer, report and convert tests' fixtures |
+//! | [`dso`] | `dso_main.cpp`, `dso_linked.cpp`, `dso_loaded.cpp` | an executable, a linked and a `dlopen`ed instrumented shared object, driven through stdin |
 //!
 //! A build is redone when the output is missing, older than its source, or
 //! was made by a different command line (kept next to it in `NAME.cmd`).
@@ -35,6 +36,7 @@ use std::time::SystemTime;
 
 use crate::tools::{clang, clangxx, target_dir};
 
+pub mod dso;
 pub mod symbolize;
 pub mod workloads;
 

@@ -47,7 +47,32 @@ impl Running {
     /// Spawns `cmd` with stdin from /dev/null and stdout/stderr collected.
     /// `label` prefixes the echoed lines.
     pub fn spawn(label: &str, cmd: &mut Command) -> Running {
-        cmd.stdin(Stdio::null())
+        Self::spawn_with_stdin(label, cmd, Stdio::null())
+    }
+
+    /// [`Running::spawn`] with a pipe on stdin: feed it with
+    /// [`Running::send_line`].
+    pub fn spawn_piped(label: &str, cmd: &mut Command) -> Running {
+        Self::spawn_with_stdin(label, cmd, Stdio::piped())
+    }
+
+    /// Writes `line` and a newline to the child's stdin (see
+    /// [`Running::spawn_piped`]). Panics if that fails.
+    pub fn send_line(&mut self, line: &str) {
+        use std::io::Write as _;
+        let stdin = self
+            .child
+            .stdin
+            .as_mut()
+            .unwrap_or_else(|| panic!("{}: stdin is not a pipe", self.label));
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|e| panic!("{}: write {line:?} to stdin: {e}", self.label));
+    }
+
+    fn spawn_with_stdin(label: &str, cmd: &mut Command, stdin: Stdio) -> Running {
+        cmd.stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // ETXTBSY: a fixture copied moments ago can still be open for writing in a child that
@@ -92,12 +117,25 @@ impl Running {
     /// Waits until a stderr line starts with `prefix`. Panics (after killing
     /// the child) on timeout or if stderr closes first.
     pub fn wait_for_stderr_line(&mut self, prefix: &str, timeout: Duration) {
+        let what = format!("starting with {prefix:?}");
+        self.wait_for_stderr_match(&what, timeout, |l| l.starts_with(prefix));
+    }
+
+    /// Waits until a complete stderr line satisfies `matches` and returns the
+    /// first such line. Panics (after killing the child) on timeout or if
+    /// stderr closes first, naming `what` it waited for.
+    pub fn wait_for_stderr_match(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        matches: impl Fn(&str) -> bool,
+    ) -> String {
         let deadline = Instant::now() + timeout;
         let (lock, cvar) = &*self.shared;
         let mut c = lock.lock().unwrap();
         loop {
-            if c.stderr.lines().any(|l| l.starts_with(prefix)) {
-                return;
+            if let Some(l) = c.stderr.lines().find(|l| matches(l)) {
+                return l.to_string();
             }
             let now = Instant::now();
             if c.stderr_eof || now >= deadline {
@@ -111,7 +149,7 @@ impl Running {
                 self.kill();
                 let status = self.child.wait().ok();
                 panic!(
-                    "{}: no stderr line starting with {prefix:?} after {timeout:?} ({why}; status {status:?})\n--- stdout:\n{o}\n--- stderr:\n{e}",
+                    "{}: no stderr line {what} after {timeout:?} ({why}; status {status:?})\n--- stdout:\n{o}\n--- stderr:\n{e}",
                     self.label
                 );
             }

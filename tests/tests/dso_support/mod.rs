@@ -1,0 +1,359 @@
+//! What `trace_dso.rs` reads and compares besides the fixture: the daemon's per-object
+//! `attached` lines, build-ids (llvm-readelf), load addresses (/proc/PID/maps), the output
+//! directory loaded with llvm-xray 14 and 19 without an instrumentation map (the executable may
+//! have none, and ids of other objects are packed `(object << 24) | function` anyway), and the
+//! records' packed ids resolved per object and counted against the fixture ([`assert_counts`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tests::counts::{expected_calls, parse_count_lines};
+use tests::fixtures::dso::{thread_kinds, MARKER_BEGIN, MARKER_END};
+use tests::run::{Running, ATTACHED_PREFIX};
+use tests::tools::{fdr_dump, run_output, tail_lines};
+use tests::trace::{read_session, ThreadTrace, TraceDir};
+use tests::xray_yaml::{parse_convert_yaml, Converted};
+use tests::{extract_sleds, llvm_xray, LLVM_XRAY_VERSIONS};
+
+/// `fdr-profiled: attached N probes to M functions in PATH[ (object K)]` (no suffix: object 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectLine {
+    pub probes: u64,
+    pub functions: u64,
+    pub path: String,
+    pub object: u32,
+}
+
+impl ObjectLine {
+    /// Parses one stderr line; `None` for any other line.
+    pub fn parse(line: &str) -> Option<ObjectLine> {
+        let rest = line.strip_prefix(ATTACHED_PREFIX)?.strip_prefix(' ')?;
+        let (probes, rest) = rest.split_once(" probes to ")?;
+        let (functions, rest) = rest.split_once(" functions in ")?;
+        let (path, object) = match rest
+            .strip_suffix(')')
+            .and_then(|r| r.rsplit_once(" (object "))
+        {
+            Some((path, k)) => (path, k.parse().ok()?),
+            None => (rest, 0),
+        };
+        Some(ObjectLine {
+            probes: probes.parse().ok()?,
+            functions: functions.parse().ok()?,
+            path: path.to_string(),
+            object,
+        })
+    }
+
+    /// Waits for the daemon's line of `object`.
+    pub fn wait(tracer: &mut Running, object: u32, timeout: Duration) -> ObjectLine {
+        let line = tracer.wait_for_stderr_match(
+            &format!("`attached ... (object {object})`"),
+            timeout,
+            |l| ObjectLine::parse(l).is_some_and(|o| o.object == object),
+        );
+        ObjectLine::parse(&line).expect("matched above")
+    }
+}
+
+/// The GNU build-id of `file` as `llvm-readelf-19 --notes` prints it (lowercase hex).
+pub fn build_id(file: &Path) -> String {
+    let out = run_output(Command::new("llvm-readelf-19").arg("--notes").arg(file));
+    assert!(
+        out.status.success(),
+        "llvm-readelf-19 --notes {}",
+        file.display()
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Build ID:")
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("{} has no build-id", file.display()))
+}
+
+/// Per mapped path (without ` (deleted)`): the start of its lowest mapping at file offset 0.
+pub fn load_addresses(pid: u32) -> BTreeMap<String, u64> {
+    let path = format!("/proc/{pid}/maps");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        // start-end perms offset dev inode [path]; the path may contain blanks.
+        let mut fields = line.splitn(6, ' ');
+        let range = fields.next().unwrap_or_default();
+        let offset = fields.nth(1).unwrap_or_default();
+        let Some(file) = fields.nth(2).map(str::trim).filter(|f| f.starts_with('/')) else {
+            continue;
+        };
+        if u64::from_str_radix(offset, 16) != Ok(0) {
+            continue;
+        }
+        let start = range.split('-').next().unwrap_or_default();
+        let start = u64::from_str_radix(start, 16)
+            .unwrap_or_else(|e| panic!("{path}: bad line {line:?}: {e}"));
+        let file = file.strip_suffix(" (deleted)").unwrap_or(file);
+        out.entry(file.to_string()).or_insert(start);
+    }
+    out
+}
+
+/// Every `DIR/<exe>-<pid>/tid-<tid>.fdr`, each `convert`ed and `account`ed (no instrumentation
+/// map) by llvm-xray 14 and 19, which must agree on its records; the set of files must be the
+/// one session.json lists. Records as llvm-xray 19 read them.
+pub fn load_trace(dir: &Path) -> TraceDir {
+    let session = read_session(dir);
+    let mut threads = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+        let entry = entry.expect("dir entry");
+        if !entry.file_type().expect("file type").is_dir() {
+            continue;
+        }
+        let process_dir = entry.file_name().to_string_lossy().into_owned();
+        let pid: u32 = process_dir
+            .rsplit_once('-')
+            .and_then(|(_, pid)| pid.parse().ok())
+            .unwrap_or_else(|| panic!("{process_dir:?} is not <exe>-<pid>"));
+        for f in std::fs::read_dir(entry.path()).expect("read process dir") {
+            let path = f.expect("dir entry").path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let tid: u32 = name
+                .strip_prefix("tid-")
+                .and_then(|s| s.strip_suffix(".fdr"))
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("{process_dir}/{name} is not tid-<tid>.fdr"));
+            let mut versions: Vec<Converted> = Vec::new();
+            for major in LLVM_XRAY_VERSIONS {
+                versions.push(xray(major, "convert", &path));
+                xray(major, "account", &path);
+            }
+            let key = |c: &Converted| -> Vec<_> {
+                c.records
+                    .iter()
+                    .map(|r| (r.func_id, r.kind.clone(), r.tsc, r.thread, r.cpu))
+                    .collect()
+            };
+            assert!(
+                key(&versions[0]) == key(&versions[1]) && versions[0].header == versions[1].header,
+                "llvm-xray 14 and 19 disagree on {}",
+                path.display()
+            );
+            let c = versions.pop().expect("two versions");
+            threads.push(ThreadTrace {
+                pid,
+                tid,
+                process_dir: process_dir.clone(),
+                path,
+                header: c.header,
+                records: c.records,
+            });
+        }
+    }
+    threads.sort_by_key(|t| (t.pid, t.tid));
+    let files: BTreeSet<(u32, u32)> = threads.iter().map(|t| (t.pid, t.tid)).collect();
+    let listed: BTreeSet<(u32, u32)> = session
+        .processes
+        .iter()
+        .flat_map(|p| p.threads.iter().map(move |t| (p.pid, t.tid)))
+        .collect();
+    assert_eq!(
+        listed,
+        files,
+        "session.json threads vs FDR files in {}",
+        dir.display()
+    );
+    TraceDir {
+        dir: dir.to_path_buf(),
+        session,
+        threads,
+    }
+}
+
+/// `llvm-xray MAJOR convert|account` of `file` without `-instr_map`; the parsed YAML for
+/// `convert`. Panics with the tool's error and `fdr-dump` if it rejects the file.
+fn xray(major: u32, what: &str, file: &Path) -> Converted {
+    let mut cmd = Command::new(llvm_xray(major));
+    cmd.arg(what);
+    if what == "convert" {
+        cmd.args(["--output-format=yaml", "-symbolize"]);
+    }
+    let out = run_output(cmd.arg(file));
+    assert!(
+        out.status.success(),
+        "llvm-xray {major} {what} rejected {}:\n{}\n--- fdr-dump:\n{}",
+        file.display(),
+        tail_lines(&String::from_utf8_lossy(&out.stderr), 40),
+        tail_lines(&fdr_dump(major, file), 60)
+    );
+    if what != "convert" {
+        return Converted::default();
+    }
+    parse_convert_yaml(&String::from_utf8_lossy(&out.stdout))
+        .unwrap_or_else(|e| panic!("llvm-xray {major} convert {}: {e}", file.display()))
+}
+
+/// An object the target maps, as the test knows it.
+pub struct Object {
+    pub id: u32,
+    /// The path the process maps it at (canonical).
+    pub path: PathBuf,
+    /// A readable file with its bytes (the deleted one's original build).
+    pub file: PathBuf,
+    pub deleted: bool,
+    pub functions: Vec<&'static str>,
+}
+
+/// Per thread and function, the trace of `pid` against the fixture's `count` lines of its first
+/// run; markers bound everything (when the executable is instrumented).
+pub fn assert_counts(trace: &TraceDir, pid: u32, objects: &[Object], section: &str, markers: bool) {
+    // Only the calls of instrumented objects (not dx_* of the plain executable).
+    let traced: BTreeSet<&str> = objects.iter().flat_map(|o| o.functions.clone()).collect();
+    let mut expected = expected_calls(&parse_count_lines(section));
+    for fns in expected.values_mut() {
+        fns.retain(|f, _| traced.contains(f.as_str()));
+    }
+    let kinds = thread_kinds(section);
+    let names: BTreeMap<u32, BTreeMap<u32, String>> = objects
+        .iter()
+        .map(|o| {
+            let sleds = extract_sleds(19, &o.file);
+            (
+                o.id,
+                sleds.into_iter().map(|s| (s.id, s.function_name)).collect(),
+            )
+        })
+        .collect();
+    for o in objects {
+        for f in o
+            .functions
+            .iter()
+            .filter(|f| ![MARKER_BEGIN, MARKER_END].contains(f))
+        {
+            assert!(
+                expected
+                    .values()
+                    .any(|c| c.get(*f).copied().unwrap_or(0) > 0),
+                "the fixture never called {f}:\n{section}"
+            );
+        }
+    }
+    let mut problems = Vec::new();
+    let mut got: BTreeMap<u32, BTreeMap<String, (u64, u64)>> = BTreeMap::new();
+    let mut marks: BTreeMap<&str, Vec<(u32, u64)>> = BTreeMap::new();
+    let mut others: Vec<(u32, u64, String)> = Vec::new();
+    let mut seen_objects = BTreeSet::new();
+    for t in trace.process(pid) {
+        for r in t.records.iter().filter(|r| r.kind.is_function()) {
+            let (object, fid) = ((r.func_id >> 24) as u32, (r.func_id & 0xff_ffff) as u32);
+            let Some(name) = names.get(&object).and_then(|m| m.get(&fid)) else {
+                problems.push(format!("tid {}: id {:#x} (object {object}, function {fid}) is no known function: {r:?}", t.tid, r.func_id));
+                continue;
+            };
+            seen_objects.insert(object);
+            if let Some(m) = [MARKER_BEGIN, MARKER_END].into_iter().find(|m| m == name) {
+                if r.kind.is_entry() {
+                    marks.entry(m).or_default().push((t.tid, r.tsc));
+                }
+                continue;
+            }
+            others.push((t.tid, r.tsc, name.clone()));
+            let c = got
+                .entry(t.tid)
+                .or_default()
+                .entry(name.clone())
+                .or_default();
+            if r.kind.is_entry() {
+                c.0 += 1;
+            } else {
+                c.1 += 1;
+            }
+        }
+    }
+    let want_objects: BTreeSet<u32> = objects.iter().map(|o| o.id).collect();
+    assert_eq!(
+        seen_objects, want_objects,
+        "objects in the records' high bits"
+    );
+    if markers {
+        let one = |m: &str| match marks.get(m).map(Vec::as_slice) {
+            Some(&[(tid, tsc)]) if tid == pid => tsc,
+            other => panic!("want one {m} entry on the main thread {pid}: {other:?}"),
+        };
+        let (begin, end) = (one(MARKER_BEGIN), one(MARKER_END));
+        for (tid, tsc, name) in &others {
+            if !(begin < *tsc && *tsc < end) {
+                problems.push(format!(
+                    "tid {tid}: {name} at {tsc}, outside the markers [{begin}, {end}]"
+                ));
+            }
+        }
+    } else {
+        assert!(
+            marks.is_empty(),
+            "markers are not instrumented here: {marks:?}"
+        );
+    }
+    let tids: BTreeSet<u32> = trace.process(pid).map(|t| t.tid).collect();
+    assert_eq!(
+        tids,
+        kinds.keys().copied().collect(),
+        "threads with files vs the fixture's threads"
+    );
+    assert_eq!(
+        kinds.values().filter(|k| *k == "fresh").count(),
+        2,
+        "{section}"
+    );
+    for (tid, fns) in &expected {
+        for (f, n) in fns {
+            let (entries, exits) = got
+                .get(tid)
+                .and_then(|g| g.get(f))
+                .copied()
+                .unwrap_or_default();
+            if (entries, exits) != (*n, *n) {
+                problems.push(format!("tid {tid} ({}) {f}: fixture counted {n}, trace has {entries} entries, {exits} exits", kinds[tid]));
+            }
+        }
+    }
+    for (tid, fns) in &got {
+        for f in fns
+            .keys()
+            .filter(|f| !expected.get(tid).is_some_and(|e| e.contains_key(*f)))
+        {
+            problems.push(format!(
+                "tid {tid}: {f} in the trace but not counted: {:?}",
+                fns[f]
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "pid {pid}: trace does not match the fixture:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn object_lines() {
+    assert_eq!(
+        ObjectLine::parse(
+            "fdr-profiled: attached 6 probes to 3 functions in /a b/lib.so (object 1)"
+        ),
+        Some(ObjectLine {
+            probes: 6,
+            functions: 3,
+            path: "/a b/lib.so".into(),
+            object: 1
+        })
+    );
+    assert_eq!(
+        ObjectLine::parse("fdr-profiled: attached 8 probes to 4 functions in /x/dso-main")
+            .map(|o| o.object),
+        Some(0)
+    );
+    assert_eq!(ObjectLine::parse("fdr-profiled: exits: exit sleds"), None);
+}
