@@ -9,7 +9,7 @@
 use crate::mappings::{self, FileId, MappedObject};
 use crate::plan::{AttachPlan, MAX_OBJECT_ID};
 use anyhow::Result;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// What became of one mapped file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +26,8 @@ pub struct Discovery {
     pid: u32,
     executable: Option<FileId>,
     seen: HashMap<FileId, Seen>,
+    /// Objects whose load address is known (probed from the mappings, or located since).
+    located: HashSet<u32>,
     next_id: u32,
     guard_unwinding: bool,
 }
@@ -39,6 +41,9 @@ pub struct Found {
     pub warnings: Vec<String>,
     /// Files mapped that were not seen before (instrumented or not).
     pub new_files: usize,
+    /// Objects probed before they were mapped (by path, for a launched command), now found
+    /// mapped: their object ids and load addresses.
+    pub located: Vec<(u32, u64)>,
 }
 
 impl Discovery {
@@ -49,6 +54,7 @@ impl Discovery {
             pid,
             executable,
             seen: HashMap::new(),
+            located: HashSet::new(),
             next_id: 1,
             guard_unwinding: false,
         }
@@ -83,6 +89,13 @@ impl Discovery {
 
     fn plan_new(&mut self, mapped: Vec<MappedObject>) -> Found {
         let mut found = Found::default();
+        for m in &mapped {
+            if let Some(Seen::Object(id)) = self.seen.get(&m.file_id) {
+                if self.located.insert(*id) {
+                    found.located.push((*id, m.load_address));
+                }
+            }
+        }
         let fresh: Vec<MappedObject> = mapped
             .into_iter()
             .filter(|m| !self.seen.contains_key(&m.file_id))
@@ -132,6 +145,7 @@ impl Discovery {
                 self.next_id += 1;
             }
             self.seen.insert(m.file_id, Seen::Object(object_id));
+            self.located.insert(object_id);
             plan.display_path = m.path.clone();
             plan.deleted = m.deleted;
             plan.load_address = m.load_address;

@@ -86,10 +86,17 @@ pub fn personality_in(path: &Path) -> Option<&'static str> {
 }
 
 /// The executable and the shared libraries it names (DT_NEEDED, transitively), found where the
-/// dynamic loader would look: its DT_RUNPATH/DT_RPATH, then the system directories.
+/// dynamic loader would look: DT_RPATH (when there is no DT_RUNPATH), `LD_LIBRARY_PATH` (ours,
+/// which a command we launch inherits), DT_RUNPATH, then the system directories.
 pub fn static_image(executable: &Path) -> Vec<PathBuf> {
     let mut out = vec![executable.to_path_buf()];
     let mut seen = BTreeSet::new();
+    let ld_library_path: Vec<String> = std::env::var("LD_LIBRARY_PATH")
+        .unwrap_or_default()
+        .split([':', ';'])
+        .filter(|d| !d.is_empty())
+        .map(str::to_owned)
+        .collect();
     let mut i = 0;
     while i < out.len() && out.len() < 256 {
         let (needed, search) = dynamic_deps(&out[i]);
@@ -98,7 +105,10 @@ pub fn static_image(executable: &Path) -> Vec<PathBuf> {
                 continue;
             }
             let found = search
+                .rpath
                 .iter()
+                .chain(&ld_library_path)
+                .chain(&search.runpath)
                 .map(PathBuf::from)
                 .chain(SYSTEM_LIBRARY_DIRS.iter().map(PathBuf::from))
                 .map(|d| d.join(&lib))
@@ -139,12 +149,21 @@ const SYSTEM_LIBRARY_DIRS: &[&str] = &[
     "/usr/local/lib",
 ];
 
-/// DT_NEEDED names and DT_RUNPATH/DT_RPATH directories (`$ORIGIN` expanded) of an object.
-fn dynamic_deps(path: &Path) -> (Vec<String>, Vec<String>) {
+/// Library search directories an object names, `$ORIGIN` expanded.
+#[derive(Default)]
+struct SearchPath {
+    /// DT_RPATH, searched first, and only when the object has no DT_RUNPATH.
+    rpath: Vec<String>,
+    /// DT_RUNPATH, searched after `LD_LIBRARY_PATH`.
+    runpath: Vec<String>,
+}
+
+/// DT_NEEDED names and library search directories of an object.
+fn dynamic_deps(path: &Path) -> (Vec<String>, SearchPath) {
     use object::elf;
     use object::read::elf::Dyn as _;
     let mut needed = Vec::new();
-    let mut search = Vec::new();
+    let mut search = SearchPath::default();
     let Ok(image) = ElfImage::open(path) else {
         return (needed, search);
     };
@@ -171,11 +190,17 @@ fn dynamic_deps(path: &Path) -> (Vec<String>, Vec<String>) {
         let value = String::from_utf8_lossy(value).into_owned();
         match tag {
             elf::DT_NEEDED if !needed.contains(&value) => needed.push(value),
-            elf::DT_RUNPATH | elf::DT_RPATH => {
-                search.extend(value.split(':').map(|d| d.replace("$ORIGIN", &origin)))
-            }
+            elf::DT_RUNPATH => search
+                .runpath
+                .extend(value.split(':').map(|d| d.replace("$ORIGIN", &origin))),
+            elf::DT_RPATH => search
+                .rpath
+                .extend(value.split(':').map(|d| d.replace("$ORIGIN", &origin))),
             _ => {}
         }
+    }
+    if !search.runpath.is_empty() {
+        search.rpath.clear();
     }
     (needed, search)
 }

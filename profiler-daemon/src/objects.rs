@@ -182,6 +182,9 @@ pub fn rescan(
         return;
     };
     warn_all(&found);
+    for &(object_id, load_address) in &found.located {
+        session.locate_object(object_id, load_address);
+    }
     for mut plan in found.plans {
         if filter.retain(&mut plan) == 0 {
             continue;

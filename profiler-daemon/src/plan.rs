@@ -141,6 +141,18 @@ impl AttachPlan {
 pub struct FunctionNames(HashMap<u32, String>);
 
 impl FunctionNames {
+    /// The same names followed by ` [tag]`: functions of shared objects in the summary, as
+    /// reports show them (`name [libfoo.so]`), so that same-named functions of different
+    /// objects can be told apart.
+    pub fn tagged(self, tag: &str) -> FunctionNames {
+        FunctionNames(
+            self.0
+                .into_iter()
+                .map(|(id, name)| (id, format!("{name} [{tag}]")))
+                .collect(),
+        )
+    }
+
     /// Adds the names of another object's functions (their ids are packed, so none collide).
     pub fn extend(&mut self, other: FunctionNames) {
         self.0.extend(other.0);

@@ -121,7 +121,7 @@ impl Session {
         }
         self.objects.push(ObjectReport {
             object_id: plan.object_id,
-            path: plan.display_path,
+            path: plan.display_path.clone(),
             deleted: plan.deleted,
             build_id: plan.build_id,
             load_address: plan.load_address,
@@ -130,7 +130,11 @@ impl Session {
             attached_ns,
         });
         self.objects.sort_by_key(|o| o.object_id);
-        self.names.extend(plan.names);
+        let names = match plan.object_id {
+            0 => plan.names,
+            _ => plan.names.tagged(&plan.exe_name),
+        };
+        self.names.extend(names);
     }
 
     /// Records a thread's next event (in its program order, see [`crate::order`]); `gap` says
@@ -183,6 +187,15 @@ impl Session {
                 if let Some(thread) = process.threads.remove(&h.tid) {
                     process.done.push(thread.finish(h.tid));
                 }
+            }
+        }
+    }
+
+    /// Records where an object probed before it was mapped was found mapped.
+    pub fn locate_object(&mut self, object_id: u32, load_address: u64) {
+        for o in &mut self.objects {
+            if o.object_id == object_id && o.load_address == 0 {
+                o.load_address = load_address;
             }
         }
     }

@@ -25,7 +25,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use dso_support::{assert_counts, build_id, load_addresses, load_trace, Object, ObjectLine};
+use dso_support::{
+    assert_counts, check_listed_objects, load_addresses, load_trace, Object, ObjectLine,
+};
 use tests::fixtures::dso::{
     dso_fixture, private_dso_copy, run_section, DsoProcess, LINKED_FUNCTIONS, LOADED_FUNCTIONS,
     MAIN_FUNCTIONS, MARKER_BEGIN, MARKER_END,
@@ -184,42 +186,7 @@ fn check_manifest(
     let p = &processes[0];
     assert_eq!(p["pid"], pid, "the traced process: {json}");
     assert_eq!(p["binary"], *exe.to_string_lossy(), "{json}");
-    let listed = p["objects"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no objects in session.json: {json}"));
-    let ids: Vec<u64> = listed
-        .iter()
-        .filter_map(|o| o["object_id"].as_u64())
-        .collect();
-    let want: Vec<u64> = objects.iter().map(|o| u64::from(o.id)).collect();
-    assert_eq!(ids, want, "object ids in session.json: {p}");
-    let mut attached = 0;
-    for (o, m) in objects.iter().zip(listed) {
-        let path = o.path.to_string_lossy();
-        let line = &lines[&o.id];
-        assert_eq!(line.path, path, "daemon line of object {}", o.id);
-        assert_eq!(line.functions, o.functions.len() as u64, "{line:?}");
-        assert_eq!(m["path"], *path, "object {}: {m}", o.id);
-        assert_eq!(m["deleted"], o.deleted, "object {}: {m}", o.id);
-        assert_eq!(m["build_id"], build_id(&o.file), "object {}: {m}", o.id);
-        let mapped = maps
-            .get(path.as_ref())
-            .unwrap_or_else(|| panic!("{path} not in the target's maps: {maps:?}"));
-        assert_eq!(m["load_address"], *mapped, "object {}: {m}", o.id);
-        assert_eq!(
-            m["functions"],
-            o.functions.len() as u64,
-            "object {}: {m}",
-            o.id
-        );
-        assert_eq!(m["probes"], line.probes, "object {}: {m}", o.id);
-        let ns = m["attached_ns"].as_u64().unwrap_or(0);
-        assert!(ns > 0, "object {}: no attached_ns: {m}", o.id);
-        if o.id == 2 {
-            attached = ns;
-        }
-    }
-    attached
+    check_listed_objects(p, objects, lines, maps)[&2]
 }
 
 fn check_trace(

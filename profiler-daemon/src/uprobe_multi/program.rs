@@ -3,6 +3,13 @@
 //! while aya 0.14 loads uprobe programs without an attach type. So the program is loaded a
 //! second time from the same object, with aya-obj (the parser aya itself uses), its map
 //! references pointing at the maps aya already created: both loads share every map.
+//!
+//! Limits of this second load, which handles only what this crate's programs need: map
+//! references (including the `.rodata`/`.bss` globals aya created), BPF-to-BPF calls and CO-RE
+//! relocations are applied; no BTF function or line information is passed to the kernel (a
+//! verifier log shows no source lines; the load through aya, which the fallback uses, does),
+//! and no kfunc or extension program is supported. Once aya can load uprobe programs with the
+//! `uprobe_multi` attach type itself, this module is to be dropped.
 use super::{invalid, sys_bpf_fd};
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::maps::{Map, MapData};

@@ -1,21 +1,23 @@
-//! What `trace_dso.rs` reads and compares besides the fixture: the daemon's per-object
-//! `attached` lines, build-ids (llvm-readelf), load addresses (/proc/PID/maps), the output
-//! directory loaded with llvm-xray 14 and 19 without an instrumentation map (the executable may
-//! have none, and ids of other objects are packed `(object << 24) | function` anyway), and the
-//! records' packed ids resolved per object and counted against the fixture ([`assert_counts`]).
+//! What `trace_dso.rs` and `objects_launch.rs` read and compare besides the fixture: the
+//! daemon's per-object `attached` lines, build-ids (llvm-readelf), load addresses
+//! (/proc/PID/maps), session.json's objects ([`check_listed_objects`]), the output directory
+//! loaded with llvm-xray 14 and 19 without an instrumentation map (the executable may have none,
+//! and ids of other objects are packed `(object << 24) | function` anyway), and the records'
+//! packed ids resolved per object and counted against the fixture ([`counts`]).
+
+pub mod counts;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use tests::counts::{expected_calls, parse_count_lines};
-use tests::fixtures::dso::{thread_kinds, MARKER_BEGIN, MARKER_END};
+pub use counts::assert_counts;
 use tests::run::{Running, ATTACHED_PREFIX};
 use tests::tools::{fdr_dump, run_output, tail_lines};
 use tests::trace::{read_session, ThreadTrace, TraceDir};
 use tests::xray_yaml::{parse_convert_yaml, Converted};
-use tests::{extract_sleds, llvm_xray, LLVM_XRAY_VERSIONS};
+use tests::{llvm_xray, LLVM_XRAY_VERSIONS};
 
 /// `fdr-profiled: attached N probes to M functions in PATH[ (object K)]` (no suffix: object 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,135 +208,45 @@ pub struct Object {
     pub functions: Vec<&'static str>,
 }
 
-/// Per thread and function, the trace of `pid` against the fixture's `count` lines of its first
-/// run; markers bound everything (when the executable is instrumented).
-pub fn assert_counts(trace: &TraceDir, pid: u32, objects: &[Object], section: &str, markers: bool) {
-    // Only the calls of instrumented objects (not dx_* of the plain executable).
-    let traced: BTreeSet<&str> = objects.iter().flat_map(|o| o.functions.clone()).collect();
-    let mut expected = expected_calls(&parse_count_lines(section));
-    for fns in expected.values_mut() {
-        fns.retain(|f, _| traced.contains(f.as_str()));
-    }
-    let kinds = thread_kinds(section);
-    let names: BTreeMap<u32, BTreeMap<u32, String>> = objects
+/// session.json's `objects` of one process (`p`) against `objects` (all of them, in id order),
+/// the daemon's `lines` and the process's `maps` ([`load_addresses`]); returns each object's
+/// `attached_ns`.
+pub fn check_listed_objects(
+    p: &serde_json::Value,
+    objects: &[Object],
+    lines: &BTreeMap<u32, ObjectLine>,
+    maps: &BTreeMap<String, u64>,
+) -> BTreeMap<u32, u64> {
+    let listed = p["objects"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no objects in session.json: {p}"));
+    let ids: Vec<u64> = listed
         .iter()
-        .map(|o| {
-            let sleds = extract_sleds(19, &o.file);
-            (
-                o.id,
-                sleds.into_iter().map(|s| (s.id, s.function_name)).collect(),
-            )
-        })
+        .filter_map(|o| o["object_id"].as_u64())
         .collect();
-    for o in objects {
-        for f in o
-            .functions
-            .iter()
-            .filter(|f| ![MARKER_BEGIN, MARKER_END].contains(f))
-        {
-            assert!(
-                expected
-                    .values()
-                    .any(|c| c.get(*f).copied().unwrap_or(0) > 0),
-                "the fixture never called {f}:\n{section}"
-            );
-        }
+    let want: Vec<u64> = objects.iter().map(|o| u64::from(o.id)).collect();
+    assert_eq!(ids, want, "object ids in session.json: {p}");
+    let mut attached = BTreeMap::new();
+    for (o, m) in objects.iter().zip(listed) {
+        let path = o.path.to_string_lossy();
+        let line = &lines[&o.id];
+        assert_eq!(line.path, path, "daemon line of object {}", o.id);
+        assert_eq!(line.functions, o.functions.len() as u64, "{line:?}");
+        assert_eq!(m["path"], *path, "object {}: {m}", o.id);
+        assert_eq!(m["deleted"], o.deleted, "object {}: {m}", o.id);
+        assert_eq!(m["build_id"], build_id(&o.file), "object {}: {m}", o.id);
+        let mapped = maps
+            .get(path.as_ref())
+            .unwrap_or_else(|| panic!("{path} not in the target's maps: {maps:?}"));
+        assert_eq!(m["load_address"], *mapped, "object {}: {m}", o.id);
+        let functions = o.functions.len() as u64;
+        assert_eq!(m["functions"], functions, "object {}: {m}", o.id);
+        assert_eq!(m["probes"], line.probes, "object {}: {m}", o.id);
+        let ns = m["attached_ns"].as_u64().unwrap_or(0);
+        assert!(ns > 0, "object {}: no attached_ns: {m}", o.id);
+        attached.insert(o.id, ns);
     }
-    let mut problems = Vec::new();
-    let mut got: BTreeMap<u32, BTreeMap<String, (u64, u64)>> = BTreeMap::new();
-    let mut marks: BTreeMap<&str, Vec<(u32, u64)>> = BTreeMap::new();
-    let mut others: Vec<(u32, u64, String)> = Vec::new();
-    let mut seen_objects = BTreeSet::new();
-    for t in trace.process(pid) {
-        for r in t.records.iter().filter(|r| r.kind.is_function()) {
-            let (object, fid) = ((r.func_id >> 24) as u32, (r.func_id & 0xff_ffff) as u32);
-            let Some(name) = names.get(&object).and_then(|m| m.get(&fid)) else {
-                problems.push(format!("tid {}: id {:#x} (object {object}, function {fid}) is no known function: {r:?}", t.tid, r.func_id));
-                continue;
-            };
-            seen_objects.insert(object);
-            if let Some(m) = [MARKER_BEGIN, MARKER_END].into_iter().find(|m| m == name) {
-                if r.kind.is_entry() {
-                    marks.entry(m).or_default().push((t.tid, r.tsc));
-                }
-                continue;
-            }
-            others.push((t.tid, r.tsc, name.clone()));
-            let c = got
-                .entry(t.tid)
-                .or_default()
-                .entry(name.clone())
-                .or_default();
-            if r.kind.is_entry() {
-                c.0 += 1;
-            } else {
-                c.1 += 1;
-            }
-        }
-    }
-    let want_objects: BTreeSet<u32> = objects.iter().map(|o| o.id).collect();
-    assert_eq!(
-        seen_objects, want_objects,
-        "objects in the records' high bits"
-    );
-    if markers {
-        let one = |m: &str| match marks.get(m).map(Vec::as_slice) {
-            Some(&[(tid, tsc)]) if tid == pid => tsc,
-            other => panic!("want one {m} entry on the main thread {pid}: {other:?}"),
-        };
-        let (begin, end) = (one(MARKER_BEGIN), one(MARKER_END));
-        for (tid, tsc, name) in &others {
-            if !(begin < *tsc && *tsc < end) {
-                problems.push(format!(
-                    "tid {tid}: {name} at {tsc}, outside the markers [{begin}, {end}]"
-                ));
-            }
-        }
-    } else {
-        assert!(
-            marks.is_empty(),
-            "markers are not instrumented here: {marks:?}"
-        );
-    }
-    let tids: BTreeSet<u32> = trace.process(pid).map(|t| t.tid).collect();
-    assert_eq!(
-        tids,
-        kinds.keys().copied().collect(),
-        "threads with files vs the fixture's threads"
-    );
-    assert_eq!(
-        kinds.values().filter(|k| *k == "fresh").count(),
-        2,
-        "{section}"
-    );
-    for (tid, fns) in &expected {
-        for (f, n) in fns {
-            let (entries, exits) = got
-                .get(tid)
-                .and_then(|g| g.get(f))
-                .copied()
-                .unwrap_or_default();
-            if (entries, exits) != (*n, *n) {
-                problems.push(format!("tid {tid} ({}) {f}: fixture counted {n}, trace has {entries} entries, {exits} exits", kinds[tid]));
-            }
-        }
-    }
-    for (tid, fns) in &got {
-        for f in fns
-            .keys()
-            .filter(|f| !expected.get(tid).is_some_and(|e| e.contains_key(*f)))
-        {
-            problems.push(format!(
-                "tid {tid}: {f} in the trace but not counted: {:?}",
-                fns[f]
-            ));
-        }
-    }
-    assert!(
-        problems.is_empty(),
-        "pid {pid}: trace does not match the fixture:\n{}",
-        problems.join("\n")
-    );
+    attached
 }
 
 #[test]
