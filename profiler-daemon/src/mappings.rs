@@ -148,7 +148,17 @@ pub fn executable_id(pid: u32) -> Option<FileId> {
 /// the section name table, so screening a process's libraries stays cheap; anything that is
 /// not a readable 64-bit little-endian ELF file has none.
 pub fn has_instrumentation_map(path: &std::path::Path) -> bool {
-    let Ok(file) = std::fs::File::open(path) else {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // Look before opening (opening a device can have side effects), then open without
+    // blocking and check again on the descriptor, which cannot be swapped under us.
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    else {
         return false;
     };
     match file.metadata() {
