@@ -53,6 +53,9 @@ pub enum Tool {
     /// Benchmark: time attaching and detaching every probe of a binary (`cargo xtask bench attach`).
     #[command(hide = true)]
     BenchAttach(crate::tools::bench_attach::BenchAttachArgs),
+    /// Benchmark: time finding a running process's objects (`cargo xtask bench attach`).
+    #[command(hide = true)]
+    BenchRescan(crate::tools::bench_rescan::BenchRescanArgs),
 }
 
 /// Options of a recording session.

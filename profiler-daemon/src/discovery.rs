@@ -6,7 +6,7 @@
 //! mapping). The executable is XRay object 0; shared objects get ids 1, 2, ... in the order
 //! they are found, at most [`MAX_OBJECT_ID`] of them, since a trace's function ids carry only
 //! 4 bits of object id.
-use crate::mappings::{self, FileId, MappedObject};
+use crate::mappings::{self, FileId, MappedObject, MapsKey};
 use crate::plan::{AttachPlan, MAX_OBJECT_ID};
 use anyhow::Result;
 use std::collections::{HashMap, HashSet};
@@ -26,6 +26,8 @@ pub struct Discovery {
     pid: u32,
     executable: Option<FileId>,
     seen: HashMap<FileId, Seen>,
+    /// The same files as `/proc/PID/maps` names them, not looked at again.
+    known: HashSet<MapsKey>,
     /// Objects whose load address is known (probed from the mappings, or located since).
     located: HashSet<u32>,
     next_id: u32,
@@ -54,6 +56,7 @@ impl Discovery {
             pid,
             executable,
             seen: HashMap::new(),
+            known: HashSet::new(),
             located: HashSet::new(),
             next_id: 1,
             guard_unwinding: false,
@@ -83,7 +86,8 @@ impl Discovery {
 
     /// Reads the process's mappings and plans every instrumented object not seen before.
     pub fn scan(&mut self) -> Result<Found> {
-        let mapped = mappings::mapped_objects(self.pid)?;
+        let mapped = mappings::mapped_objects_except(self.pid, &self.known)?;
+        self.known.extend(mapped.iter().map(|m| m.maps_key.clone()));
         Ok(self.plan_new(mapped))
     }
 

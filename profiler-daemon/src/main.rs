@@ -17,6 +17,7 @@ fn main() -> ExitCode {
         Some(Tool::Report(args)) => profiler_daemon::tools::report::run(args),
         Some(Tool::Convert(args)) => profiler_daemon::tools::convert::run(args),
         Some(Tool::BenchAttach(args)) => profiler_daemon::tools::bench_attach::run(args),
+        Some(Tool::BenchRescan(args)) => profiler_daemon::tools::bench_rescan::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

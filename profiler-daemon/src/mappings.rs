@@ -9,12 +9,16 @@ use anyhow::{Context as _, Result};
 use object::read::elf::ElfFile64;
 use object::read::ReadCache;
 use object::{LittleEndian, Object as _};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
 
 /// A file identity: device and inode numbers as `stat` gives them through a map_files link.
 pub type FileId = (u64, u64);
+
+/// A file as `/proc/PID/maps` names it: `major:minor` and inode as the kernel prints them
+/// (enough to tell a mapping already looked at without a system call).
+pub type MapsKey = (String, u64);
 
 /// One file mapped by a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,6 +35,8 @@ pub struct MappedObject {
     pub open_path: PathBuf,
     /// Device and inode of the mapped file.
     pub file_id: FileId,
+    /// How `/proc/PID/maps` names the file.
+    pub maps_key: MapsKey,
 }
 
 /// One line of `/proc/PID/maps` that maps a file.
@@ -79,16 +85,26 @@ fn parse_line(line: &str) -> Option<MapLine<'_>> {
 
 /// Every file `pid` has mapped, in the order of their lowest address.
 pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>> {
+    mapped_objects_except(pid, &HashSet::new())
+}
+
+/// [`mapped_objects`] without the files `known` names (they are not even looked at: a
+/// periodic rescan only pays for what is new).
+pub fn mapped_objects_except(pid: u32, known: &HashSet<MapsKey>) -> Result<Vec<MappedObject>> {
     let maps_path = format!("/proc/{pid}/maps");
     let maps =
         std::fs::read_to_string(&maps_path).with_context(|| format!("reading {maps_path}"))?;
-    Ok(objects_of(pid, &maps))
+    Ok(objects_of(pid, &maps, known))
 }
 
-fn objects_of(pid: u32, maps: &str) -> Vec<MappedObject> {
+fn objects_of(pid: u32, maps: &str, known: &HashSet<MapsKey>) -> Vec<MappedObject> {
     let mut order = Vec::new();
     let mut by_file: HashMap<(&str, u64), Vec<MapLine<'_>>> = HashMap::new();
     for line in maps.lines().filter_map(parse_line) {
+        let (dev, inode) = line.dev_inode;
+        if !known.is_empty() && known.contains(&(dev.to_owned(), inode)) {
+            continue;
+        }
         let lines = by_file.entry(line.dev_inode).or_default();
         if lines.is_empty() {
             order.push(line.dev_inode);
@@ -133,6 +149,7 @@ fn objects_of(pid: u32, maps: &str) -> Vec<MappedObject> {
             load_address,
             open_path,
             file_id: (meta.dev(), meta.ino()),
+            maps_key: (key.0.to_owned(), key.1),
         });
     }
     out
@@ -216,7 +233,7 @@ mod tests {
     fn load_address_without_an_offset_zero_mapping() {
         // Nothing opens in a pid that cannot exist, so nothing is returned; the arithmetic is
         // checked on the parsed lines.
-        assert!(objects_of(1 << 23, MAPS).is_empty());
+        assert!(objects_of(1 << 23, MAPS, &HashSet::new()).is_empty());
         let l = parse_line(MAPS.lines().nth(5).unwrap()).unwrap();
         assert_eq!(l.start.saturating_sub(l.offset), 0x7f00abffe000);
     }

@@ -1,5 +1,6 @@
 //! Commands that work on binaries and recorded traces rather than recording.
 pub mod bench_attach;
+pub mod bench_rescan;
 pub mod convert;
 pub mod dump;
 pub mod list;
