@@ -222,33 +222,49 @@ struct Rescan {
     rescan_us: f64,
 }
 
+/// The JSON line a hidden `fdr-profiled bench-*` tool prints, with typed field access.
+struct ToolJson {
+    line: String,
+    json: serde_json::Value,
+}
+
+impl ToolJson {
+    /// Runs `fdr-profiled ARGS` (under the time limit) and parses its last stdout line.
+    fn run(daemon: &Path, args: &[String]) -> Result<ToolJson> {
+        let out = run_limited(LIMIT_SECS, &daemon.display().to_string(), args)?;
+        let line = out
+            .stdout
+            .lines()
+            .last()
+            .with_context(|| format!("{} printed nothing", args[0]))?
+            .to_owned();
+        let json =
+            serde_json::from_str(&line).with_context(|| format!("{} printed {line:?}", args[0]))?;
+        Ok(ToolJson { line, json })
+    }
+
+    fn uint(&self, key: &str) -> Result<u64> {
+        self.json[key]
+            .as_u64()
+            .with_context(|| format!("{key} in {}", self.line))
+    }
+
+    fn float(&self, key: &str) -> Result<f64> {
+        self.json[key]
+            .as_f64()
+            .with_context(|| format!("{key} in {}", self.line))
+    }
+}
+
 /// Runs `fdr-profiled bench-rescan PID` and parses its JSON line.
 fn bench_rescan(daemon: &Path, pid: u32) -> Result<Rescan> {
-    let args = vec!["bench-rescan".to_string(), pid.to_string()];
-    let out = run_limited(LIMIT_SECS, &daemon.display().to_string(), &args)?;
-    let line = out
-        .stdout
-        .lines()
-        .last()
-        .context("bench-rescan printed nothing")?;
-    let json: serde_json::Value =
-        serde_json::from_str(line).with_context(|| format!("bench-rescan printed {line:?}"))?;
-    let uint = |key: &str| {
-        json[key]
-            .as_u64()
-            .with_context(|| format!("{key} in {line}"))
-    };
-    let float = |key: &str| {
-        json[key]
-            .as_f64()
-            .with_context(|| format!("{key} in {line}"))
-    };
+    let j = ToolJson::run(daemon, &["bench-rescan".to_string(), pid.to_string()])?;
     Ok(Rescan {
-        files: uint("files")?,
-        instrumented: uint("instrumented")?,
-        functions: uint("functions")?,
-        first_scan_s: float("first_scan_s")?,
-        rescan_us: float("rescan_us")?,
+        files: j.uint("files")?,
+        instrumented: j.uint("instrumented")?,
+        functions: j.uint("functions")?,
+        first_scan_s: j.float("first_scan_s")?,
+        rescan_us: j.float("rescan_us")?,
     })
 }
 
@@ -257,31 +273,14 @@ fn bench_attach(daemon: &Path, binary: &Path, args: &[&str]) -> Result<Measured>
     let mut all: Vec<String> = vec!["bench-attach".into()];
     all.extend(args.iter().map(|a| a.to_string()));
     all.push(binary.display().to_string());
-    let out = run_limited(LIMIT_SECS, &daemon.display().to_string(), &all)?;
-    let line = out
-        .stdout
-        .lines()
-        .last()
-        .context("bench-attach printed nothing")?;
-    let json: serde_json::Value =
-        serde_json::from_str(line).with_context(|| format!("bench-attach printed {line:?}"))?;
-    let uint = |key: &str| {
-        json[key]
-            .as_u64()
-            .with_context(|| format!("{key} in {line}"))
-    };
-    let float = |key: &str| {
-        json[key]
-            .as_f64()
-            .with_context(|| format!("{key} in {line}"))
-    };
+    let j = ToolJson::run(daemon, &all)?;
     Ok(Measured {
-        probes: uint("probes")?,
-        plan_probes: uint("plan_probes")?,
-        functions: uint("functions")?,
-        attach_s: float("attach_s")?,
-        detach_s: float("detach_s")?,
-        fds: uint("fds")?,
+        probes: j.uint("probes")?,
+        plan_probes: j.uint("plan_probes")?,
+        functions: j.uint("functions")?,
+        attach_s: j.float("attach_s")?,
+        detach_s: j.float("detach_s")?,
+        fds: j.uint("fds")?,
     })
 }
 
