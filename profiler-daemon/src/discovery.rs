@@ -153,7 +153,7 @@ impl Discovery {
             plan.display_path = m.path.clone();
             plan.deleted = m.deleted;
             plan.load_address = m.load_address;
-            plan.exe_name = m.path.rsplit('/').next().unwrap_or("object").to_owned();
+            plan.exe_name = crate::plan::file_name(&m.path).to_owned();
             found.plans.push(plan);
         }
         found

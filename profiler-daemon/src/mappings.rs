@@ -155,10 +155,15 @@ fn objects_of(pid: u32, maps: &str, known: &HashSet<MapsKey>) -> Vec<MappedObjec
     out
 }
 
+/// Device and inode of the file `path` names (following links, `/proc` magic ones included).
+pub fn file_id(path: &std::path::Path) -> Option<FileId> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.dev(), meta.ino()))
+}
+
 /// Device and inode of `/proc/PID/exe`: which mapped object is the executable.
 pub fn executable_id(pid: u32) -> Option<FileId> {
-    let meta = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
-    Some((meta.dev(), meta.ino()))
+    file_id(std::path::Path::new(&format!("/proc/{pid}/exe")))
 }
 
 /// Whether the ELF file at `path` has an `xray_instr_map` section. Reads only the headers and

@@ -10,8 +10,7 @@ use crate::process::TracedProcess;
 use crate::select::FunctionFilter;
 use crate::session::{Executable, Session};
 use anyhow::{bail, Context as _, Result};
-use std::os::unix::fs::MetadataExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The objects to probe first, and how to find more.
 pub struct Planned {
@@ -19,6 +18,9 @@ pub struct Planned {
     pub executable: Executable,
     /// One plan per object, the executable's first when it is instrumented.
     pub plans: Vec<AttachPlan>,
+    /// Every file of the process image, instrumented or not: where `--exits auto` looks for
+    /// an unwinding personality routine (see [`crate::exits::choose`]).
+    pub image: Vec<PathBuf>,
     /// For a single process: its objects as seen so far (rescanned while recording). For a
     /// launched command it is completed with the child's pid by [`Planned::watch_child`].
     pub discovery: Option<Discovery>,
@@ -46,6 +48,7 @@ pub fn for_process(process: &TracedProcess) -> Result<Planned> {
             deleted: process.exe_deleted(),
         },
         plans: found.plans,
+        image: crate::exits::mapped_image(pid),
         discovery: Some(discovery),
     })
 }
@@ -55,6 +58,7 @@ pub fn for_binary(binary: &Path) -> Result<Planned> {
     let plan = AttachPlan::for_binary(binary)?;
     Ok(Planned {
         executable: executable_of(&plan),
+        image: crate::exits::static_image(&plan.binary),
         plans: vec![plan],
         discovery: None,
     })
@@ -77,15 +81,10 @@ pub fn for_command(program: &Path) -> Result<Planned> {
         if object_id > crate::plan::MAX_OBJECT_ID {
             break;
         }
-        let mut plan = AttachPlan::for_object(path, object_id)?;
+        let plan = AttachPlan::for_object(path, object_id)?;
+        // A library's plan names it by its file already (it is planned by its path).
         if i > 0 {
             libraries += 1;
-            plan.exe_name = plan
-                .display_path
-                .rsplit('/')
-                .next()
-                .unwrap_or("")
-                .to_owned();
         } else {
             executable = Some(executable_of(&plan));
         }
@@ -99,7 +98,7 @@ pub fn for_command(program: &Path) -> Result<Planned> {
     let executable = executable.unwrap_or_else(|| {
         let path = std::path::absolute(program).unwrap_or_else(|_| program.to_path_buf());
         Executable {
-            name: file_name(&path.display().to_string()),
+            name: crate::plan::file_name(&path.display().to_string()).to_owned(),
             path: path.display().to_string(),
             deleted: false,
         }
@@ -107,6 +106,7 @@ pub fn for_command(program: &Path) -> Result<Planned> {
     Ok(Planned {
         executable,
         plans,
+        image,
         discovery: None,
     })
 }
@@ -115,9 +115,9 @@ impl Planned {
     /// For a launched command: rescan the child `pid` once it runs, knowing which files were
     /// already probed (by path, before it started).
     pub fn watch_child(&mut self, pid: u32, program: &Path) {
-        let mut discovery = Discovery::new(pid, file_id(program));
+        let mut discovery = Discovery::new(pid, mappings::file_id(program));
         for plan in &self.plans {
-            if let Some(id) = file_id(&plan.binary) {
+            if let Some(id) = mappings::file_id(&plan.binary) {
                 discovery.already_probed(id, plan.object_id);
             }
         }
@@ -154,7 +154,7 @@ pub fn attach(
     scope: Scope,
 ) -> Result<usize> {
     let placed = tracer.attach(&plan, scope)?;
-    let attached_ns = monotonic_ns();
+    let attached_ns = crate::session::monotonic_ns();
     let object = if plan.object_id == 0 {
         String::new()
     } else {
@@ -208,25 +208,4 @@ fn executable_of(plan: &AttachPlan) -> Executable {
         path: plan.display_path.clone(),
         deleted: plan.deleted,
     }
-}
-
-fn file_name(path: &str) -> String {
-    path.rsplit('/').next().unwrap_or("process").to_owned()
-}
-
-fn file_id(path: &Path) -> Option<mappings::FileId> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.dev(), meta.ino()))
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads, so comparable with
-/// the trace's timestamps.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

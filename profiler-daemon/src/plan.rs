@@ -26,6 +26,12 @@ pub const OBJECT_ID_SHIFT: u32 = 24;
 /// Largest object id a trace can hold: FDR function records carry 28 bits of id.
 pub const MAX_OBJECT_ID: u32 = 15;
 
+/// The last component of `path`: the name of an object's file, for messages, summaries and
+/// directory names.
+pub fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
 /// The id a trace uses for function `function_id` of object `object_id`.
 pub fn packed_id(object_id: u32, function_id: u32) -> u32 {
     (object_id << OBJECT_ID_SHIFT) | function_id

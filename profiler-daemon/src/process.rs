@@ -66,8 +66,7 @@ impl TracedProcess {
 
     /// The executable's file name.
     pub fn exe_name(&self) -> String {
-        let path = self.exe_path_on_disk();
-        path.rsplit('/').next().unwrap_or("process").to_owned()
+        crate::plan::file_name(self.exe_path_on_disk()).to_owned()
     }
 }
 

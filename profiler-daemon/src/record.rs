@@ -59,12 +59,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
-    let image = match (&process, &program) {
-        (Some(process), _) => crate::exits::mapped_image(process.pid),
-        (None, Some(program)) => crate::exits::static_image(program),
-        (None, None) => crate::exits::static_image(&planned.plans[0].binary),
-    };
-    let (exits, exits_choice) = crate::exits::choose(cli.exits, &image);
+    let (exits, exits_choice) = crate::exits::choose(cli.exits, &planned.image);
     // Loading validates --buffer-size too; only then is anything created on disk.
     let mut tracer = Tracer::load(LoadOptions {
         ring_bytes: cli.buffer_size,
