@@ -76,14 +76,6 @@ impl Discovery {
         self.next_id = self.next_id.max(object_id + 1);
     }
 
-    /// The object id `file` was probed as, if it was.
-    pub fn object_id_of(&self, file: FileId) -> Option<u32> {
-        match self.seen.get(&file) {
-            Some(Seen::Object(id)) => Some(*id),
-            _ => None,
-        }
-    }
-
     /// Reads the process's mappings and plans every instrumented object not seen before.
     pub fn scan(&mut self) -> Result<Found> {
         let mapped = mappings::mapped_objects_except(self.pid, &self.known)?;
@@ -100,7 +92,7 @@ impl Discovery {
                 }
             }
         }
-        let fresh: Vec<MappedObject> = mapped
+        let mut fresh: Vec<MappedObject> = mapped
             .into_iter()
             .filter(|m| !self.seen.contains_key(&m.file_id))
             .collect();
@@ -113,7 +105,6 @@ impl Discovery {
             None
         };
         // The executable first, so that it is object 0 whatever the address order.
-        let mut fresh = fresh;
         fresh.sort_by_key(|m| Some(m.file_id) != self.executable);
         for m in fresh {
             self.seen.insert(m.file_id, Seen::Skipped);

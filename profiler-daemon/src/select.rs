@@ -7,7 +7,7 @@
 //! anywhere in the name (anchor it with `^...$`). A function is traced when some `--functions`
 //! pattern matches it (or none was given) and no `--exclude` pattern does.
 use crate::plan::AttachPlan;
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use std::collections::HashSet;
 
 /// Prefix of a regular-expression pattern.
@@ -74,21 +74,9 @@ impl FunctionFilter {
             && !self.exclude.iter().any(|p| p.matches(name))
     }
 
-    /// Keeps only the probes (of every kind) of selected functions in `plan`, and sets
-    /// `plan.functions` to the number of functions selected. Errors when none is.
-    pub fn apply(&self, plan: &mut AttachPlan) -> Result<usize> {
-        let selected = self.retain(plan);
-        if selected == 0 {
-            bail!(
-                "--functions/--exclude select none of the instrumented functions of {} (see `fdr-profiled list`)",
-                plan.display_path
-            );
-        }
-        Ok(selected)
-    }
-
-    /// [`FunctionFilter::apply`] without the error: returns how many functions are selected
-    /// (possibly none), for sessions of several objects where one may have none selected.
+    /// Keeps only the probes (of every kind) of selected functions in `plan`, sets
+    /// `plan.functions` to the number of functions selected and returns it (possibly 0: in a
+    /// session of several objects one may have none selected; the caller decides).
     pub fn retain(&self, plan: &mut AttachPlan) -> usize {
         if self.is_empty() {
             return plan.functions;
