@@ -74,10 +74,6 @@ pub struct ProcessEntry {
     pub pid: u32,
     /// The binary as recorded (or as given by the caller); `None` when nothing names it.
     pub binary: Option<PathBuf>,
-    /// The binary's build-id at recording time, when the session recorded it.
-    pub build_id: Option<String>,
-    /// The recorded path named another file (or none) already during the recording.
-    pub binary_deleted: bool,
     /// Short name for people: the executable's file name.
     pub name: String,
     /// Its instrumented objects, by XRay object id, each id at most once.
@@ -175,15 +171,13 @@ impl Layout {
                 None => vec![ObjectEntry {
                     id: 0,
                     path: binary.clone(),
-                    build_id: build_id.clone(),
+                    build_id,
                     deleted: p.binary_deleted,
                 }],
             };
             self.processes.push(ProcessEntry {
                 pid: p.pid,
                 binary,
-                build_id,
-                binary_deleted: p.binary_deleted,
                 name,
                 objects,
                 threads,
@@ -267,8 +261,6 @@ impl Layout {
             self.processes.push(ProcessEntry {
                 pid,
                 binary: None,
-                build_id: None,
-                binary_deleted: false,
                 name: exe.to_owned(),
                 objects: vec![ObjectEntry {
                     id: 0,
