@@ -11,8 +11,11 @@ use serde_json::{json, Value};
 use session_support::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use tests::fixtures::symbolize::unescape_rust_legacy;
 use tests::fixtures::workloads::calls_fixture;
+use tests::tools::{llvm_xray, run_output, LLVM_XRAY_VERSIONS};
+use tests::xray_yaml::parse_convert_yaml;
 use tests::{cpp_fixture, extract_sleds, rust_fixture, scratch_dir};
 
 /// Function id → name in `bin`, per llvm-xray 19.
@@ -92,6 +95,41 @@ fn nested_across_objects() -> Vec<Ev> {
     ]
 }
 
+/// llvm-xray 14 and 19 load `file` (packed ids and all) and find exactly the function
+/// records written, in order.
+fn assert_reference_reads(file: &Path, events: &[Ev]) {
+    let want: Vec<(bool, i64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Enter(id, _) | Ev::EnterArgs(id, _, _) => Some((true, i64::from(*id))),
+            Ev::Exit(id, _) => Some((false, i64::from(*id))),
+            Ev::Custom(..) => None,
+        })
+        .collect();
+    for major in LLVM_XRAY_VERSIONS {
+        let out = run_output(
+            Command::new(llvm_xray(major))
+                .args(["convert", "--output-format=yaml"])
+                .arg(file),
+        );
+        assert!(
+            out.status.success(),
+            "llvm-xray {major} convert rejected {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let converted = parse_convert_yaml(&String::from_utf8_lossy(&out.stdout))
+            .unwrap_or_else(|e| panic!("llvm-xray {major} convert {}: {e}", file.display()));
+        let got: Vec<(bool, i64)> = converted
+            .records
+            .iter()
+            .filter(|r| r.kind.is_function())
+            .map(|r| (r.kind.is_entry(), r.func_id))
+            .collect();
+        assert_eq!(got, want, "llvm-xray {major} reading {}", file.display());
+    }
+}
+
 fn tool(args: &[&str], dir: &Path) -> String {
     let mut a: Vec<&std::ffi::OsStr> = vec![args[0].as_ref(), dir.as_os_str()];
     a.extend(args[1..].iter().map(std::ffi::OsStr::new));
@@ -114,7 +152,12 @@ fn functions_of_each_object_are_named_from_that_object() {
         .keys()
         .flat_map(|&f| [Ev::Enter(packed(1, f), 10), Ev::Exit(packed(1, f), 20)])
         .collect();
-    write_session(
+    let written: BTreeMap<u32, Vec<Ev>> = BTreeMap::from([
+        (1, flat.clone()),
+        (2, nested_across_objects()),
+        (3, two_as_one.clone()),
+    ]);
+    let files = write_session(
         dir.path(),
         &[
             SynthProcess {
@@ -131,6 +174,9 @@ fn functions_of_each_object_are_named_from_that_object() {
             },
         ],
     );
+    for ((_, tid), file) in &files {
+        assert_reference_reads(file, &written[tid]);
+    }
     let listed = |k: usize| object_json(k as i64, &bins[k], Some(build_id(&bins[k])), false);
     set_objects(
         dir.path(),
