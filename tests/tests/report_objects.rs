@@ -298,15 +298,16 @@ fn an_old_manifest_names_the_executable_and_shows_other_objects_by_packed_id() {
         Ev::Exit(packed(1, 1), 30),
         Ev::Exit(packed(0, 1), 40),
     ];
-    write_session(
+    let files = write_session(
         dir.path(),
         &[SynthProcess {
             pid: 5,
             binary: bin.clone(),
             build_id: Some(build_id(&bin)),
-            threads: vec![(5, ev)],
+            threads: vec![(5, ev.clone())],
         }],
     );
+    assert_reference_reads(&files[&(5, 5)], &ev);
     let (json, _) = report_json(dir.path(), &[]);
     let warnings = json["warnings"].as_array().unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:#?}");
@@ -342,15 +343,16 @@ fn bad_objects_are_warned_about_per_object_and_shown_by_packed_id() {
         .iter()
         .flat_map(|&id| [Ev::Enter(id, 10), Ev::Exit(id, 20)])
         .collect();
-    write_session(
+    let files = write_session(
         dir.path(),
         &[SynthProcess {
             pid: 6,
             binary: gone_exe.clone(),
             build_id: Some(build_id(&exe)),
-            threads: vec![(6, ev)],
+            threads: vec![(6, ev.clone())],
         }],
     );
+    assert_reference_reads(&files[&(6, 6)], &ev);
     let objects = vec![
         object_json(0, &gone_exe, Some(build_id(&exe)), false),
         object_json(1, &gone_lib, Some("00ff".into()), false),
