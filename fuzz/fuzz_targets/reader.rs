@@ -4,9 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[allow(dead_code, unused_imports)]
-#[path = "../../profiler-daemon/src/fdr/mod.rs"]
-mod fdr;
+use xray_fdr as fdr;
 
 use fdr::reader::{read, RawRecord, Reader};
 

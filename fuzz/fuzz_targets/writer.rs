@@ -6,9 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 use std::io::Cursor;
 
-#[allow(dead_code, unused_imports)]
-#[path = "../../profiler-daemon/src/fdr/mod.rs"]
-mod fdr;
+use xray_fdr as fdr;
 
 use fdr::reader::read;
 use fdr::writer::{FdrVersion, FunctionAction, Recorded, ThreadWriter, WallClock};

@@ -1,38 +1,28 @@
 //! fdr-profiled: traces programs built with LLVM XRay without their cooperation.
 //!
-//! Data flows one way through these modules:
-//! ELF file ([`elf`], [`instrmap`], [`symbols`]) → attach plan ([`plan`]) → kernel events
-//! ([`bpf`], [`intake`]) → per-thread ordering and FDR files ([`session`], [`fdr`]) → summary
-//! ([`summary`]).
+//! The recorder is a pipeline; each stage is a folder, and imports only run down it:
 //!
-//! Reading a session back: [`replay`] (calls in order, per thread) → [`symbolize`] (names,
-//! source locations) → [`report`] (statistics) and [`convert`] (timelines, flame graphs).
-pub mod bpf;
+//! 1. [`target`]: what is traced: a running process, the files it maps, a command to launch.
+//!    (The ELF files themselves are read by the `xray-object` crate.)
+//! 2. [`plan`]: what to probe: which objects of a process ([`plan::discovery`]), which
+//!    functions ([`plan::select`]), how exits are observed ([`plan::exits`]), where event sleds
+//!    keep their arguments ([`plan::eventsled`]); the result is one [`plan::AttachPlan`] per
+//!    object.
+//! 3. [`kernel`]: the eBPF programs loaded and attached ([`kernel::bpf`],
+//!    [`kernel::uprobe_multi`]), and the events drained from the per-CPU ring buffers
+//!    ([`kernel::intake`]).
+//! 4. [`session`]: each thread's events put back in program order ([`session::order`]) and
+//!    written as one FDR file per thread (through the `xray-fdr` crate), with the summary and
+//!    the manifest.
+//!
+//! Reading a session back (replay, symbolization, reports, conversions) is the `fdr-analysis`
+//! crate, which needs no BPF. On top of both sit the commands: [`record`] (the default
+//! command) and [`tools`] (`list`, `dump`, `verify`, `report`, `convert`), and [`cli`], which
+//! only parses the command line. ARCHITECTURE.md walks one event through these stages.
 pub mod cli;
-pub mod convert;
-pub mod discovery;
-pub mod elf;
-pub mod eventsled;
-pub mod exits;
-pub mod fdr;
-pub mod instrmap;
-pub mod intake;
-pub mod launch;
-pub mod mappings;
-pub mod objects;
-pub mod order;
-pub mod output;
+pub mod kernel;
 pub mod plan;
-pub mod process;
 pub mod record;
-pub mod replay;
-pub mod report;
-pub mod rlimit;
-pub mod select;
 pub mod session;
-pub mod session_outputs;
-pub mod summary;
-pub mod symbolize;
-pub mod symbols;
+pub mod target;
 pub mod tools;
-pub mod uprobe_multi;

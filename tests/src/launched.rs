@@ -3,13 +3,13 @@
 //! `llvm-xray account`, which these tests cannot always ask for):
 //! [`launch`] runs a private copy of a fixture under the daemon; [`Launched`] gives the
 //! daemon's `exits:` line, `session.json` fields, and every FDR file read by our reader
-//! ([`profiler_daemon::fdr::reader::read`]) and by llvm-xray 14 and 19.
+//! ([`xray_fdr::reader::read`]) and by llvm-xray 14 and 19.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use profiler_daemon::fdr::reader::{read, RawRecord, Reader, Trace};
+use xray_fdr::reader::{read, RawRecord, Reader, Trace};
 
 use crate::fixtures::private_copy;
 use crate::run::{assert_success, Finished, Running};

@@ -15,8 +15,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use profiler_daemon::fdr::reader::{Record, RecordKind};
-use profiler_daemon::fdr::FunctionAction;
 use tests::fixtures::workloads::{
     events_fixture, events_native_fixture, events_typed_fixture, native_trace,
 };
@@ -24,6 +22,8 @@ use tests::launched::{function_names, function_names_from_list, launch, Launched
 use tests::structure::{assert_same_structure, per_thread, Payloads};
 use tests::tools::scratch_dir;
 use tests::{convert, LLVM_XRAY_VERSIONS};
+use xray_fdr::reader::{Record, RecordKind};
+use xray_fdr::FunctionAction;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 const ROUNDS: &str = "8";

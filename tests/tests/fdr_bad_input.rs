@@ -12,9 +12,9 @@ use std::io::Cursor;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-use profiler_daemon::fdr::reader::{read, ReadError, Reader, Trace};
-use profiler_daemon::fdr::records as r;
-use profiler_daemon::fdr::{FdrVersion, FunctionAction, ThreadWriter, WallClock};
+use xray_fdr::reader::{read, ReadError, Reader, Trace};
+use xray_fdr::records as r;
+use xray_fdr::{FdrVersion, FunctionAction, ThreadWriter, WallClock};
 
 /// Counts the bytes this thread has allocated and not freed, and the peak.
 struct Counting;

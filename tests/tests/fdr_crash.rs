@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-use profiler_daemon::fdr::reader::read;
 use tests::run::{Running, ATTACHED_PREFIX};
 use tests::{cpp_fixture, fdr_profiled, private_copy, scratch_dir};
+use xray_fdr::reader::read;
 
 /// xorshift64*, seeded from the clock unless FDR_CRASH_SEED is set.
 struct Rng(u64);

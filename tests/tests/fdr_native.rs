@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use profiler_daemon::fdr::reader::{read, RecordKind};
 use tests::tools::clangxx;
 use tests::{native_fdr_trace, scratch_dir};
+use xray_fdr::reader::{read, RecordKind};
 
 #[test]
 fn fixture_trace_reads_like_llvm_xray() {

@@ -16,9 +16,9 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
 
-use profiler_daemon::fdr::reader::{read, Record, RecordKind, Trace};
-use profiler_daemon::fdr::writer::{Recorded, TYPED_EVENT_PREFIX};
-use profiler_daemon::fdr::{FdrVersion, FunctionAction, ThreadWriter, WallClock};
+use xray_fdr::reader::{read, Record, RecordKind, Trace};
+use xray_fdr::writer::{Recorded, TYPED_EVENT_PREFIX};
+use xray_fdr::{FdrVersion, FunctionAction, ThreadWriter, WallClock};
 
 /// One writer call of a generated stream. Times are deltas from the previous call.
 #[derive(Debug, Clone)]

@@ -6,8 +6,8 @@
 use std::io::Cursor;
 use std::process::{Command, Output};
 
-use profiler_daemon::fdr::{FdrVersion, FunctionAction, ThreadWriter, WallClock};
 use tests::{fdr_profiled, llvm_xray, native_fdr_fixture, native_fdr_trace, scratch_dir};
+use xray_fdr::{FdrVersion, FunctionAction, ThreadWriter, WallClock};
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(fdr_profiled()).args(args).output().unwrap()

@@ -23,9 +23,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use profiler_common::SledKind;
-use profiler_daemon::elf::ElfImage;
-use profiler_daemon::instrmap::InstrMap;
-use profiler_daemon::symbols::SymbolTable;
+use xray_object::elf::ElfImage;
+use xray_object::instrmap::InstrMap;
+use xray_object::symbols::SymbolTable;
 
 const CLANG: &str = "clang++-19";
 const LLVM_XRAY_19: &str = "/usr/lib/llvm-19/bin/llvm-xray";

@@ -146,7 +146,7 @@ fn tiny_buffer_accounts_for_every_event() {
                     .trace
                     .records
                     .iter()
-                    .filter(|r| matches!(r.kind, profiler_daemon::fdr::RecordKind::Function { .. }))
+                    .filter(|r| matches!(r.kind, xray_fdr::RecordKind::Function { .. }))
                     .count();
                 assert_eq!(
                     converted[&f.tid].records.len(),

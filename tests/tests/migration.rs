@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
-use profiler_daemon::fdr::reader::{RawRecord, Reader};
-use profiler_daemon::fdr::FunctionAction;
 use tests::fixtures::workloads::{calls_fixture, CALLS_STEP, CALLS_TINY};
 use tests::launched::{function_names, launch};
 use tests::LLVM_XRAY_VERSIONS;
+use xray_fdr::reader::{RawRecord, Reader};
+use xray_fdr::FunctionAction;
 
 const HOPS: usize = 12;
 const LOOP_CALLS: usize = 5;

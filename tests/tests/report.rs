@@ -235,9 +235,9 @@ fn session_outputs_hold_a_named_report_and_a_trace() {
             threads: vec![(7, nested_calls(cpp_ids(&bin), 10, 1_000))],
         }],
     );
-    let out = profiler_daemon::session_outputs::write_session_outputs(
+    let out = fdr_analysis::outputs::write_session_outputs(
         dir.path(),
-        &profiler_daemon::symbolize::Symbolizer::default(),
+        &fdr_analysis::symbolize::Symbolizer::default(),
     )
     .unwrap();
     let report = std::fs::read_to_string(&out.report).unwrap();

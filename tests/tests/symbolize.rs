@@ -4,15 +4,15 @@
 //! the DWARF has moved to a separate file (debug link, `.build-id/` tree); symbol-table names,
 //! then `object+0xaddress`, without DWARF; separate debug files of another build refused; and
 //! the inlining chain at custom-event sleds inlined into instrumented functions.
+use fdr_analysis::symbolize::{NameSource, ObjectSymbols, Symbolizer};
 use profiler_common::SledKind;
-use profiler_daemon::elf::ElfImage;
-use profiler_daemon::symbolize::{NameSource, ObjectSymbols, Symbolizer};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tests::fixtures::symbolize::{
     fixture_line, inlined_events_fixture, llvm_symbolize, split_debug, unescape_rust_legacy,
 };
 use tests::{cpp_fixture, extract_sleds, rust_fixture, scratch_dir};
+use xray_object::elf::ElfImage;
 
 /// Function id → (address, name) as llvm-xray 19 extracts them.
 fn reference_names(bin: &Path) -> BTreeMap<u32, (u64, String)> {
@@ -230,7 +230,7 @@ fn rust_legacy_escapes_are_undone_like_rustc_demangle() {
         "core::ptr::drop_in_place<std::rt::lang_start<()>::{{closure}}>::h1234"
     );
     assert_eq!(
-        profiler_daemon::symbols::demangle(
+        xray_object::symbols::demangle(
             "_ZN4core3ptr85drop_in_place$LT$std..rt..lang_start$LT$$LP$$RP$$GT$..$u7b$$u7b$closure$u7d$$u7d$$GT$17h0123456789abcdefE"
         ),
         unescape_rust_legacy(

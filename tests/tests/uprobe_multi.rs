@@ -1,4 +1,4 @@
-//! `profiler_daemon::uprobe_multi` against the running kernel (root, Linux 6.6+).
+//! `profiler_daemon::kernel::uprobe_multi` against the running kernel (root, Linux 6.6+).
 //!
 //! A hand-assembled counting program (independent of our eBPF object) checks the link itself:
 //! for each hit it adds 1 to `counts[cookie]` and stores the probed thread's `rax` in
@@ -8,8 +8,8 @@
 use aya::maps::{Array, IterableMap as _, MapData};
 use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_prog_info};
 use profiler_common::SledKind;
+use profiler_daemon::kernel::uprobe_multi::{self, MultiProgram};
 use profiler_daemon::plan::AttachPlan;
-use profiler_daemon::uprobe_multi::{self, MultiProgram};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::num::NonZeroU32;
@@ -354,7 +354,7 @@ fn map_ids(prog: BorrowedFd<'_>) -> Vec<u32> {
 /// aya's own load of it; aya's load itself is refused by uprobe_multi links.
 #[test]
 fn object_programs_load_for_uprobe_multi_sharing_maps() {
-    let object = profiler_daemon::bpf::EBPF_OBJECT;
+    let object = profiler_daemon::kernel::bpf::EBPF_OBJECT;
     let mut ebpf = aya::EbpfLoader::new()
         .load(object)
         .expect("load the eBPF object");

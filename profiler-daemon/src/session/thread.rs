@@ -5,14 +5,14 @@
 //! kernel's numbering can tell: after a gap of lost events, which frames were left during the
 //! gap (closed here, so no frame stays open forever) and which later exits belong to entries
 //! that were lost (dropped, so no Exit is written without its Entry).
-use crate::fdr::records::FunctionAction;
-use crate::fdr::writer::{Recorded, ThreadWriter};
-use crate::intake::Event;
-use crate::order::Gap;
-use crate::summary::{CallTimer, FunctionTotals, ThreadReport};
+use crate::kernel::intake::Event;
+use crate::session::order::Gap;
+use crate::session::summary::{CallTimer, FunctionTotals, ThreadReport};
 use profiler_common::{event_flags, SledKind};
 use std::collections::HashMap;
 use std::fs::File;
+use xray_fdr::records::FunctionAction;
+use xray_fdr::writer::{Recorded, ThreadWriter};
 
 /// Per-thread counters that end up in the session manifest.
 #[derive(Debug, Default, Clone, Copy)]

@@ -2,10 +2,10 @@
 //! removing every probe of a binary's attach plan, either with `uprobe_multi` links or with one
 //! perf event per probe (the fallback for kernels without them), and counts the file
 //! descriptors the probes hold. Prints one JSON object.
-use crate::bpf::EBPF_OBJECT;
+use crate::kernel::bpf::EBPF_OBJECT;
+use crate::kernel::rlimit;
+use crate::kernel::uprobe_multi::{self, MultiProgram};
 use crate::plan::AttachPlan;
-use crate::rlimit;
-use crate::uprobe_multi::{self, MultiProgram};
 use anyhow::{anyhow, Context as _, Result};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::UProbe;

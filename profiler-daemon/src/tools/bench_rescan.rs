@@ -2,8 +2,8 @@
 //! running process's objects costs a `--pid` session — the first scan (every mapped file
 //! screened, the instrumented ones planned) and each later rescan (done every 200 ms to find
 //! what `dlopen` loads: nothing new, so only `/proc/PID/maps` is read). Prints one JSON object.
-use crate::discovery::Discovery;
-use crate::mappings;
+use crate::plan::discovery::Discovery;
+use crate::target::mappings;
 use anyhow::Result;
 use std::time::Instant;
 

@@ -1,9 +1,8 @@
 //! `fdr-profiled convert DIR --format chrome|speedscope|folded|svg`.
-use crate::convert::{chrome, folded, speedscope, Format};
-use crate::replay::Session;
 use anyhow::{Context as _, Result};
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use fdr_analysis::convert::{write, write_file, Format};
+use std::io::BufWriter;
+use std::path::PathBuf;
 
 /// Options of `convert`.
 #[derive(Debug, clap::Args)]
@@ -40,45 +39,4 @@ pub fn run(args: &ConvertArgs) -> Result<u8> {
         eprintln!("fdr-profiled: warning: {w}");
     }
     Ok(0)
-}
-
-/// Writes `session` in `format` to `out`; returns problems found while reading.
-pub fn write(
-    session: &Session,
-    format: Format,
-    out: &mut impl Write,
-) -> std::io::Result<Vec<String>> {
-    match format {
-        Format::Chrome => chrome::write(session, out),
-        Format::Speedscope => speedscope::write(session, out),
-        Format::Folded => folded::write_folded(session, out),
-        Format::Svg => folded::write_svg(session, out),
-    }
-}
-
-/// Writes `session` in `format` to the file `path`, created anew (through a temporary file
-/// renamed into place, so a failed conversion leaves no half-written file).
-pub fn write_file(session: &Session, format: Format, path: &Path) -> Result<Vec<String>> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    let file =
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let mut out = BufWriter::new(file);
-    let result = write(session, format, &mut out).and_then(|w| {
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        Ok(w)
-    });
-    match result {
-        Ok(w) => {
-            std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-            Ok(w)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e).with_context(|| format!("writing {}", path.display()))
-        }
-    }
 }

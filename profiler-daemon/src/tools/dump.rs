@@ -4,16 +4,16 @@
 //!
 //! It stops at the first violation the reader finds, after printing every record before it,
 //! and fails with that violation (offset, record kind, problem) as its one-line error.
-use crate::elf::ElfImage;
-use crate::fdr::reader::{EventTime, RawRecord, Reader, Step};
-use crate::fdr::records::FunctionAction;
-use crate::fdr::writer::TYPED_EVENT_PREFIX;
-use crate::instrmap::InstrMap;
-use crate::symbols::SymbolTable;
 use anyhow::{bail, Context as _, Result};
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
+use xray_fdr::reader::{EventTime, RawRecord, Reader, Step};
+use xray_fdr::records::FunctionAction;
+use xray_fdr::writer::TYPED_EVENT_PREFIX;
+use xray_object::elf::ElfImage;
+use xray_object::instrmap::InstrMap;
+use xray_object::symbols::SymbolTable;
 
 /// Options of `dump`.
 #[derive(Debug, clap::Args)]
@@ -63,7 +63,7 @@ pub fn dump(
     bytes: &[u8],
     names: Option<&FunctionNames>,
     out: &mut impl Write,
-) -> Result<io::Result<()>, crate::fdr::ReadError> {
+) -> Result<io::Result<()>, xray_fdr::ReadError> {
     let mut reader = Reader::new(bytes)?;
     let h = *reader.header();
     let header = format!(
@@ -199,7 +199,7 @@ impl FunctionNames {
 /// The binary `file` was recorded from, per `dir/session.json`: the process whose output
 /// directory holds `file`, or the only binary of the session.
 pub fn binary_from_session(dir: &Path, file: &Path) -> Result<PathBuf> {
-    let manifest = dir.join(crate::session::MANIFEST);
+    let manifest = dir.join(fdr_analysis::manifest::MANIFEST);
     let text = std::fs::read_to_string(&manifest).with_context(|| {
         format!(
             "cannot read {} (a session killed before its end has none; use --binary)",

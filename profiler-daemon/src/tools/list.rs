@@ -3,14 +3,14 @@
 //! will mean (a shared object's ids are packed as `(object_id << 24) | id`, as `--pid` traces
 //! them; object ids are given in the order the objects are found, so a process that loads more
 //! objects later can number them differently from this listing).
-use crate::elf::ElfImage;
-use crate::instrmap::InstrMap;
-use crate::process::TracedProcess;
-use crate::symbols::SymbolTable;
+use crate::target::process::TracedProcess;
 use anyhow::{Context as _, Result};
 use profiler_common::SledKind;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use xray_object::elf::ElfImage;
+use xray_object::instrmap::InstrMap;
+use xray_object::symbols::SymbolTable;
 
 /// One object to list: the file to read, how to name it, its object id.
 struct Listed {
@@ -30,7 +30,7 @@ fn resolve(target: &str) -> Result<Vec<Listed>> {
             .parse()
             .with_context(|| format!("{target}: not a pid"))?;
         let process = TracedProcess::find(pid)?;
-        let planned = crate::objects::for_process(&process)?;
+        let planned = crate::record::objects::for_process(&process)?;
         return Ok(planned
             .plans
             .into_iter()

@@ -19,21 +19,21 @@ pub struct SessionInput {
     #[arg(long, value_name = "BIN")]
     pub binary: Option<PathBuf>,
     /// Directory searched for separate debug files (`.build-id/` and debug-link paths).
-    #[arg(long, value_name = "DIR", default_value = crate::symbolize::debuginfo::SYSTEM_DEBUG_ROOT)]
+    #[arg(long, value_name = "DIR", default_value = fdr_analysis::symbolize::debuginfo::SYSTEM_DEBUG_ROOT)]
     pub debug_dir: PathBuf,
 }
 
 impl SessionInput {
     /// A symbolizer looking for debug files under `--debug-dir`.
-    pub fn symbolizer(&self) -> crate::symbolize::Symbolizer {
-        crate::symbolize::Symbolizer::new(vec![self.debug_dir.clone()])
+    pub fn symbolizer(&self) -> fdr_analysis::symbolize::Symbolizer {
+        fdr_analysis::symbolize::Symbolizer::new(vec![self.debug_dir.clone()])
     }
 
     /// Opens the session, its functions named by `symbolizer`.
     pub fn open(
         &self,
-        symbolizer: &crate::symbolize::Symbolizer,
-    ) -> anyhow::Result<crate::replay::Session> {
-        crate::replay::Session::open(&self.dir, self.binary.as_deref(), symbolizer)
+        symbolizer: &fdr_analysis::symbolize::Symbolizer,
+    ) -> anyhow::Result<fdr_analysis::replay::Session> {
+        fdr_analysis::replay::Session::open(&self.dir, self.binary.as_deref(), symbolizer)
     }
 }

@@ -1,7 +1,7 @@
 //! `fdr-profiled report DIR`: per-function statistics of a recorded session.
-use crate::report::render::{self, Format};
-use crate::report::SortKey;
 use anyhow::{Context as _, Result};
+use fdr_analysis::report::render::{self, Format};
+use fdr_analysis::report::SortKey;
 use std::io::Write as _;
 use std::path::PathBuf;
 
@@ -32,7 +32,7 @@ pub struct ReportArgs {
 pub fn run(args: &ReportArgs) -> Result<u8> {
     let symbolizer = args.input.symbolizer();
     let mut session = args.input.open(&symbolizer)?;
-    let mut report = crate::report::build(&mut session, args.per_thread);
+    let mut report = fdr_analysis::report::build(&mut session, args.per_thread);
     report.sort_and_cut(args.sort, args.top);
     let text = render::render(&report, args.format);
     // In text the warnings are part of the report; otherwise they go to stderr, where they

@@ -1,9 +1,9 @@
 //! `fdr-profiled verify FILE...`: checks FDR files with the reader and says, per file, either a
 //! summary or the first violation (offset, record kind, problem). Directories stand for every
 //! `*.fdr` file under them. The exit status is 0 only if every file is valid.
-use crate::fdr::reader::{RawRecord, Reader};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
+use xray_fdr::reader::{RawRecord, Reader};
 
 /// Options of `verify`.
 #[derive(Debug, clap::Args)]
@@ -27,7 +27,7 @@ pub struct Summary {
 }
 
 /// Checks one file's bytes without collecting its records (memory stays at the file's size).
-pub fn check(bytes: &[u8]) -> Result<Summary, crate::fdr::ReadError> {
+pub fn check(bytes: &[u8]) -> Result<Summary, xray_fdr::ReadError> {
     let mut reader = Reader::new(bytes)?;
     let mut s = Summary {
         version: reader.header().version,

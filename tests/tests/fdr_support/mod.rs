@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use profiler_daemon::fdr::reader::{Record, RecordKind, Trace};
-use profiler_daemon::fdr::FunctionAction;
 use tests::xray_yaml::parse_convert_yaml;
 use tests::{llvm_xray, LLVM_XRAY_VERSIONS};
+use xray_fdr::reader::{Record, RecordKind, Trace};
+use xray_fdr::FunctionAction;
 
 /// A function record as both readers can report it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

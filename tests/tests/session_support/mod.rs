@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use profiler_daemon::elf::ElfImage;
-use profiler_daemon::fdr::writer::{ThreadWriter, WallClock};
-use profiler_daemon::fdr::{FdrVersion, FunctionAction};
 use tests::tools::run_output;
 use tests::{extract_sleds, fdr_profiled};
+use xray_fdr::writer::{ThreadWriter, WallClock};
+use xray_fdr::{FdrVersion, FunctionAction};
+use xray_object::elf::ElfImage;
 
 /// One thing a synthetic thread does.
 #[derive(Clone, Debug)]

@@ -1,0 +1,125 @@
+//! `convert`: a session as files other tools open.
+//!
+//! - [`chrome`]: Chrome trace-event JSON (Perfetto UI, `chrome://tracing`): one track per
+//!   thread, named processes, nested calls with their logged arguments, events as instants.
+//! - [`speedscope`]: speedscope's own JSON, one evented profile per thread.
+//! - [`folded`]: folded stacks (`a;b;c N`, N the self time in ns), and from them a flame
+//!   graph SVG drawn by inferno.
+//!
+//! The timelines stream: each record is written as it is read. Folded stacks and the flame
+//! graph need memory for each distinct stack, not for each call.
+pub mod chrome;
+pub mod folded;
+pub mod speedscope;
+
+use crate::replay::{FunctionKey, Namer, Session};
+use anyhow::{Context as _, Result};
+use std::collections::HashMap;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+/// Output formats of `convert`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Chrome trace-event JSON (Perfetto UI, chrome://tracing).
+    Chrome,
+    /// speedscope JSON (evented profiles, one per thread).
+    Speedscope,
+    /// Folded stacks, one `a;b;c N` line per stack, N its self time in ns.
+    Folded,
+    /// A flame graph SVG (from the folded stacks).
+    Svg,
+}
+
+impl Format {
+    /// The usual file name extension.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Chrome | Format::Speedscope => "json",
+            Format::Folded => "folded",
+            Format::Svg => "svg",
+        }
+    }
+}
+
+/// Function names as JSON string literals, computed once per function.
+pub(crate) struct JsonNames {
+    namer: Namer,
+    cache: HashMap<FunctionKey, String>,
+}
+
+impl JsonNames {
+    pub(crate) fn new(namer: Namer) -> JsonNames {
+        JsonNames {
+            namer,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// `"name"`, escaped.
+    pub(crate) fn get(&mut self, key: FunctionKey) -> &str {
+        let namer = &mut self.namer;
+        self.cache.entry(key).or_insert_with(|| {
+            serde_json::to_string(&namer.function(key).name).unwrap_or_else(|_| "\"?\"".into())
+        })
+    }
+
+    /// The underlying namer.
+    pub(crate) fn namer(&mut self) -> &mut Namer {
+        &mut self.namer
+    }
+}
+
+/// `ns` nanoseconds as microseconds with three decimals, exactly (the trace-event unit).
+pub(crate) fn micros(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+/// An event payload for people: the text if it is printable UTF-8, else hex.
+pub(crate) fn payload_text(data: &[u8]) -> String {
+    match std::str::from_utf8(data) {
+        Ok(s) if s.chars().all(|c| !c.is_control() || c == '\n' || c == '\t') => s.to_owned(),
+        _ => data.iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}
+
+/// Writes `session` in `format` to `out`; returns problems found while reading.
+pub fn write(
+    session: &Session,
+    format: Format,
+    out: &mut impl Write,
+) -> std::io::Result<Vec<String>> {
+    match format {
+        Format::Chrome => chrome::write(session, out),
+        Format::Speedscope => speedscope::write(session, out),
+        Format::Folded => folded::write_folded(session, out),
+        Format::Svg => folded::write_svg(session, out),
+    }
+}
+
+/// Writes `session` in `format` to the file `path`, created anew (through a temporary file
+/// renamed into place, so a failed conversion leaves no half-written file).
+pub fn write_file(session: &Session, format: Format, path: &Path) -> Result<Vec<String>> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let file =
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut out = BufWriter::new(file);
+    let result = write(session, format, &mut out).and_then(|w| {
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        Ok(w)
+    });
+    match result {
+        Ok(w) => {
+            std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+            Ok(w)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e).with_context(|| format!("writing {}", path.display()))
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The manifest's `objects` as [`Layout::open`] reads them: old manifests, good lists, and
+//! hostile entries, each a one-line warning.
+use super::*;
+use serde_json::json;
+
+fn open(process: serde_json::Value) -> Layout {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = json!({"processes": [process]});
+    std::fs::write(
+        dir.path().join(crate::manifest::MANIFEST),
+        serde_json::to_vec(&manifest).unwrap(),
+    )
+    .unwrap();
+    Layout::open(dir.path()).unwrap()
+}
+
+fn entry(id: u8, path: &str, build_id: Option<&str>, deleted: bool) -> ObjectEntry {
+    ObjectEntry {
+        id,
+        path: Some(PathBuf::from(path)),
+        build_id: build_id.map(str::to_owned),
+        deleted,
+    }
+}
+
+#[test]
+fn a_manifest_without_objects_has_the_binary_as_object_0() {
+    let l = open(json!({"pid": 4, "binary": "/bin/app", "build_id": "ab", "binary_deleted": true}));
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    assert_eq!(
+        l.processes[0].objects,
+        [entry(0, "/bin/app", Some("ab"), true)]
+    );
+}
+
+#[test]
+fn objects_are_read_sorted_by_id_and_unknown_fields_ignored() {
+    let l = open(json!({"pid": 4, "binary": "/bin/app", "objects": [
+        {"object_id": 2, "path": "/lib/b.so", "deleted": false, "build_id": null,
+         "load_address": 4096, "functions": 3, "probes": 6, "attached_ns": 9, "future": [1]},
+        {"object_id": 0, "path": "/bin/app", "build_id": "cd"},
+        {"object_id": 1, "path": "/lib/a.so", "build_id": "", "deleted": true},
+    ]}));
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    assert_eq!(
+        l.processes[0].objects,
+        [
+            entry(0, "/bin/app", Some("cd"), false),
+            entry(1, "/lib/a.so", None, true),
+            entry(2, "/lib/b.so", None, false),
+        ]
+    );
+}
+
+#[test]
+fn bad_object_entries_are_warned_about_and_left_out() {
+    let l = open(json!({"pid": 4, "binary": "/bin/app", "objects": [
+        {"object_id": 16, "path": "/lib/big.so"},
+        {"object_id": -1, "path": "/lib/neg.so"},
+        {"object_id": 1, "path": "/lib/a.so"},
+        {"object_id": 1, "path": "/lib/again\nso"},
+        {"object_id": "3", "path": "/lib/str.so"},
+        {"path": "/lib/noid.so"},
+        17,
+        {"object_id": 3, "path": ["not", "a", "string"]},
+        {"object_id": 4},
+    ]}));
+    assert_eq!(
+        l.processes[0].objects,
+        [
+            entry(1, "/lib/a.so", None, false),
+            ObjectEntry {
+                id: 4,
+                path: None,
+                build_id: None,
+                deleted: false
+            }
+        ]
+    );
+    assert_eq!(l.warnings.len(), 7, "{:#?}", l.warnings);
+    for w in &l.warnings {
+        assert!(!w.contains('\n'), "one line: {w:?}");
+        assert!(w.contains("pid 4") && w.contains("ignored"), "{w}");
+    }
+    assert!(l.warnings[0].contains("object_id 16, outside 0..=15"));
+    assert!(l.warnings[1].contains("object_id -1, outside 0..=15"));
+    assert!(l.warnings[2].contains("object 1 is listed twice"));
+}
+
+#[test]
+fn an_empty_object_list_has_no_object() {
+    let l = open(json!({"pid": 4, "binary": "/bin/app", "objects": []}));
+    assert!(l.processes[0].objects.is_empty());
+    assert_eq!(
+        l.processes[0].binary.as_deref(),
+        Some(Path::new("/bin/app"))
+    );
+}

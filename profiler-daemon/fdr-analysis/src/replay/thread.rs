@@ -1,0 +1,364 @@
+//! Replays one thread's FDR file as well-nested calls: every exit a visitor sees closes the
+//! innermost open call, so consumers can keep plain stacks.
+//!
+//! The file is mapped, not read: memory stays bounded whatever its size, since pages already
+//! walked are handed back to the kernel as the walk goes. Exits are matched to entries as
+//! `llvm-xray account` matches them; where it would give up, this reader keeps going:
+//! - an exit whose function is below the top of the stack (frames above it were unwound by an
+//!   exception, or lost their exit) closes those frames first, as [`CallEnd::Unwound`];
+//! - an exit whose function is not on the stack at all (the entry was before tracing began) is
+//!   counted and skipped;
+//! - calls still open at the end of the file (or at a corrupt record) end there, as
+//!   [`CallEnd::Unfinished`].
+use std::path::Path;
+use xray_fdr::reader::{RawRecord, ReadError, Reader};
+use xray_fdr::records::FunctionAction;
+use xray_fdr::writer::TYPED_EVENT_PREFIX;
+
+/// How a call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallEnd {
+    /// Its exit (or tail exit) record.
+    Returned,
+    /// A caller's exit came first: unwound by an exception or its exit was not recorded. The
+    /// end time is the caller's exit, an upper bound.
+    Unwound,
+    /// The trace ends (or breaks off) with the call open. The end time is the last record's.
+    Unfinished,
+}
+
+/// A finished call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Call {
+    /// XRay function id.
+    pub id: u32,
+    /// Entry time, nanoseconds.
+    pub start: u64,
+    /// Exit time, nanoseconds.
+    pub end: u64,
+    /// Time spent in calls it made (their inclusive durations), nanoseconds.
+    pub children: u64,
+    /// Depth on the stack, 0 for outermost calls.
+    pub depth: usize,
+    /// How it ended.
+    pub how: CallEnd,
+}
+
+impl Call {
+    /// Inclusive duration.
+    pub fn duration(&self) -> u64 {
+        self.end.saturating_sub(self.start)
+    }
+    /// Exclusive duration: minus the time in calls it made.
+    pub fn self_time(&self) -> u64 {
+        self.duration().saturating_sub(self.children)
+    }
+}
+
+/// An event record: a custom event, or a typed one.
+#[derive(Clone, Copy, Debug)]
+pub struct TraceEvent<'a> {
+    /// When, in nanoseconds.
+    pub ts: u64,
+    /// `None` for a custom event, the type for a typed event (version 1 files carry typed
+    /// events as custom events starting with `XRTE`; they are decoded back).
+    pub event_type: Option<u16>,
+    /// The payload.
+    pub data: &'a [u8],
+    /// The innermost open call's function id: the function whose event sled fired.
+    pub function: Option<u32>,
+}
+
+/// What a replay reports, as it goes.
+pub trait Visitor {
+    /// A call began at `ts` (nanoseconds); `args` are the logged arguments, if any.
+    fn enter(&mut self, id: u32, ts: u64, args: &[u64], depth: usize);
+    /// The innermost open call ended.
+    fn exit(&mut self, call: &Call);
+    /// A custom or typed event.
+    fn event(&mut self, _event: &TraceEvent<'_>) {}
+}
+
+/// What a replay of one file found.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Thread id in the file (the first buffer's).
+    pub tid: Option<u32>,
+    /// Entry records seen.
+    pub entries: u64,
+    /// Exits with no open call of their function, skipped.
+    pub unmatched_exits: u64,
+    /// Calls closed by a caller's exit.
+    pub unwound: u64,
+    /// Calls open at the end.
+    pub unfinished: u64,
+    /// Custom and typed events.
+    pub events: u64,
+    /// First and last timestamps (ns).
+    pub span: Option<(u64, u64)>,
+    /// The violation that ended the file early; what came before it was replayed.
+    pub error: Option<ReadError>,
+}
+
+/// Deepest stack tracked; deeper calls are not reported (bounded memory on hostile input).
+const MAX_DEPTH: usize = 1 << 16;
+/// How much of the mapping is walked before the pages behind are given back.
+const RELEASE_STEP: usize = 16 << 20;
+
+struct Open {
+    id: u32,
+    start: u64,
+    children: u64,
+}
+
+/// Replays the file at `path` into `visitor`.
+pub fn replay(path: &Path, visitor: &mut impl Visitor) -> std::io::Result<Outcome> {
+    let file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    // SAFETY: a read-only private mapping. The daemon only ever appends to a trace file (and
+    // rewrites one byte of its last record), so the bytes read stay what they were; a file
+    // truncated by someone else while it is read would fault, as reading any mapped file does.
+    let map = unsafe { memmap2::Mmap::map(&file)? };
+    let mut outcome = Outcome::default();
+    let mut state = State {
+        stack: Vec::new(),
+        too_deep: 0,
+        last: 0,
+        freq: 0,
+        pending: None,
+        args: Vec::new(),
+    };
+    match walk(&map, &mut state, &mut outcome, visitor) {
+        Ok(()) => {}
+        Err(e) => outcome.error = Some(e),
+    }
+    state.flush_pending(&mut outcome, visitor);
+    while let Some(open) = state.stack.pop() {
+        outcome.unfinished += 1;
+        state.close(open, state.last, CallEnd::Unfinished, visitor);
+    }
+    Ok(outcome)
+}
+
+struct State {
+    stack: Vec<Open>,
+    too_deep: usize,
+    last: u64,
+    /// Ticks per second (0: ticks are taken as nanoseconds).
+    freq: u64,
+    /// An Entry_Args record whose CallArgument records are still being read.
+    pending: Option<(u32, u64)>,
+    args: Vec<u64>,
+}
+
+impl State {
+    fn ns(&self, tsc: u64) -> u64 {
+        if self.freq == 0 || self.freq == 1_000_000_000 {
+            tsc
+        } else {
+            (u128::from(tsc) * 1_000_000_000 / u128::from(self.freq)) as u64
+        }
+    }
+
+    fn enter(&mut self, id: u32, ts: u64, outcome: &mut Outcome, v: &mut impl Visitor) {
+        outcome.entries += 1;
+        if self.stack.len() >= MAX_DEPTH {
+            self.too_deep += 1;
+            return;
+        }
+        v.enter(id, ts, &self.args, self.stack.len());
+        self.stack.push(Open {
+            id,
+            start: ts,
+            children: 0,
+        });
+    }
+
+    fn flush_pending(&mut self, outcome: &mut Outcome, v: &mut impl Visitor) {
+        if let Some((id, ts)) = self.pending.take() {
+            self.enter(id, ts, outcome, v);
+            self.args.clear();
+        }
+    }
+
+    fn exit(&mut self, id: u32, ts: u64, outcome: &mut Outcome, v: &mut impl Visitor) {
+        if self.too_deep > 0 {
+            self.too_deep -= 1;
+            return;
+        }
+        let Some(pos) = self.stack.iter().rposition(|o| o.id == id) else {
+            outcome.unmatched_exits += 1;
+            return;
+        };
+        while self.stack.len() > pos + 1 {
+            let open = self.stack.pop().expect("len > pos + 1");
+            outcome.unwound += 1;
+            self.close(open, ts, CallEnd::Unwound, v);
+        }
+        let open = self.stack.pop().expect("pos < len");
+        self.close(open, ts, CallEnd::Returned, v);
+    }
+
+    fn close(&mut self, open: Open, end: u64, how: CallEnd, v: &mut impl Visitor) {
+        let end = end.max(open.start);
+        let call = Call {
+            id: open.id,
+            start: open.start,
+            end,
+            children: open.children,
+            depth: self.stack.len(),
+            how,
+        };
+        if let Some(parent) = self.stack.last_mut() {
+            parent.children = parent.children.saturating_add(call.duration());
+        }
+        v.exit(&call);
+    }
+}
+
+fn walk(
+    bytes: &[u8],
+    state: &mut State,
+    outcome: &mut Outcome,
+    v: &mut impl Visitor,
+) -> Result<(), ReadError> {
+    let mut reader = Reader::new(bytes)?;
+    state.freq = reader.header().cycle_frequency;
+    let mut released = 0usize;
+    while let Some(step) = reader.next_step()? {
+        if step.ignored {
+            continue;
+        }
+        let offset = step.offset as usize;
+        if offset >= released + RELEASE_STEP {
+            released = release(bytes, released, offset);
+        }
+        if !matches!(step.record, RawRecord::CallArgument { .. }) {
+            state.flush_pending(outcome, v);
+        }
+        let tid = step.context.tid;
+        match step.record {
+            RawRecord::NewBuffer { .. } => match outcome.tid {
+                None => outcome.tid = Some(tid),
+                Some(first) if first != tid => {
+                    return Err(ReadError::new(
+                        step.offset,
+                        "NewBuffer",
+                        format!("a second thread ({tid} after {first}): only files of one thread each, as fdr-profiled writes them, are read"),
+                    ))
+                }
+                Some(_) => {}
+            },
+            RawRecord::Function {
+                action,
+                function_id,
+                ..
+            } => {
+                let ts = state.ns(step.tsc.unwrap_or(step.context.base));
+                note_time(state, outcome, ts);
+                match action {
+                    FunctionAction::Entry => state.enter(function_id, ts, outcome, v),
+                    FunctionAction::EntryArgs => state.pending = Some((function_id, ts)),
+                    FunctionAction::Exit | FunctionAction::TailExit => {
+                        state.exit(function_id, ts, outcome, v)
+                    }
+                }
+            }
+            RawRecord::CallArgument { value }
+                if state.pending.is_some() && state.args.len() < 64 =>
+            {
+                state.args.push(value);
+            }
+            RawRecord::CustomEvent { data, .. } => {
+                let ts = state.ns(step.tsc.unwrap_or(step.context.base));
+                note_time(state, outcome, ts);
+                let (event_type, data) = match data.strip_prefix(&TYPED_EVENT_PREFIX[..]) {
+                    Some([a, b, rest @ ..]) => (Some(u16::from_le_bytes([*a, *b])), rest),
+                    _ => (None, data),
+                };
+                event(state, outcome, v, ts, event_type, data);
+            }
+            RawRecord::TypedEvent {
+                event_type, data, ..
+            } => {
+                let ts = state.ns(step.tsc.unwrap_or(step.context.base));
+                note_time(state, outcome, ts);
+                event(state, outcome, v, ts, Some(event_type), data);
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn note_time(state: &mut State, outcome: &mut Outcome, ts: u64) {
+    state.last = ts;
+    outcome.span = Some(match outcome.span {
+        None => (ts, ts),
+        Some((first, _)) => (first, ts),
+    });
+}
+
+fn event(
+    state: &mut State,
+    outcome: &mut Outcome,
+    v: &mut impl Visitor,
+    ts: u64,
+    event_type: Option<u16>,
+    data: &[u8],
+) {
+    outcome.events += 1;
+    v.event(&TraceEvent {
+        ts,
+        event_type,
+        data,
+        function: state.stack.last().map(|o| o.id),
+    });
+}
+
+/// Gives the pages of `bytes[from..to]` (whole pages only) back to the kernel; returns the new
+/// release mark.
+fn release(bytes: &[u8], from: usize, to: usize) -> usize {
+    const PAGE: usize = 4096;
+    let start = bytes.as_ptr() as usize + from;
+    let end = (bytes.as_ptr() as usize + to) & !(PAGE - 1);
+    if end > start && start.is_multiple_of(PAGE) {
+        // SAFETY: the range lies inside the private read-only file mapping `bytes` borrows;
+        // MADV_DONTNEED on such a mapping only drops page-table entries, and a later access
+        // would fault the same file contents back in. Nothing is read there again anyway.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        return end - bytes.as_ptr() as usize;
+    }
+    from
+}
+
+/// The time (ns) of the first function record or event of the file at `path`, reading no
+/// further than that record.
+pub fn first_timestamp(path: &Path) -> Option<u64> {
+    let file = std::fs::File::open(path).ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    // SAFETY: as in `replay`.
+    let map = unsafe { memmap2::Mmap::map(&file).ok()? };
+    let mut reader = Reader::new(&map).ok()?;
+    let state = State {
+        stack: Vec::new(),
+        too_deep: 0,
+        last: 0,
+        freq: reader.header().cycle_frequency,
+        pending: None,
+        args: Vec::new(),
+    };
+    while let Ok(Some(step)) = reader.next_step() {
+        if step.ignored {
+            continue;
+        }
+        if let Some(tsc) = step.tsc {
+            return Some(state.ns(tsc));
+        }
+    }
+    None
+}

@@ -1,0 +1,367 @@
+//! Loading the eBPF object, creating its per-CPU ring buffers, and placing the probes of an
+//! [`AttachPlan`].
+use crate::kernel::uprobe_multi::{self, MultiLink, MultiProgram};
+use crate::plan::exits::Exits;
+use crate::plan::{AttachPlan, Probe};
+use anyhow::{anyhow, bail, Context as _, Result};
+use aya::maps::{ArrayOfMaps, HashMap as BpfHashMap, Map, MapData, PerCpuArray, RingBuf};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::{RawTracePoint, UProbe};
+use aya::{Ebpf, EbpfLoader};
+use profiler_common::{
+    counter, globals, Cookie, SledKind, ThreadState, COUNTERS_MAP, FLOOR_PROGRAM,
+    FLOOR_RETURN_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, THREADS_MAP,
+    THREAD_EXIT_PROGRAM,
+};
+use std::num::NonZeroU32;
+
+/// The eBPF object built by `build.rs` from the `profiler-ebpf` crate (public for
+/// `uprobe_multi::MultiProgram::load` and its tests).
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+
+/// `BPF_MAP_TYPE_RINGBUF` (uapi value).
+const BPF_MAP_TYPE_RINGBUF: u32 = 27;
+
+/// What to load.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Bytes per per-CPU ring buffer (a power of two, at least a page).
+    pub ring_bytes: u32,
+    /// Argument registers recorded at LOG_ARGS_ENTRY sleds.
+    pub nargs: u8,
+    /// Payload bytes kept per custom/typed event.
+    pub max_event_bytes: u32,
+    /// Exit strategy.
+    pub exits: Exits,
+    /// Attach empty programs instead (the benchmark's floor); nothing is recorded.
+    pub floor: bool,
+    /// Benchmark only: `profiler_common::ablate` bits.
+    pub ablate: u32,
+    /// Place every probe as its own perf event even where `uprobe_multi` links exist (the
+    /// fallback path, for tests and benchmarks).
+    pub perf_events_only: bool,
+}
+
+/// The loaded programs and maps. Dropping it detaches every probe.
+pub struct Tracer {
+    // Field order is drop order: links go before the programs they run.
+    links: Vec<MultiLink>,
+    multi: Vec<(&'static str, MultiProgram)>,
+    ebpf: Ebpf,
+    options: LoadOptions,
+    rings: Vec<RingBuf<MapData>>,
+}
+
+/// Which processes the probes fire for.
+#[derive(Clone, Copy, Debug)]
+pub enum Scope {
+    /// Every process that runs the binary, now or later.
+    AllProcesses,
+    /// Only this process (all of its threads).
+    Process(NonZeroU32),
+}
+
+impl Tracer {
+    /// Loads the programs and creates one ring buffer of `options.ring_bytes` per possible CPU.
+    pub fn load(options: LoadOptions) -> Result<Tracer> {
+        let page = page_size();
+        let ring_bytes = options.ring_bytes;
+        if !ring_bytes.is_power_of_two() || ring_bytes < page {
+            bail!(
+                "--buffer-size must be a power of two of at least {page} bytes, not {ring_bytes}"
+            );
+        }
+        raise_memlock_limit();
+        let cpus =
+            aya::util::nr_cpus().map_err(|(what, e)| anyhow!("cannot count CPUs ({what}): {e}"))?;
+        let cpus = u32::try_from(cpus).context("too many CPUs")?;
+        let nargs = u32::from(options.nargs);
+        let return_mode = u32::from(options.exits == Exits::Return);
+        // Wake the reader when a buffer is half full: the 10 ms timer keeps up with ordinary
+        // rates, this covers bursts.
+        let wakeup = u64::from(ring_bytes / 2);
+        let mut ebpf = EbpfLoader::new()
+            .override_global(globals::NARGS, &nargs, true)
+            .override_global(globals::MAX_EVENT_BYTES, &options.max_event_bytes, true)
+            .override_global(globals::WAKEUP_BYTES, &wakeup, true)
+            .override_global(globals::RETURN_MODE, &return_mode, true)
+            .override_global(globals::ABLATE, &options.ablate, true)
+            .map_max_entries(RINGS_MAP, cpus)
+            .load(EBPF_OBJECT)
+            .map_err(|e| anyhow!("loading the eBPF programs failed: {}", one_line(&e)))?;
+        for name in [
+            SLED_PROGRAM,
+            RETURN_PROGRAM,
+            FLOOR_PROGRAM,
+            FLOOR_RETURN_PROGRAM,
+        ] {
+            uprobe(&mut ebpf, name)?
+                .load()
+                .map_err(|e| anyhow!("the kernel refused the {name} program: {}", one_line(&e)))?;
+        }
+        let mut rings = Vec::new();
+        {
+            let outer = ebpf
+                .map_mut(RINGS_MAP)
+                .context("the eBPF object has no ring map")?;
+            let mut outer: ArrayOfMaps<&mut MapData, RingBuf<MapData>> = outer.try_into()?;
+            for cpu in 0..cpus {
+                let obj = aya_obj::Map::new_from_params(BPF_MAP_TYPE_RINGBUF, 0, 0, ring_bytes, 0);
+                let data = MapData::create(obj, &format!("fdr_ring{cpu}"), None).map_err(|e| {
+                    anyhow!(
+                        "cannot create a {ring_bytes}-byte ring buffer: {}",
+                        one_line(&e)
+                    )
+                })?;
+                let ring = RingBuf::try_from(Map::RingBuf(data))?;
+                outer.set(cpu, &ring, 0)?;
+                rings.push(ring);
+            }
+        }
+        // One uprobe_multi link per program places all of a file's probes in one system call
+        // and one descriptor; the programs must be loaded a second time for that.
+        let mut multi = Vec::new();
+        if !options.perf_events_only && uprobe_multi::supported() {
+            for name in [
+                SLED_PROGRAM,
+                RETURN_PROGRAM,
+                FLOOR_PROGRAM,
+                FLOOR_RETURN_PROGRAM,
+            ] {
+                let program = MultiProgram::load(&ebpf, EBPF_OBJECT, name)
+                    .with_context(|| format!("loading the {name} program for uprobe_multi"))?;
+                multi.push((name, program));
+            }
+        }
+        if !options.floor {
+            let exit: &mut RawTracePoint = ebpf
+                .program_mut(THREAD_EXIT_PROGRAM)
+                .context("the eBPF object has no thread-exit program")?
+                .try_into()?;
+            exit.load().map_err(|e| {
+                anyhow!(
+                    "the kernel refused the thread-exit program: {}",
+                    one_line(&e)
+                )
+            })?;
+            exit.attach("sched_process_exit").map_err(|e| {
+                anyhow!(
+                    "cannot attach to the sched_process_exit tracepoint: {}",
+                    one_line(&e)
+                )
+            })?;
+        }
+        Ok(Tracer {
+            links: Vec::new(),
+            multi,
+            ebpf,
+            options,
+            rings,
+        })
+    }
+
+    /// Places the plan's probes for the exit strategy chosen at load. Exit-side probes go first:
+    /// a process keeps running while probes are placed one at a time, and this order can only
+    /// produce exits without entries (dropped and counted), never entries without exits.
+    /// Returns how many probes were placed.
+    pub fn attach(&mut self, plan: &AttachPlan, scope: Scope) -> Result<usize> {
+        let scope = match scope {
+            Scope::AllProcesses => UProbeScope::AllProcesses,
+            Scope::Process(pid) => UProbeScope::OneProcess(pid),
+        };
+        let (sled_prog, return_prog) = if self.options.floor {
+            (FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM)
+        } else {
+            (SLED_PROGRAM, RETURN_PROGRAM)
+        };
+        let mut sleds = Vec::new();
+        let mut returns = Vec::new();
+        for probe in &plan.probes {
+            let kind = SledKind::from_u8(probe.cookie.kind);
+            match (kind, self.options.exits) {
+                (Some(SledKind::Exit), Exits::Return) => {}
+                (Some(k), Exits::Return) if k.is_entry() => {
+                    sleds.push(*probe);
+                    returns.push(Probe {
+                        file_offset: probe.file_offset,
+                        cookie: Cookie::new(probe.cookie.function_id, SledKind::Exit),
+                    });
+                }
+                (Some(_), _) => sleds.push(*probe),
+                (None, _) => {}
+            }
+        }
+        sleds.sort_by_key(|p| SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry));
+        self.place(return_prog, &returns, plan, scope)?;
+        self.place(sled_prog, &sleds, plan, scope)?;
+        Ok(sleds.len() + returns.len())
+    }
+
+    /// Whether probes are placed with `uprobe_multi` links (else one perf event each).
+    pub fn uses_uprobe_multi(&self) -> bool {
+        !self.multi.is_empty()
+    }
+
+    fn place(
+        &mut self,
+        program: &str,
+        probes: &[Probe],
+        plan: &AttachPlan,
+        scope: UProbeScope,
+    ) -> Result<()> {
+        if probes.is_empty() {
+            return Ok(());
+        }
+        if let Some((_, multi)) = self.multi.iter().find(|(name, _)| *name == program) {
+            let offsets: Vec<u64> = probes.iter().map(|p| p.file_offset).collect();
+            let cookies: Vec<u64> = probes.iter().map(|p| p.cookie.encode()).collect();
+            let pid = match scope {
+                UProbeScope::OneProcess(pid) => Some(pid),
+                _ => None,
+            };
+            let link = uprobe_multi::attach(
+                multi.fd(),
+                &plan.binary,
+                &offsets,
+                &cookies,
+                pid,
+                multi.is_return(),
+            )
+            .map_err(|e| {
+                anyhow!(
+                    "cannot place {} uprobes in {}: {e}",
+                    probes.len(),
+                    plan.binary.display()
+                )
+            })?;
+            self.links.push(link);
+            return Ok(());
+        }
+        crate::kernel::rlimit::reserve_open_files(probes.len())?;
+        let program = uprobe(&mut self.ebpf, program)?;
+        for probe in probes {
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
+                cookie: Some(probe.cookie.encode()),
+            };
+            program.attach(point, &plan.binary, scope).map_err(|e| {
+                anyhow!(
+                    "cannot place a uprobe at offset {:#x} of {}: {}",
+                    probe.file_offset,
+                    plan.binary.display(),
+                    one_line(&e)
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Takes the per-CPU ring buffers out (the reader owns them from then on).
+    pub fn take_rings(&mut self) -> Vec<RingBuf<MapData>> {
+        std::mem::take(&mut self.rings)
+    }
+
+    /// Takes the loss counters and the per-thread state table out (read after detaching).
+    pub fn take_books(&mut self) -> Result<KernelBooks> {
+        let counters = self
+            .ebpf
+            .take_map(COUNTERS_MAP)
+            .context("the eBPF object has no counters map")?;
+        let threads = self
+            .ebpf
+            .take_map(THREADS_MAP)
+            .context("the eBPF object has no threads map")?;
+        Ok(KernelBooks {
+            counters: PerCpuArray::try_from(counters)?,
+            threads: BpfHashMap::try_from(threads)?,
+        })
+    }
+}
+
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
+    Ok(ebpf
+        .program_mut(name)
+        .with_context(|| format!("the eBPF object has no {name} program"))?
+        .try_into()?)
+}
+
+/// [`ThreadState`] as aya reads it from a map.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct PodThreadState(pub ThreadState);
+// SAFETY: ThreadState is #[repr(C)] plain data without padding; any bit pattern is valid.
+unsafe impl aya::Pod for PodThreadState {}
+
+/// The kernel side's own accounts: loss counters that belong to no thread, and the state of
+/// threads still alive (their trailing losses).
+pub struct KernelBooks {
+    counters: PerCpuArray<MapData, u64>,
+    threads: BpfHashMap<MapData, u32, PodThreadState>,
+}
+
+impl KernelBooks {
+    /// A counter (see `profiler_common::counter`), summed over CPUs.
+    pub fn counter(&self, index: u32) -> u64 {
+        self.counters
+            .get(&index, 0)
+            .map(|v| v.iter().sum())
+            .unwrap_or(0)
+    }
+
+    /// Events lost that cannot be attributed to a thread.
+    pub fn unattributed_lost(&self) -> u64 {
+        self.counter(counter::NO_THREAD_STATE) + self.counter(counter::TRAILING_LOST_UNATTRIBUTED)
+    }
+
+    /// Every thread the kernel side still has state for: threads alive, and threads whose
+    /// exit record was lost.
+    pub fn threads(&self) -> Vec<(u32, ThreadState)> {
+        self.threads
+            .iter()
+            .filter_map(|r| r.ok())
+            .map(|(tid, s)| (tid, s.0))
+            .collect()
+    }
+
+    /// Collects the state of threads that exited while their buffer was full (their exit
+    /// record was lost), removing it from the table.
+    pub fn take_exited(&mut self) -> Vec<(u32, ThreadState)> {
+        let exited: Vec<(u32, ThreadState)> = self
+            .threads()
+            .into_iter()
+            .filter(|(_, s)| s.exited != 0)
+            .collect();
+        for (tid, _) in &exited {
+            let _ = self.threads.remove(tid);
+        }
+        exited
+    }
+}
+
+/// Errors from aya and the verifier can span many lines; our errors are one line.
+fn one_line(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(size).unwrap_or(4096)
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lifting it is harmless elsewhere.
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: valid pointer to an initialised rlimit.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+}

@@ -1,0 +1,255 @@
+//! Choosing how function exits are observed (`--exits`).
+//!
+//! A return probe replaces the return address on the stack. An exception or panic unwinding
+//! through such a frame finds the kernel's trampoline instead of a call site, has no unwind
+//! information for it, and terminates the program (platform.md: reproduced with C++). So return
+//! probes are only safe when nothing can unwind: `auto` looks for an unwinding personality
+//! routine anywhere in the process image (the executable, the libraries it needs, and for a
+//! running process everything it has mapped) and uses return probes only when there is none.
+use object::{Object as _, ObjectSymbol as _};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use xray_object::elf::ElfImage;
+
+/// How function exits are to be observed, as asked for (`--exits`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExitMode {
+    /// Exit and tail sleds.
+    Sleds,
+    /// Return probes at function entry.
+    Return,
+    /// Return probes where no unwinding can pass through a frame, exit sleds otherwise.
+    Auto,
+}
+
+/// How function exits are observed, as decided: [`choose`] resolves [`ExitMode::Auto`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exits {
+    /// Probes on EXIT and TAIL sleds.
+    Sleds,
+    /// Return probes at function entries, plus TAIL sleds.
+    Return,
+}
+
+/// How exits were observed, for the manifest.
+#[derive(Clone, Debug)]
+pub struct ExitsChoice {
+    /// `sleds` or `return`.
+    pub mode: &'static str,
+    /// Why (`--exits` given, or what `auto` found).
+    pub reason: String,
+}
+
+/// The routines that drive unwinding through frames: C++ (`__gxx_personality_v0`), C compiled
+/// with `-fexceptions` (`__gcc_personality_v0`), Rust panics (`rust_eh_personality`).
+pub const PERSONALITY_ROUTINES: &[&str] = &[
+    "__gxx_personality_v0",
+    "__gcc_personality_v0",
+    "rust_eh_personality",
+    "__gxx_personality_seh0",
+    "__gcc_personality_sj0",
+];
+
+/// Resolves `--exits` for the objects that make up the traced image.
+pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (Exits, ExitsChoice) {
+    match mode {
+        ExitMode::Sleds => (
+            Exits::Sleds,
+            ExitsChoice {
+                mode: "sleds",
+                reason: "--exits sleds".into(),
+            },
+        ),
+        ExitMode::Return => (
+            Exits::Return,
+            ExitsChoice {
+                mode: "return",
+                reason: "--exits return: an exception or panic unwinding through a probed frame \
+                         would kill the program"
+                    .into(),
+            },
+        ),
+        ExitMode::Auto => match image.iter().find_map(|p| personality_in(p).map(|s| (p, s))) {
+            Some((path, symbol)) => (
+                Exits::Sleds,
+                ExitsChoice {
+                    mode: "sleds",
+                    reason: format!(
+                        "auto: {} has {symbol}, so exceptions or panics may unwind through \
+                         traced frames, which return probes would break",
+                        path.display()
+                    ),
+                },
+            ),
+            None => (
+                Exits::Return,
+                ExitsChoice {
+                    mode: "return",
+                    reason: format!(
+                        "auto: no unwinding personality routine in {} object{}",
+                        image.len(),
+                        if image.len() == 1 { "" } else { "s" }
+                    ),
+                },
+            ),
+        },
+    }
+}
+
+/// The first personality routine `path` defines or imports; `None` if none (or unreadable:
+/// an object we cannot read is reported as having one, the safe answer).
+pub fn personality_in(path: &Path) -> Option<&'static str> {
+    let Ok(image) = ElfImage::open(path) else {
+        return Some("no readable symbol table");
+    };
+    let Ok(file) = image.parse() else {
+        return Some("no readable symbol table");
+    };
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .filter_map(|s| s.name().ok())
+        .find_map(|name| PERSONALITY_ROUTINES.iter().find(|&&p| p == name).copied())
+}
+
+/// The executable and the shared libraries it names (DT_NEEDED, transitively), found where the
+/// dynamic loader would look: DT_RPATH (when there is no DT_RUNPATH), `LD_LIBRARY_PATH` (ours,
+/// which a command we launch inherits), DT_RUNPATH, then the system directories.
+pub fn static_image(executable: &Path) -> Vec<PathBuf> {
+    let mut out = vec![executable.to_path_buf()];
+    let mut seen = BTreeSet::new();
+    let ld_library_path: Vec<String> = std::env::var("LD_LIBRARY_PATH")
+        .unwrap_or_default()
+        .split([':', ';'])
+        .filter(|d| !d.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let mut i = 0;
+    while i < out.len() && out.len() < 256 {
+        let (needed, search) = dynamic_deps(&out[i]);
+        for lib in needed {
+            if !seen.insert(lib.clone()) {
+                continue;
+            }
+            let found = search
+                .rpath
+                .iter()
+                .chain(&ld_library_path)
+                .chain(&search.runpath)
+                .map(PathBuf::from)
+                .chain(SYSTEM_LIBRARY_DIRS.iter().map(PathBuf::from))
+                .map(|d| d.join(&lib))
+                .find(|p| p.is_file());
+            if let Some(path) = found {
+                out.push(path);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Every file a running process maps: through its root directory, which names it as the
+/// process sees it (containers included), or through `/proc/PID/map_files` for files deleted
+/// since they were mapped (see [`crate::target::mappings`]).
+pub fn mapped_image(pid: u32) -> Vec<PathBuf> {
+    let mut out = vec![PathBuf::from(format!("/proc/{pid}/exe"))];
+    out.extend(
+        crate::target::mappings::mapped_objects(pid)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| match m.deleted {
+                true => m.open_path,
+                false => PathBuf::from(format!("/proc/{pid}/root{}", m.path)),
+            }),
+    );
+    out
+}
+
+const SYSTEM_LIBRARY_DIRS: &[&str] = &[
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+    "/usr/local/lib",
+];
+
+/// Library search directories an object names, `$ORIGIN` expanded.
+#[derive(Default)]
+struct SearchPath {
+    /// DT_RPATH, searched first, and only when the object has no DT_RUNPATH.
+    rpath: Vec<String>,
+    /// DT_RUNPATH, searched after `LD_LIBRARY_PATH`.
+    runpath: Vec<String>,
+}
+
+/// DT_NEEDED names and library search directories of an object.
+fn dynamic_deps(path: &Path) -> (Vec<String>, SearchPath) {
+    use object::elf;
+    use object::read::elf::Dyn as _;
+    let mut needed = Vec::new();
+    let mut search = SearchPath::default();
+    let Ok(image) = ElfImage::open(path) else {
+        return (needed, search);
+    };
+    let Ok(file) = image.parse() else {
+        return (needed, search);
+    };
+    let endian = file.endian();
+    let table = file.elf_section_table();
+    let Ok(Some((entries, strings_at))) = table.dynamic(endian, file.data()) else {
+        return (needed, search);
+    };
+    let Ok(strings) = table.strings(endian, file.data(), strings_at) else {
+        return (needed, search);
+    };
+    let origin = path
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    for entry in entries {
+        let tag = entry.d_tag(endian) as u32;
+        let Ok(value) = entry.string(endian, strings) else {
+            continue;
+        };
+        let value = String::from_utf8_lossy(value).into_owned();
+        match tag {
+            elf::DT_NEEDED if !needed.contains(&value) => needed.push(value),
+            elf::DT_RUNPATH => search
+                .runpath
+                .extend(value.split(':').map(|d| d.replace("$ORIGIN", &origin))),
+            elf::DT_RPATH => search
+                .rpath
+                .extend(value.split(':').map(|d| d.replace("$ORIGIN", &origin))),
+            _ => {}
+        }
+    }
+    if !search.runpath.is_empty() {
+        search.rpath.clear();
+    }
+    (needed, search)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_modes_are_taken_as_given() {
+        assert_eq!(choose(ExitMode::Sleds, &[]).0, Exits::Sleds);
+        assert_eq!(choose(ExitMode::Return, &[]).0, Exits::Return);
+    }
+
+    #[test]
+    fn an_unreadable_object_counts_as_unwinding() {
+        let (exits, why) = choose(ExitMode::Auto, &[PathBuf::from("/nonexistent/lib.so")]);
+        assert_eq!(exits, Exits::Sleds);
+        assert!(
+            why.reason.contains("no readable symbol table"),
+            "{}",
+            why.reason
+        );
+    }
+}

@@ -1,0 +1,124 @@
+//! The options of a recording session (`fdr-profiled [OPTIONS] [-- COMMAND]`).
+use crate::plan::exits::ExitMode;
+use clap::Args;
+use profiler_common::DEFAULT_RING_BYTES;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use xray_fdr::FdrVersion;
+
+/// Options of a recording session.
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Trace every process running this binary: those already running and those started later.
+    #[arg(
+        long,
+        value_name = "BIN",
+        conflicts_with_all = ["command", "pid"],
+        required_unless_present_any = ["command", "pid"]
+    )]
+    pub attach: Option<PathBuf>,
+
+    /// Trace this running process (all its threads, including new ones) until Ctrl-C/SIGTERM,
+    /// --duration, or its exit. The process is left running untouched.
+    #[arg(long, value_name = "PID", conflicts_with = "command")]
+    pub pid: Option<u32>,
+
+    /// Directory for the trace (created; must be empty if it exists). One subdirectory per traced
+    /// process, one FDR file per thread, and session.json.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+
+    /// Stop after this many seconds (default: until Ctrl-C/SIGTERM, or until the launched command exits).
+    #[arg(long, value_name = "SECS", value_parser = parse_duration)]
+    pub duration: Option<std::time::Duration>,
+
+    /// Size in bytes of the kernel's event ring buffer (a power of two).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES)]
+    pub buffer_size: u32,
+
+    /// FDR layout of the trace files: 1 (the spec's version, the default) or 5 (what today's
+    /// compiler-rt writes: BufferExtents, Pid, typed events).
+    #[arg(long, value_name = "VERSION", default_value = "1", value_parser = parse_fdr_version)]
+    pub fdr_version: FdrVersion,
+
+    /// How function exits are observed: `sleds` probes XRay's exit and tail sleds (exact, safe,
+    /// but the kernel single-steps each `ret`: ~15x the cost of an entry probe); `return` uses
+    /// return probes (cheap, but a C++ exception or Rust panic unwinding through a probed frame
+    /// kills the program); `auto` uses return probes only when no unwinding personality routine
+    /// exists anywhere in the traced image, exit sleds otherwise, and says which it chose.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = ExitMode::Auto)]
+    pub exits: ExitMode,
+
+    /// Integer arguments recorded at functions marked `xray_log_args` (XRay records 1).
+    #[arg(long = "args", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(0..=6))]
+    pub args: u8,
+
+    /// Bytes of a custom or typed event's payload copied from the program; longer payloads are
+    /// truncated to this many bytes, and counted.
+    #[arg(long, value_name = "BYTES", default_value_t = profiler_common::DEFAULT_MAX_EVENT_BYTES,
+          value_parser = clap::value_parser!(u32).range(0..=profiler_common::MAX_EVENT_BYTES as i64))]
+    pub max_event_bytes: u32,
+
+    /// Do not write report.txt (per-function statistics with names) and trace.json (a
+    /// Chrome/Perfetto timeline) into the session directory at the end.
+    #[arg(long)]
+    pub no_report: bool,
+
+    /// Benchmark baseline: attach empty programs on the same probes and record nothing.
+    #[arg(long, hide = true)]
+    pub floor: bool,
+
+    /// Benchmark only: skip parts of the kernel-side work (bits: 1 ring write, 2 thread
+    /// state, 4 clock) to measure what each costs. Traces made with it are wrong.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub ablate: u32,
+
+    /// Place every probe as its own perf event, even where the kernel has uprobe_multi links
+    /// (the fallback path; for tests and benchmarks).
+    #[arg(long, hide = true)]
+    pub no_uprobe_multi: bool,
+
+    /// Trace only functions whose demangled name matches PATTERN (repeatable: any of them). A
+    /// glob over the whole name (`'fx::*'`, `'*parse*'`, `'{a,b}'`), or after `re:` a regex
+    /// that may match anywhere (`'re:^ns::(get|set)'`). Nameless functions are `#ID`.
+    #[arg(long = "functions", value_name = "PATTERN")]
+    pub functions: Vec<String>,
+
+    /// Do not trace functions whose demangled name matches PATTERN (repeatable; same syntax as
+    /// --functions, and wins over it).
+    #[arg(long = "exclude", value_name = "PATTERN")]
+    pub exclude: Vec<String>,
+
+    /// How many functions the summary lists.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+
+    /// The command to launch and trace (after `--`).
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+fn parse_fdr_version(s: &str) -> Result<FdrVersion, String> {
+    s.parse::<FdrVersion>().map_err(|e| e.to_string())
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("not a number of seconds: {s}"))?;
+    std::time::Duration::try_from_secs_f64(secs).map_err(|_| format!("not a valid duration: {s}"))
+}
+
+impl RecordArgs {
+    /// The output directory: `--out`, or `fdr-profiled.<unix time>` in the current directory.
+    pub fn out_dir(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            PathBuf::from(format!("fdr-profiled.{secs}"))
+        })
+    }
+}

@@ -1,0 +1,327 @@
+//! The recording command: plan, load, attach, drain until the end, finalize, summarize.
+//!
+//! It drives the stages below it in turn: [`objects`] plans and attaches the objects of what
+//! is traced (and those a process maps later), the kernel stage's intake feeds the session, and
+//! at the end `fdr-analysis` writes the report.
+mod args;
+pub mod objects;
+
+pub use args::RecordArgs;
+
+use crate::kernel::bpf::{KernelBooks, LoadOptions, Scope, Tracer};
+use crate::kernel::intake::Intake;
+use crate::plan::discovery::Discovery;
+use crate::plan::exits::{ExitMode, Exits};
+use crate::plan::select::FunctionFilter;
+use crate::session::order::Sequencer;
+use crate::session::output::OutputDir;
+use crate::session::{IntakeLosses, Session};
+use crate::target::launch::{self, ChildExit, HeldChild};
+use crate::target::process::{self, TracedProcess};
+use anyhow::{bail, Context as _, Result};
+use fdr_analysis::symbolize::Symbolizer;
+use std::num::NonZeroU32;
+use std::os::fd::AsRawFd as _;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+/// How often the ring buffers are drained. Events are written without waking the daemon, so
+/// this bounds how full a buffer gets: at ~0.5 µs per probe hit and 48 bytes per event, 10 ms
+/// is ~1 MiB per busy CPU against an 8 MiB buffer (a half-full buffer wakes us early).
+const DRAIN_INTERVAL: Duration = Duration::from_millis(10);
+/// How often files are made complete on disk (header size patched, buffers flushed).
+const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a traced process's mappings are read again for objects it loaded (`dlopen`): a
+/// new object is probed within this much of being mapped. Reading `/proc/PID/maps` costs tens
+/// of microseconds; only files not seen before are opened.
+const RESCAN_INTERVAL: Duration = Duration::from_millis(200);
+
+/// What to trace.
+enum Target {
+    /// Every process running the binary.
+    Attach,
+    /// A command we launched, parked until the probes are in place.
+    Launch(HeldChild),
+    /// A running process, and a pidfd that tells when it exits.
+    Pid(u32, OwnedFd),
+}
+
+/// Runs a recording session as the command line says; returns the process exit code.
+pub fn run(cli: &RecordArgs) -> Result<u8> {
+    // Reading the binary first gives the most precise error for bad input, root or not.
+    let process = cli.pid.map(TracedProcess::find).transpose()?;
+    let program = match (&process, &cli.attach, cli.command.first()) {
+        (None, None, Some(cmd)) => Some(launch::resolve_program(cmd)?),
+        _ => None,
+    };
+    let mut planned = match (&process, &cli.attach, &program) {
+        (Some(process), _, _) => objects::for_process(process)?,
+        (None, Some(bin), _) => objects::for_binary(bin)?,
+        (None, None, Some(program)) => objects::for_command(program)?,
+        (None, None, None) => bail!("nothing to trace: give --attach BIN, --pid PID or -- COMMAND"),
+    };
+    let filter = crate::plan::select::FunctionFilter::new(&cli.functions, &cli.exclude)?;
+    planned.select(&filter)?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
+    }
+    let (exits, exits_choice) = crate::plan::exits::choose(cli.exits, &planned.image);
+    // Loading validates --buffer-size too; only then is anything created on disk.
+    let mut tracer = Tracer::load(LoadOptions {
+        ring_bytes: cli.buffer_size,
+        nargs: cli.args,
+        max_event_bytes: cli.max_event_bytes,
+        exits,
+        floor: cli.floor,
+        ablate: cli.ablate,
+        perf_events_only: cli.no_uprobe_multi,
+    })?;
+    let out = OutputDir::create_root(&cli.out_dir())?;
+
+    // Fork before any thread exists (the runtime starts below): see launch.rs.
+    let target = match (&process, &program) {
+        // The pidfd is taken before attaching, so an exit during the attach is not missed.
+        (Some(process), _) => Target::Pid(process.pid, process::open_pidfd(process.pid)?),
+        (None, Some(program)) => {
+            let child = HeldChild::spawn(program, &cli.command)?;
+            planned.watch_child(child.pid(), program);
+            Target::Launch(child)
+        }
+        (None, None) => Target::Attach,
+    };
+    let scope = match &target {
+        Target::Attach => Scope::AllProcesses,
+        Target::Launch(child) => {
+            Scope::Process(NonZeroU32::new(child.pid()).context("fork returned pid 0")?)
+        }
+        Target::Pid(pid, _) => Scope::Process(NonZeroU32::new(*pid).context("pid 0")?),
+    };
+    if let Some(discovery) = &mut planned.discovery {
+        if cli.exits == ExitMode::Auto && exits == Exits::Return {
+            discovery.guard_unwinding();
+        }
+    }
+    let mut session = Session::new(
+        out,
+        planned.executable.clone(),
+        cli.fdr_version,
+        exits_choice.clone(),
+    );
+    let undecodable: usize = planned
+        .plans
+        .iter()
+        .map(|p| p.undecodable_event_sleds)
+        .sum();
+    for plan in std::mem::take(&mut planned.plans) {
+        if let Err(err) = objects::attach(&mut tracer, &mut session, plan, scope) {
+            if let Target::Launch(child) = target {
+                launch::reap(child);
+            }
+            return Err(err);
+        }
+    }
+    eprintln!(
+        "fdr-profiled: exits: {} ({})",
+        match exits {
+            Exits::Sleds => "exit sleds",
+            Exits::Return => "return probes",
+        },
+        exits_choice.reason
+    );
+    if undecodable > 0 {
+        eprintln!(
+            "fdr-profiled: warning: {undecodable} custom/typed event sleds have an instruction pattern this \
+             version cannot decode; their events are not recorded"
+        );
+    }
+    let rings = tracer.take_rings();
+    let books = tracer.take_books()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the event loop")?;
+    runtime.block_on(async {
+        let intake = Intake::new(rings)?;
+        let probing = Probing {
+            discovery: planned.discovery,
+            filter,
+            scope,
+            tracer,
+        };
+        record(cli, target, intake, books, session, probing).await
+    })
+}
+
+/// What places probes while recording: the tracer, and the objects still to be found.
+struct Probing {
+    discovery: Option<Discovery>,
+    filter: FunctionFilter,
+    scope: Scope,
+    tracer: Tracer,
+}
+
+async fn record(
+    cli: &RecordArgs,
+    target: Target,
+    mut intake: Intake,
+    mut books: KernelBooks,
+    mut session: Session,
+    mut probing: Probing,
+) -> Result<u8> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+
+    let (exit_tx, mut exit_rx) = tokio::sync::oneshot::channel::<Result<ChildExit>>();
+    let mut pidfd = None;
+    let launched = match target {
+        Target::Attach => {
+            drop(exit_tx);
+            false
+        }
+        Target::Pid(_, fd) => {
+            drop(exit_tx);
+            // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so it stays open and refers to the
+            // same pidfd for the AsyncFd's whole life.
+            let registered = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            };
+            pidfd = Some(
+                registered
+                    .map_err(|e| e.into_parts().1)
+                    .context("watching the traced process")?,
+            );
+            false
+        }
+        Target::Launch(child) => {
+            let pid = child.release()?;
+            std::thread::Builder::new()
+                .name("wait-child".into())
+                .spawn(move || {
+                    let _ = exit_tx.send(launch::wait_blocking(pid));
+                })
+                .context("starting the child-wait thread")?;
+            true
+        }
+    };
+
+    let deadline = cli.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut drain = tokio::time::interval(DRAIN_INTERVAL);
+    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_flush = Instant::now();
+    let mut child_exit = None;
+    let mut order = Sequencer::default();
+    let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
+    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = drain.tick() => {
+                intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
+                if last_flush.elapsed() >= FLUSH_INTERVAL {
+                    // Threads that exited with a full buffer: their books are in the table.
+                    let exited = books.take_exited();
+                    if !exited.is_empty() {
+                        intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
+                        order.end_threads(&exited, &mut |e, g| session.record(e, g));
+                    }
+                    session.flush();
+                    last_flush = Instant::now();
+                }
+            }
+            woken = intake.wakeup() => {
+                woken?;
+                intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
+            }
+            _ = rescan.tick(), if probing.discovery.is_some() => {
+                if let Some(discovery) = &mut probing.discovery {
+                    objects::rescan(discovery, &probing.filter, &mut probing.tracer, &mut session, probing.scope);
+                }
+            }
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = sleep_until(deadline) => break,
+            exited = target_exited(pidfd.as_ref()) => {
+                exited?;
+                break;
+            }
+            status = &mut exit_rx, if launched => {
+                child_exit = Some(status.context("the child-wait thread died")??);
+                break;
+            }
+        }
+    }
+    // Every probe hit happened before the child exited or before now: one more drain gets all
+    // of them. Detach first so nothing arrives after the last drain; the kernel's books are
+    // kept to account for the live threads' last events.
+    drop(probing);
+    intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
+    order.finish(&books.threads(), &mut |e, g| session.record(e, g));
+    let losses = IntakeLosses {
+        unattributed_lost: books.unattributed_lost(),
+        malformed: intake.malformed() + order.stale(),
+    };
+    let out_dir = session.out_dir().to_path_buf();
+    let object_files = session.take_object_files();
+    let report = session.finish(losses)?;
+    eprint!("{}", report.render(&out_dir, cli.top));
+    if !cli.no_report && !cli.floor {
+        let mut symbolizer = Symbolizer::default();
+        for (build_id, file) in &object_files {
+            let fd = file.as_raw_fd();
+            symbolizer =
+                symbolizer.with_file(build_id.clone(), format!("/proc/self/fd/{fd}").into());
+        }
+        write_outputs(&out_dir, report.events, &symbolizer);
+    }
+    Ok(match child_exit {
+        Some(exit) => u8::try_from(exit.shell_code()).unwrap_or(u8::MAX),
+        None => 0,
+    })
+}
+
+/// Above this many events the timeline is not written by default: its JSON would be several
+/// gigabytes, more than a browser opens (`fdr-profiled convert` writes it on request).
+const MAX_DEFAULT_TIMELINE_EVENTS: u64 = 2_000_000;
+
+/// The report and timeline written next to the trace files (see `session_outputs`).
+fn write_outputs(dir: &std::path::Path, events: u64, symbolizer: &Symbolizer) {
+    if events > MAX_DEFAULT_TIMELINE_EVENTS {
+        match fdr_analysis::outputs::write_report(dir, symbolizer) {
+            Ok(path) => eprintln!(
+                "fdr-profiled: report: {} (no trace.json: {events} events; `fdr-profiled convert` writes one)",
+                path.display()
+            ),
+            Err(err) => eprintln!("fdr-profiled: warning: could not write the report: {err:#}"),
+        }
+        return;
+    }
+    match fdr_analysis::outputs::write_session_outputs(dir, symbolizer) {
+        Ok(outputs) => {
+            for w in &outputs.warnings {
+                eprintln!("fdr-profiled: warning: {w}");
+            }
+            eprintln!(
+                "fdr-profiled: report: {}, timeline: {}",
+                outputs.report.display(),
+                outputs.trace.display()
+            );
+        }
+        Err(err) => eprintln!("fdr-profiled: warning: could not write the report: {err:#}"),
+    }
+}
+
+/// Resolves when the process traced by `--pid` exits; never without one.
+async fn target_exited(pidfd: Option<&tokio::io::unix::AsyncFd<OwnedFd>>) -> Result<()> {
+    match pidfd {
+        Some(fd) => process::exited(fd).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,376 @@
+//! A recording session: events in, one FDR file per thread out.
+//!
+//! Events arrive in each thread's program order (see [`crate::session::order`]); this module routes them
+//! to the thread's [`ThreadTrace`], creating the process directory and the thread's file on the
+//! thread's first event and closing the file when the thread exits, and keeps the totals the
+//! summary shows.
+//!
+//! Stage 4 of the pipeline: [`order`] puts each thread's events back in program order, this
+//! module writes them (through the `xray-fdr` crate) into the directory [`output`] creates
+//! safely, and [`summary`] is what the session reports at its end.
+pub mod order;
+pub mod output;
+pub mod summary;
+mod thread;
+
+use crate::kernel::intake::Event;
+use crate::plan::exits::ExitsChoice;
+use crate::plan::{AttachPlan, FunctionNames};
+use crate::session::order::Gap;
+use crate::session::output::OutputDir;
+use crate::session::summary::{
+    FunctionTotals, ObjectReport, ProcessReport, SessionReport, ThreadReport,
+};
+use anyhow::Result;
+use profiler_common::event_kind;
+use std::collections::{BTreeMap, HashMap};
+pub use thread::{ThreadCounts, ThreadTrace};
+use xray_fdr::writer::{ThreadWriter, WallClock};
+use xray_fdr::FdrVersion;
+
+/// Timestamps are `bpf_ktime_get_ns()`: nanoseconds, so the FDR tick rate is 1 GHz.
+pub const CYCLE_FREQUENCY: u64 = 1_000_000_000;
+
+use fdr_analysis::manifest::MANIFEST;
+
+struct Process {
+    dir: OutputDir,
+    dir_name: String,
+    /// Threads whose file is open.
+    threads: BTreeMap<u32, ThreadTrace>,
+    /// Threads that exited: their files are final and closed.
+    done: Vec<ThreadReport>,
+    /// Files per tid so far (a tid the kernel reuses gets a second file).
+    files_per_tid: HashMap<u32, u32>,
+}
+
+/// Losses and anomalies only the kernel side and the intake know about.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IntakeLosses {
+    /// Events lost that belong to no known thread.
+    pub unattributed_lost: u64,
+    /// Records that could not be decoded or numbered.
+    pub malformed: u64,
+}
+
+/// The traced executable as the manifest names it.
+#[derive(Clone, Debug)]
+pub struct Executable {
+    /// File name, for the per-process directories (`<name>-<pid>`).
+    pub name: String,
+    /// Its path as users know it.
+    pub path: String,
+    /// The file was deleted or replaced on disk after the process started.
+    pub deleted: bool,
+}
+
+/// The state of one recording.
+pub struct Session {
+    out: OutputDir,
+    executable: Executable,
+    /// The objects probed so far, by object id.
+    objects: Vec<ObjectReport>,
+    /// Each probed object's file held open, by build-id, so that the end-of-session report
+    /// can read it even if it is deleted meanwhile (see `object_files`).
+    object_files: Vec<(String, std::fs::File)>,
+    names: FunctionNames,
+    clock: Clock,
+    processes: BTreeMap<u32, Process>,
+    /// Which process each live thread belongs to (end markers carry no pid).
+    pid_of: HashMap<u32, u32>,
+    totals: HashMap<u32, FunctionTotals>,
+    events: u64,
+    ignored: u64,
+    unattributed_lost: u64,
+    version: FdrVersion,
+    exits: ExitsChoice,
+}
+
+impl Session {
+    /// Starts a session writing FDR files of `version` under `out` for processes running
+    /// `executable`; the objects probed are added with [`Session::add_object`].
+    pub fn new(
+        out: OutputDir,
+        executable: Executable,
+        version: FdrVersion,
+        exits: ExitsChoice,
+    ) -> Session {
+        Session {
+            out,
+            executable,
+            objects: Vec::new(),
+            object_files: Vec::new(),
+            names: FunctionNames::default(),
+            clock: Clock::now(),
+            processes: BTreeMap::new(),
+            pid_of: HashMap::new(),
+            totals: HashMap::new(),
+            events: 0,
+            ignored: 0,
+            unattributed_lost: 0,
+            version,
+            exits,
+        }
+    }
+
+    /// Records that `plan`'s object was probed with `probes` probes, `attached_ns`
+    /// (CLOCK_MONOTONIC, the trace clock) being when they were all in place.
+    pub fn add_object(&mut self, plan: AttachPlan, probes: usize, attached_ns: u64) {
+        if let (Some(build_id), Ok(file)) = (&plan.build_id, std::fs::File::open(&plan.binary)) {
+            self.object_files.push((build_id.clone(), file));
+        }
+        self.objects.push(ObjectReport {
+            object_id: plan.object_id,
+            path: plan.display_path.clone(),
+            deleted: plan.deleted,
+            build_id: plan.build_id,
+            load_address: plan.load_address,
+            functions: plan.functions,
+            probes,
+            attached_ns,
+        });
+        self.objects.sort_by_key(|o| o.object_id);
+        let names = match plan.object_id {
+            0 => plan.names,
+            _ => plan.names.tagged(&plan.exe_name),
+        };
+        self.names.extend(names);
+    }
+
+    /// Records a thread's next event (in its program order, see [`crate::session::order`]); `gap` says
+    /// how many of its events were lost right before it.
+    pub fn record(&mut self, event: Event, gap: Option<Gap>) {
+        let h = event.header;
+        let ending = h.kind == event_kind::THREAD_EXIT;
+        if !ending {
+            self.events += 1;
+        }
+        let pid = if h.pid != 0 {
+            h.pid
+        } else {
+            self.pid_of.get(&h.tid).copied().unwrap_or(0)
+        };
+        let known = self
+            .processes
+            .get(&pid)
+            .is_some_and(|p| p.threads.contains_key(&h.tid));
+        if ending && !known {
+            // A thread whose every event was lost, or that never reached instrumented code.
+            self.unattributed_lost += gap.map_or(0, |g| g.lost);
+            self.pid_of.remove(&h.tid);
+            return;
+        }
+        let mut event = event;
+        event.header.pid = pid;
+        let thread = match thread_of(
+            &mut self.processes,
+            &self.out,
+            &self.executable.name,
+            &self.clock,
+            self.version,
+            self.exits.mode == "sleds",
+            &event,
+        ) {
+            Ok(thread) => thread,
+            Err(err) => {
+                eprintln!("fdr-profiled: warning: {err:#}");
+                self.ignored += 1;
+                self.unattributed_lost += gap.map_or(0, |g| g.lost);
+                return;
+            }
+        };
+        self.pid_of.insert(h.tid, pid);
+        thread.apply(&event, gap, &mut self.totals);
+        if ending {
+            self.pid_of.remove(&h.tid);
+            if let Some(process) = self.processes.get_mut(&pid) {
+                if let Some(thread) = process.threads.remove(&h.tid) {
+                    process.done.push(thread.finish(h.tid));
+                }
+            }
+        }
+    }
+
+    /// Records where an object probed before it was mapped was found mapped.
+    pub fn locate_object(&mut self, object_id: u32, load_address: u64) {
+        for o in &mut self.objects {
+            if o.object_id == object_id && o.load_address == 0 {
+                o.load_address = load_address;
+            }
+        }
+    }
+
+    /// The probed objects' files, held open since they were probed, by build-id: readable
+    /// through `/proc/self/fd/N` whatever happened to their paths since.
+    pub fn take_object_files(&mut self) -> Vec<(String, std::fs::File)> {
+        std::mem::take(&mut self.object_files)
+    }
+
+    /// Makes every file on disk a complete, loadable trace of what was recorded so far.
+    pub fn flush(&mut self) {
+        for process in self.processes.values_mut() {
+            for thread in process.threads.values_mut() {
+                thread.flush();
+            }
+        }
+    }
+
+    /// Open thread files.
+    pub fn open_files(&self) -> usize {
+        self.processes.values().map(|p| p.threads.len()).sum()
+    }
+
+    /// Finalizes every file, writes `session.json` and returns the report.
+    pub fn finish(self, losses: IntakeLosses) -> Result<SessionReport> {
+        let mut report = SessionReport {
+            fdr_version: self.version.number(),
+            exits: self.exits.mode.to_owned(),
+            exits_reason: self.exits.reason.clone(),
+            events: self.events,
+            events_lost: 0,
+            events_lost_unattributed: self.unattributed_lost + losses.unattributed_lost,
+            events_malformed: losses.malformed,
+            events_dropped_write_errors: 0,
+            dropped_unmatched_exits: 0,
+            events_ignored: self.ignored,
+            custom_events: 0,
+            custom_events_truncated: 0,
+            typed_events: 0,
+            processes: Vec::new(),
+            functions: SessionReport::rank_functions(&self.totals, &self.names),
+        };
+        for (pid, process) in self.processes {
+            let mut threads = process.done;
+            for (tid, thread) in process.threads {
+                threads.push(thread.finish(tid));
+            }
+            threads.sort_by_key(|t| t.tid);
+            for t in &threads {
+                report.events_lost += t.events_lost;
+                report.dropped_unmatched_exits += t.dropped_unmatched_exits;
+                report.events_dropped_write_errors += t.dropped_write_errors;
+                report.custom_events += t.custom_events;
+                report.custom_events_truncated += t.custom_events_truncated;
+                report.typed_events += t.typed_events;
+            }
+            let executable = self.objects.iter().find(|o| o.object_id == 0);
+            report.processes.push(ProcessReport {
+                pid,
+                binary: self.executable.path.clone(),
+                binary_deleted: self.executable.deleted,
+                build_id: executable.and_then(|o| o.build_id.clone()),
+                objects: self.objects.clone(),
+                dir: process.dir_name,
+                threads,
+            });
+        }
+        report.events_lost += report.events_lost_unattributed + report.events_malformed;
+        let json = serde_json::to_vec_pretty(&report)?;
+        self.out.write_atomically(MANIFEST, &json)?;
+        Ok(report)
+    }
+
+    /// The session's output directory.
+    pub fn out_dir(&self) -> &std::path::Path {
+        self.out.path()
+    }
+}
+
+/// The thread's trace, creating its process directory and file on first sight.
+fn thread_of<'a>(
+    processes: &'a mut BTreeMap<u32, Process>,
+    out: &OutputDir,
+    exe_name: &str,
+    clock: &Clock,
+    version: FdrVersion,
+    sleds_mode: bool,
+    event: &Event,
+) -> Result<&'a mut ThreadTrace> {
+    let h = &event.header;
+    let process = match processes.entry(h.pid) {
+        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::btree_map::Entry::Vacant(e) => {
+            let dir = out.create_subdir(&format!("{exe_name}-{}", h.pid))?;
+            let dir_name = dir
+                .path()
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            e.insert(Process {
+                dir,
+                dir_name,
+                threads: BTreeMap::new(),
+                done: Vec::new(),
+                files_per_tid: HashMap::new(),
+            })
+        }
+    };
+    let thread = match process.threads.entry(h.tid) {
+        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::btree_map::Entry::Vacant(e) => {
+            let n = process.files_per_tid.entry(h.tid).or_insert(0);
+            *n += 1;
+            let name = if *n == 1 {
+                format!("tid-{}.fdr", h.tid)
+            } else {
+                format!("tid-{}.{}.fdr", h.tid, n)
+            };
+            let staging = format!(".{name}.tmp");
+            let file = format!("{}/{}", process.dir_name, name);
+            let handle = process.dir.create_file(&staging)?;
+            let writer = ThreadWriter::with_version(
+                handle,
+                h.tid,
+                h.pid,
+                CYCLE_FREQUENCY,
+                clock.wall_clock(h.ts_ns),
+                version,
+            )
+            .map_err(|err| anyhow::anyhow!("writing {file}: {err}"))?;
+            // The header and preamble are on disk: only now does the file get its name.
+            process.dir.publish(&staging, &name)?;
+            e.insert(ThreadTrace::new(writer, file, sleds_mode))
+        }
+    };
+    Ok(thread)
+}
+
+/// Converts the kernel's monotonic timestamps to wall-clock time for WallClockTime records.
+struct Clock {
+    /// Realtime minus monotonic, in nanoseconds, sampled once at session start.
+    offset_ns: i128,
+}
+
+impl Clock {
+    fn now() -> Clock {
+        let mono = clock_ns(libc::CLOCK_MONOTONIC);
+        let real = clock_ns(libc::CLOCK_REALTIME);
+        Clock {
+            offset_ns: real - mono,
+        }
+    }
+
+    fn wall_clock(&self, monotonic_ns: u64) -> WallClock {
+        let ns = (monotonic_ns as i128 + self.offset_ns).max(0);
+        WallClock {
+            secs: (ns / 1_000_000_000) as u64,
+            micros: ((ns % 1_000_000_000) / 1_000) as u32,
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads, so comparable with
+/// the trace's timestamps.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC) as u64
+}
+
+fn clock_ns(clock: libc::clockid_t) -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec; both clocks always exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+}

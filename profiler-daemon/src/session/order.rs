@@ -1,0 +1,151 @@
+//! Putting each thread's events back in program order.
+//!
+//! A thread that migrates leaves its events in several per-CPU buffers, and a drain reads the
+//! buffers one after another, so events of one thread can arrive out of order, one drain apart
+//! at most. The kernel side numbers every event of a thread, written or lost, and each written
+//! event says how many lost ones came right before it. So an event is ready exactly when every
+//! number before it has been delivered or is accounted as lost: order and gaps are known, not
+//! guessed from timestamps.
+use crate::kernel::intake::Event;
+use profiler_common::{event_kind, EventHeader, ThreadState};
+use std::collections::{BTreeMap, HashMap};
+
+/// Events of a thread that were lost right before the event they come with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gap {
+    /// How many.
+    pub lost: u64,
+    /// The lowest call depth they reached: every frame at this depth or deeper was left
+    /// during the gap. `i32::MAX`: none was an exit; `i32::MIN`: unknown (treat every frame as
+    /// left).
+    pub low: i32,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Sequence number of the next event to deliver.
+    next: u64,
+    /// Events that arrived early, by the first sequence number they account for.
+    waiting: BTreeMap<u64, Event>,
+}
+
+/// Per-thread reordering.
+#[derive(Default)]
+pub struct Sequencer {
+    threads: HashMap<u32, Pending>,
+    stale: u64,
+}
+
+impl Sequencer {
+    /// Takes an event from the buffers; delivers it, and any events it was holding up, to
+    /// `sink` in the thread's program order.
+    pub fn push(&mut self, event: Event, sink: &mut impl FnMut(Event, Option<Gap>)) {
+        let h = &event.header;
+        let Some(first) = h.seq.checked_sub(u64::from(h.gap_lost)) else {
+            self.stale += 1;
+            return;
+        };
+        let tid = h.tid;
+        let pending = self.threads.entry(tid).or_default();
+        if first < pending.next {
+            // Only a corrupt record could number an event already delivered.
+            self.stale += 1;
+            return;
+        }
+        if first > pending.next {
+            pending.waiting.insert(first, event);
+            return;
+        }
+        if deliver(pending, event, sink) {
+            self.threads.remove(&tid);
+            return;
+        }
+        while pending
+            .waiting
+            .first_key_value()
+            .is_some_and(|(&k, _)| k == pending.next)
+        {
+            let Some((_, event)) = pending.waiting.pop_first() else {
+                break;
+            };
+            if deliver(pending, event, sink) {
+                self.threads.remove(&tid);
+                return;
+            }
+        }
+    }
+
+    /// Ends threads from their kernel-side books (threads whose exit record was lost, or all
+    /// threads at the end of the session): each gets its end marker, with the events lost at
+    /// its very end.
+    pub fn end_threads(
+        &mut self,
+        books: &[(u32, ThreadState)],
+        sink: &mut impl FnMut(Event, Option<Gap>),
+    ) {
+        for &(tid, state) in books {
+            let marker = Event {
+                header: EventHeader {
+                    seq: state.seq,
+                    tid,
+                    kind: event_kind::THREAD_EXIT,
+                    depth: state.depth,
+                    gap_lost: state.gap_lost,
+                    gap_low: state.gap_low,
+                    ..EventHeader::default()
+                },
+                args: [0; profiler_common::MAX_ARGS],
+                nargs: 0,
+                data: None,
+            };
+            self.push(marker, sink);
+        }
+    }
+
+    /// Ends the session: threads the kernel still has books for are ended (see
+    /// [`Sequencer::end_threads`]), and events still waiting for predecessors that never came
+    /// are delivered with the missing ones counted as lost.
+    pub fn finish(
+        &mut self,
+        live: &[(u32, ThreadState)],
+        sink: &mut impl FnMut(Event, Option<Gap>),
+    ) {
+        self.end_threads(live, sink);
+        for (_, mut pending) in std::mem::take(&mut self.threads) {
+            while let Some((first, event)) = pending.waiting.pop_first() {
+                let missing = first - pending.next;
+                let gap = Gap {
+                    lost: missing + u64::from(event.header.gap_lost),
+                    low: i32::MIN,
+                };
+                pending.next = event.header.seq + 1;
+                sink(event, Some(gap));
+            }
+        }
+    }
+
+    /// Records whose sequence number could not be right (counted, dropped).
+    pub fn stale(&self) -> u64 {
+        self.stale
+    }
+
+    /// Threads being tracked.
+    pub fn threads(&self) -> usize {
+        self.threads.len()
+    }
+}
+
+/// Delivers the next event of a thread; true when it was the thread's last.
+fn deliver(pending: &mut Pending, event: Event, sink: &mut impl FnMut(Event, Option<Gap>)) -> bool {
+    let h = event.header;
+    let gap = (h.gap_lost > 0).then_some(Gap {
+        lost: u64::from(h.gap_lost),
+        low: h.gap_low,
+    });
+    pending.next = h.seq + 1;
+    sink(event, gap);
+    h.kind == event_kind::THREAD_EXIT
+}
+
+#[cfg(test)]
+mod tests;

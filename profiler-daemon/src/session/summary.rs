@@ -1,0 +1,320 @@
+//! What a session produced, for the terminal and for `session.json`.
+use crate::plan::FunctionNames;
+use fdr_analysis::report::render::human_ns;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+/// Per-function totals, accumulated from matched entry/exit pairs as they are written.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct FunctionTotals {
+    /// Completed calls (an entry with its exit or tail exit).
+    pub calls: u64,
+    /// Sum of the calls' inclusive durations in nanoseconds (recursive calls count at every level,
+    /// as `llvm-xray account` counts them).
+    pub total_ns: u64,
+}
+
+/// Deepest call stack a thread's timer tracks; deeper frames are not timed (bounded memory).
+const MAX_TIMED_DEPTH: usize = 1 << 16;
+
+/// Times calls of one thread from its entry and exit records.
+#[derive(Debug, Default)]
+pub struct CallTimer {
+    stack: Vec<(u32, u64)>,
+    too_deep: usize,
+}
+
+impl CallTimer {
+    /// A function was entered at `ts` nanoseconds.
+    pub fn enter(&mut self, function_id: u32, ts: u64) {
+        if self.stack.len() < MAX_TIMED_DEPTH {
+            self.stack.push((function_id, ts));
+        } else {
+            self.too_deep += 1;
+        }
+    }
+
+    /// A function returned (or tail-called out) at `ts`. Frames above it that never saw their
+    /// exit (unwound by an exception, say) are dropped untimed.
+    pub fn exit(&mut self, function_id: u32, ts: u64, totals: &mut HashMap<u32, FunctionTotals>) {
+        if self.too_deep > 0 {
+            self.too_deep -= 1;
+            return;
+        }
+        let Some(pos) = self.stack.iter().rposition(|&(id, _)| id == function_id) else {
+            return;
+        };
+        let (_, start) = self.stack[pos];
+        self.stack.truncate(pos);
+        let t = totals.entry(function_id).or_default();
+        t.calls += 1;
+        t.total_ns = t.total_ns.saturating_add(ts.saturating_sub(start));
+    }
+}
+
+/// One thread's output file.
+#[derive(Debug, Serialize)]
+pub struct ThreadReport {
+    /// Kernel thread id.
+    pub tid: u32,
+    /// The FDR file, relative to the session directory.
+    pub file: String,
+    /// Function records written.
+    pub records: u64,
+    /// Events received for this thread.
+    pub events: u64,
+    /// Events of this thread the kernel could not queue (buffer full). Exact: the kernel
+    /// numbers every event of a thread.
+    pub events_lost: u64,
+    /// Frames whose exit was lost: closed in the file at the first event after the loss.
+    pub frames_closed_by_loss: u64,
+    /// Exits not written because their entry was lost.
+    pub exits_of_lost_entries: u64,
+    /// Frames without an exit of their own (an exception unwound them, or they were beyond
+    /// the kernel's 64 pending return probes): closed in the file when the frame below them
+    /// exits, at that time, so that the file stays loadable (native XRay writes no exit).
+    pub frames_unwound: u64,
+    /// Exits dropped because their entry was never seen (tracing started inside the call).
+    pub dropped_unmatched_exits: u64,
+    /// Events dropped because the file could not be written.
+    pub dropped_write_errors: u64,
+    /// Custom events written.
+    pub custom_events: u64,
+    /// Custom/typed events whose payload was cut to `--max-event-bytes`.
+    pub custom_events_truncated: u64,
+    /// Typed events written.
+    pub typed_events: u64,
+    /// Custom/typed events whose payload could not be read from the program (not written).
+    pub unreadable_events: u64,
+}
+
+/// One traced process.
+#[derive(Debug, Serialize)]
+pub struct ProcessReport {
+    /// Process id.
+    pub pid: u32,
+    /// The instrumented binary it ran.
+    pub binary: String,
+    /// The binary was deleted or replaced on disk after the process started (the file traced
+    /// is the one the process runs, not what `binary` names now).
+    pub binary_deleted: bool,
+    /// GNU build-id of the traced file (lowercase hex), read when the session started: lets
+    /// `report` and `convert` notice a binary rebuilt or replaced since the recording.
+    pub build_id: Option<String>,
+    /// The instrumented objects probed in it, by object id: what the trace's function ids
+    /// mean (`id >> 24` is the object, `id & 0xffffff` the function in its map).
+    pub objects: Vec<ObjectReport>,
+    /// Its directory, relative to the session directory.
+    pub dir: String,
+    /// Its threads that ran instrumented code.
+    pub threads: Vec<ThreadReport>,
+}
+
+/// One instrumented object of a traced process.
+#[derive(Clone, Debug, Serialize)]
+pub struct ObjectReport {
+    /// XRay object id: 0 for the executable, whose function ids are plain; a shared object's
+    /// functions appear in the trace as `(object_id << 24) | function_id`.
+    pub object_id: u32,
+    /// The file as the process maps it.
+    pub path: String,
+    /// The file was deleted or replaced on disk after it was mapped.
+    pub deleted: bool,
+    /// GNU build-id (lowercase hex), read when it was probed.
+    pub build_id: Option<String>,
+    /// Where the process mapped the file's offset 0 (0 when unknown: an object probed before
+    /// it was mapped, or by path for every process).
+    pub load_address: u64,
+    /// Instrumented functions probed.
+    pub functions: usize,
+    /// Probes placed.
+    pub probes: usize,
+    /// When its probes were all in place (CLOCK_MONOTONIC ns, the clock of the trace): calls
+    /// into it before then are not in the trace.
+    pub attached_ns: u64,
+}
+
+/// A function's line in the summary.
+#[derive(Debug, Serialize)]
+pub struct FunctionReport {
+    /// XRay function id.
+    pub id: u32,
+    /// Demangled name (or `#id`).
+    pub name: String,
+    /// Completed calls.
+    pub calls: u64,
+    /// Total inclusive time in nanoseconds.
+    pub total_ns: u64,
+}
+
+/// Everything a session produced; serialised as `session.json`.
+#[derive(Debug, Serialize)]
+pub struct SessionReport {
+    /// FDR version of the trace files (1 or 5).
+    pub fdr_version: u16,
+    /// How exits were observed: `sleds` or `return`.
+    pub exits: String,
+    /// Why that exit mode.
+    pub exits_reason: String,
+    /// Events received from the kernel.
+    pub events: u64,
+    /// Events the kernel could not deliver (ring buffer full), in total: the threads' counts
+    /// plus the unattributed and malformed ones.
+    pub events_lost: u64,
+    /// Lost events that belong to no thread with a file (all its events lost, or the
+    /// per-thread table was full).
+    pub events_lost_unattributed: u64,
+    /// Records that could not be decoded or were numbered inconsistently (never expected).
+    pub events_malformed: u64,
+    /// Events that could not be written to a file.
+    pub events_dropped_write_errors: u64,
+    /// Exits dropped because their entry was never seen.
+    pub dropped_unmatched_exits: u64,
+    /// Events that could not be given a file.
+    pub events_ignored: u64,
+    /// Custom events written.
+    pub custom_events: u64,
+    /// Custom/typed events whose payload was truncated.
+    pub custom_events_truncated: u64,
+    /// Typed events written.
+    pub typed_events: u64,
+    /// Traced processes.
+    pub processes: Vec<ProcessReport>,
+    /// Functions by total time, longest first.
+    pub functions: Vec<FunctionReport>,
+}
+
+impl SessionReport {
+    /// Functions ordered by total time, longest first, named.
+    pub fn rank_functions(
+        totals: &HashMap<u32, FunctionTotals>,
+        names: &FunctionNames,
+    ) -> Vec<FunctionReport> {
+        let mut out: Vec<FunctionReport> = totals
+            .iter()
+            .map(|(&id, t)| FunctionReport {
+                id,
+                name: names.name(id),
+                calls: t.calls,
+                total_ns: t.total_ns,
+            })
+            .collect();
+        out.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.id.cmp(&b.id)));
+        out
+    }
+
+    /// The human summary printed at the end of a session.
+    pub fn render(&self, out_dir: &std::path::Path, top: usize) -> String {
+        let threads: usize = self.processes.iter().map(|p| p.threads.len()).sum();
+        let mut s = String::new();
+        let _ = writeln!(s, "fdr-profiled: session summary");
+        let _ = writeln!(
+            s,
+            "  processes: {}, threads: {}",
+            self.processes.len(),
+            threads
+        );
+        let _ = writeln!(s, "  exits: {} ({})", self.exits, self.exits_reason);
+        let _ = writeln!(
+            s,
+            "  events: {}, events lost: {}",
+            self.events, self.events_lost
+        );
+        let lossy: Vec<String> = self
+            .processes
+            .iter()
+            .flat_map(|p| &p.threads)
+            .filter(|t| t.events_lost > 0)
+            .map(|t| format!("tid {}: {}", t.tid, t.events_lost))
+            .collect();
+        if !lossy.is_empty() {
+            let _ = writeln!(
+                s,
+                "  lost per thread: {}{}",
+                lossy.iter().take(8).cloned().collect::<Vec<_>>().join(", "),
+                if lossy.len() > 8 { ", ..." } else { "" }
+            );
+            let _ = writeln!(
+                s,
+                "  (files stay valid: frames left during a loss are closed at the next event; \
+                 exits of lost entries are not written; raise --buffer-size to lose less)"
+            );
+        }
+        if self.events_lost_unattributed > 0 {
+            let _ = writeln!(
+                s,
+                "  lost events of threads without a file: {}",
+                self.events_lost_unattributed
+            );
+        }
+        if self.custom_events + self.typed_events > 0 {
+            let _ = writeln!(
+                s,
+                "  custom events: {}, typed events: {}, payloads truncated: {}",
+                self.custom_events, self.typed_events, self.custom_events_truncated
+            );
+        }
+        if self.events_dropped_write_errors > 0 {
+            let _ = writeln!(
+                s,
+                "  events dropped on write errors: {}",
+                self.events_dropped_write_errors
+            );
+        }
+        if self.dropped_unmatched_exits > 0 {
+            let _ = writeln!(
+                s,
+                "  exits without a traced entry (not written): {}",
+                self.dropped_unmatched_exits
+            );
+        }
+        if self.events_ignored > 0 {
+            let _ = writeln!(s, "  events ignored: {}", self.events_ignored);
+        }
+        let _ = writeln!(s, "  files written: {} in {}", threads, out_dir.display());
+        if !self.functions.is_empty() {
+            let _ = writeln!(s, "  top functions by total time:");
+            let _ = writeln!(
+                s,
+                "  {:>14} {:>10} {:>12}  function",
+                "total", "calls", "mean"
+            );
+            for f in self.functions.iter().take(top) {
+                let mean = f.total_ns.checked_div(f.calls).unwrap_or(0);
+                let _ = writeln!(
+                    s,
+                    "  {:>14} {:>10} {:>12}  {}",
+                    human_ns(f.total_ns),
+                    f.calls,
+                    human_ns(mean),
+                    f.name
+                );
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timer_matches_nested_and_unwound_calls() {
+        let mut totals = HashMap::new();
+        let mut t = CallTimer::default();
+        t.enter(1, 100);
+        t.enter(2, 110);
+        t.exit(2, 130, &mut totals);
+        t.enter(3, 140);
+        // 3 never returns (unwound); 1's exit closes both.
+        t.exit(1, 200, &mut totals);
+        t.exit(7, 210, &mut totals); // never entered: ignored
+        assert_eq!(totals[&1].calls, 1);
+        assert_eq!(totals[&1].total_ns, 100);
+        assert_eq!(totals[&2].total_ns, 20);
+        assert!(!totals.contains_key(&3));
+        assert!(!totals.contains_key(&7));
+    }
+}

@@ -1,0 +1,128 @@
+//! A running process given with `--pid`: checking it is something we can trace, finding its
+//! executable, and noticing when it exits.
+use anyhow::{bail, Context as _, Result};
+use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::path::PathBuf;
+
+/// A process we are about to trace.
+#[derive(Debug)]
+pub struct TracedProcess {
+    /// Its pid.
+    pub pid: u32,
+    /// `/proc/PID/exe`: opening this reaches the executable even if it was deleted or replaced on
+    /// disk since the process started, or lives in another mount namespace; uprobes placed
+    /// through it land on the very inode the process runs.
+    pub exe_link: PathBuf,
+    /// The executable's path as the process sees it (for messages and directory names).
+    pub exe_path: String,
+}
+
+impl TracedProcess {
+    /// Checks that `pid` names a user-space process other than ourselves.
+    pub fn find(pid: u32) -> Result<TracedProcess> {
+        if pid == 0 {
+            bail!("pid 0 is not a process");
+        }
+        if pid == std::process::id() {
+            bail!("pid {pid} is fdr-profiled itself");
+        }
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        if !proc_dir.exists() {
+            bail!("no process with pid {pid}");
+        }
+        let exe_link = proc_dir.join("exe");
+        let exe_path = match std::fs::read_link(&exe_link) {
+            Ok(path) => path.to_string_lossy().into_owned(),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                if is_kernel_thread(pid) {
+                    bail!("pid {pid} is a kernel thread: it runs no executable to trace");
+                }
+                bail!("pid {pid} has no executable (it is exiting or has exited)");
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
+                bail!("permission denied reading /proc/{pid}/exe: the process belongs to another user or is protected from tracing")
+            }
+            Err(err) => return Err(err).with_context(|| format!("cannot read /proc/{pid}/exe")),
+        };
+        Ok(TracedProcess {
+            pid,
+            exe_link,
+            exe_path,
+        })
+    }
+
+    /// The executable's path without the kernel's " (deleted)" suffix.
+    pub fn exe_path_on_disk(&self) -> &str {
+        self.exe_path
+            .strip_suffix(" (deleted)")
+            .unwrap_or(&self.exe_path)
+    }
+
+    /// Whether the file the process runs was deleted or replaced since it started (the path
+    /// then names another file, or none).
+    pub fn exe_deleted(&self) -> bool {
+        self.exe_path.ends_with(" (deleted)")
+    }
+
+    /// The executable's file name.
+    pub fn exe_name(&self) -> String {
+        super::file_name(self.exe_path_on_disk()).to_owned()
+    }
+}
+
+/// Kernel threads have the PF_KTHREAD flag in the 9th field of /proc/PID/stat.
+fn is_kernel_thread(pid: u32) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The command name (field 2) may contain spaces and parentheses: fields resume after the
+    // last ')'. Field 9 (flags) is then the 7th.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(6)?.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
+}
+
+/// A pidfd: becomes readable when the process exits (no polling of /proc, no pid reuse races).
+pub fn open_pidfd(pid: u32) -> Result<OwnedFd> {
+    // SAFETY: plain syscall; a non-negative result is a new descriptor we own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("pidfd_open({pid})"));
+    }
+    // SAFETY: fd is a fresh descriptor returned by the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Waits until the process behind `pidfd` has exited.
+pub async fn exited(pidfd: &tokio::io::unix::AsyncFd<OwnedFd>) -> Result<()> {
+    let mut guard = pidfd
+        .readable()
+        .await
+        .context("waiting for the traced process")?;
+    guard.retain_ready();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_ourselves_missing_pids_and_kernel_threads() {
+        let me = std::process::id();
+        assert!(TracedProcess::find(me)
+            .unwrap_err()
+            .to_string()
+            .contains("itself"));
+        assert!(TracedProcess::find(0).is_err());
+        // pid_max is at most 2^22: this pid cannot exist.
+        let err = TracedProcess::find(1 << 23).unwrap_err().to_string();
+        assert!(err.contains("no process"), "{err}");
+        // kthreadd is pid 2 on every Linux system with kernel threads.
+        if is_kernel_thread(2) {
+            let err = TracedProcess::find(2).unwrap_err().to_string();
+            assert!(err.contains("kernel thread"), "{err}");
+        }
+    }
+}
