@@ -37,10 +37,11 @@
 
 use std::io;
 
-use super::records::{self, FileHeader, MetadataKind, HEADER_SIZE, METADATA_RECORD_SIZE};
+use super::records::{
+    self, FileHeader, MetadataKind, WallClock, HEADER_SIZE, METADATA_RECORD_SIZE,
+};
 use super::sink::TraceSink;
 use super::version::FdrVersion;
-use super::writer::WallClock;
 
 /// The unit at which the kernel may cut a write short: the smallest page size (larger pages are
 /// multiples of it, so their boundaries are among these).

@@ -393,6 +393,29 @@ pub fn pid(pid: u32) -> [u8; METADATA_RECORD_SIZE] {
         .record(MetadataKind::Pid)
 }
 
+/// Wall-clock time written into the buffer's WallClockTime record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WallClock {
+    /// Seconds since the Unix epoch.
+    pub secs: u64,
+    /// Microseconds within the second (the unit llvm-xray prints and compiler-rt writes).
+    pub micros: u32,
+}
+
+impl WallClock {
+    /// The current system time; before-epoch clocks read as the epoch rather than failing,
+    /// because the field is informational only.
+    pub fn now() -> Self {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        WallClock {
+            secs: d.as_secs(),
+            micros: d.subsec_micros(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

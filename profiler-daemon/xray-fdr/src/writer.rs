@@ -33,8 +33,8 @@
 use std::io;
 
 use super::commit::{Disk, Pending};
-pub use super::records::FunctionAction;
 use super::records::{self, MAX_FUNCTION_ID, METADATA_RECORD_SIZE};
+pub use super::records::{FunctionAction, WallClock};
 pub use super::sink::TraceSink;
 pub use super::version::FdrVersion;
 
@@ -52,29 +52,6 @@ pub const MAX_EVENT_PAYLOAD: usize = 1 << 30;
 /// First bytes of the custom-event payload that stands for a typed event in version 1, followed
 /// by the type (u16 LE) and the typed payload.
 pub const TYPED_EVENT_PREFIX: [u8; 4] = *b"XRTE";
-
-/// Wall-clock time written into the buffer's WallClockTime record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct WallClock {
-    /// Seconds since the Unix epoch.
-    pub secs: u64,
-    /// Microseconds within the second (the unit llvm-xray prints and compiler-rt writes).
-    pub micros: u32,
-}
-
-impl WallClock {
-    /// The current system time; before-epoch clocks read as the epoch rather than failing,
-    /// because the field is informational only.
-    pub fn now() -> Self {
-        let d = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        WallClock {
-            secs: d.as_secs(),
-            micros: d.subsec_micros(),
-        }
-    }
-}
 
 /// What the writer did with a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@
 //! An `E` event repeats its `B` event's name and args: speedscope's importer pairs them by
 //! both (Perfetto by order alone). Nothing else goes into a call's args, since speedscope
 //! shows them as part of the frame's name.
-use super::{micros, payload_text, JsonNames};
+use super::json::{micros, payload_text, JsonNames};
 use crate::replay::{self, Call, FunctionKey, ObjectTable, Session, TraceEvent, Visitor};
 use crate::report::render::site_text;
 use profiler_common::SledKind;

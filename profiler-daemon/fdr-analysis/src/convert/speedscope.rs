@@ -4,7 +4,7 @@
 //!
 //! Written as the trace is read: the profiles come first, the frame table (known only at the
 //! end) last, which JSON allows.
-use super::JsonNames;
+use super::json::JsonNames;
 use crate::replay::{self, Call, FunctionKey, ObjectTable, Session, Visitor};
 use std::collections::HashMap;
 use std::io::{self, Write};

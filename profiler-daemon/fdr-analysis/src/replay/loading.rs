@@ -3,7 +3,7 @@
 //! Every problem is a warning naming the process, the object and its file; the object's
 //! functions are then named by id.
 use super::layout::{ObjectEntry, ProcessEntry};
-use super::{SessionObject, NO_OBJECT};
+use super::objects::{SessionObject, NO_OBJECT};
 use crate::symbolize::{ObjectSymbols, Symbolizer};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! The line table is no help here: at an XRay entry sled, the first instruction of a function,
 //! compilers put line 0 (code before the prologue belongs to no statement).
 use super::debuginfo::DwarfReader;
-use super::SourceLocation;
+use super::location::SourceLocation;
 use gimli::{AttributeValue, Reader as _, UnitOffset};
 
 /// Specification and abstract-origin links followed at most (a hostile file could loop them).

@@ -9,9 +9,11 @@
 //! function, and every type here is `Send + Sync`, so threads can share one symbolizer.
 pub mod debuginfo;
 mod decl;
+mod location;
 
 use anyhow::{Context as _, Result};
 use debuginfo::DwarfReader;
+pub use location::SourceLocation;
 use profiler_common::SledKind;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -20,25 +22,6 @@ use std::sync::{Arc, Mutex};
 use xray_object::elf::ElfImage;
 use xray_object::instrmap::InstrMap;
 use xray_object::symbols::{self, SymbolTable};
-
-/// A source position.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct SourceLocation {
-    /// The file, as the DWARF names it (usually absolute).
-    pub file: String,
-    /// Line, 1-based; 0 when the DWARF gives none.
-    pub line: u32,
-    /// Column, 1-based; 0 when the DWARF gives none.
-    pub column: u32,
-}
-
-impl SourceLocation {
-    /// `file:line` with the file's last path component, as `llvm-xray account` shows it.
-    pub fn short(&self) -> String {
-        let name = self.file.rsplit('/').next().unwrap_or(&self.file);
-        format!("{name}:{}", self.line)
-    }
-}
 
 /// Where a function's name came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

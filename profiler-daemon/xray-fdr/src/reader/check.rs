@@ -19,8 +19,8 @@
 
 use std::collections::HashMap;
 
+use super::error::ReadError;
 use super::framing::{EventTime, RawRecord};
-use super::ReadError;
 use crate::records::FunctionAction;
 
 /// Where in the grammar the reader is.

@@ -11,7 +11,7 @@
 //! anything is sliced, so no input can make this code allocate or panic.
 #![warn(missing_docs)]
 
-use super::ReadError;
+use super::error::ReadError;
 use crate::records::{
     le_u16, le_u32, le_u64, FunctionAction, MetadataKind, FUNCTION_RECORD_SIZE,
     METADATA_RECORD_SIZE,

@@ -12,48 +12,14 @@
 #![warn(missing_docs)]
 
 pub mod check;
+mod error;
 pub mod framing;
 
-use std::fmt;
-
+use crate::records::WallClock;
 use crate::records::{FileHeader, FunctionAction, FDR_LOG_TYPE, HEADER_SIZE};
-use crate::writer::WallClock;
 pub use check::Context;
+pub use error::ReadError;
 pub use framing::{EventTime, RawRecord};
-
-/// The first violation found: where, in which kind of record, and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadError {
-    /// Byte offset in the file of the record (or byte) at fault.
-    pub offset: u64,
-    /// Kind of that record: `FileHeader`, `Function`, `NewBuffer`, ... or `Padding`.
-    pub record: &'static str,
-    /// What is wrong.
-    pub problem: String,
-}
-
-impl ReadError {
-    /// An error at `offset` in a record of kind `record`.
-    pub fn new(offset: u64, record: &'static str, problem: impl Into<String>) -> Self {
-        ReadError {
-            offset,
-            record,
-            problem: problem.into(),
-        }
-    }
-}
-
-impl fmt::Display for ReadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "offset {} ({:#x}), {}: {}",
-            self.offset, self.offset, self.record, self.problem
-        )
-    }
-}
-
-impl std::error::Error for ReadError {}
 
 /// What a function record or event says happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
