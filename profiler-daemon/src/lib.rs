@@ -2,7 +2,7 @@
 //!
 //! The recorder is a pipeline; each stage is a folder, and imports only run down it:
 //!
-//! 1. [`target`]: what is traced: a running process, the files it maps, a command to launch.
+//! 1. [`traced`]: what is traced: a running process, the files it maps, a command to launch.
 //!    (The ELF files themselves are read by the `xray-object` crate.)
 //! 2. [`plan`]: what to probe: which objects of a process ([`plan::discovery`]), which
 //!    functions ([`plan::select`]), how exits are observed ([`plan::exits`]), where event sleds
@@ -24,5 +24,5 @@ pub mod kernel;
 pub mod plan;
 pub mod record;
 pub mod session;
-pub mod target;
+pub mod traced;
 pub mod tools;

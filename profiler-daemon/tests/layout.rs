@@ -1,5 +1,5 @@
 //! The daemon's source tree keeps the shape of its pipeline: every import between two of its
-//! files runs down the stages (target → plan → kernel → session → commands → cli), no files
+//! files runs down the stages (traced → plan → kernel → session → commands → cli), no files
 //! import each other in a cycle, and `cli` is used by `main` alone.
 //!
 //! Imports are read from the sources, not from the compiler: `crate::a::b` and `super::b`
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 /// The stages, lowest first. A file may use files of its own stage or of a lower one.
 const STAGES: &[(&str, u32)] = &[
-    ("target", 1),
+    ("traced", 1),
     ("plan", 2),
     ("kernel", 3),
     ("session", 4),
@@ -424,7 +424,7 @@ fn the_reader_sees_imports() {
             "use crate::{plan::exits::{ExitMode, Exits}, kernel::intake};\n\
              // use crate::cli::Nothing;\n\
              use super::order::Gap; let s = \"crate::tools\"; inner::f(); outer::inner::g();\n\
-             fn f() -> crate::target::process::TracedProcess { todo!() } /* crate::record */",
+             fn f() -> crate::traced::process::TracedProcess { todo!() } /* crate::record */",
         ),
     };
     let mut got: Vec<String> = references(&file).iter().map(|p| p.join("::")).collect();
@@ -437,7 +437,7 @@ fn the_reader_sees_imports() {
             "plan::exits::Exits",
             "session::order::Gap",
             "session::thread::inner::f",
-            "target::process::TracedProcess",
+            "traced::process::TracedProcess",
         ]
     );
 }

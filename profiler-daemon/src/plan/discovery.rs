@@ -7,7 +7,7 @@
 //! they are found, at most [`MAX_OBJECT_ID`] of them, since a trace's function ids carry only
 //! 4 bits of object id.
 use crate::plan::{AttachPlan, MAX_OBJECT_ID};
-use crate::target::mappings::{self, FileId, MappedObject, MapsKey};
+use crate::traced::mappings::{self, FileId, MappedObject, MapsKey};
 use anyhow::Result;
 use std::collections::{HashMap, HashSet};
 
@@ -145,7 +145,7 @@ impl Discovery {
             plan.display_path = m.path.clone();
             plan.deleted = m.deleted;
             plan.load_address = m.load_address;
-            plan.exe_name = crate::target::file_name(&m.path).to_owned();
+            plan.exe_name = crate::traced::file_name(&m.path).to_owned();
             found.plans.push(plan);
         }
         found

@@ -151,11 +151,11 @@ pub fn static_image(executable: &Path) -> Vec<PathBuf> {
 
 /// Every file a running process maps: through its root directory, which names it as the
 /// process sees it (containers included), or through `/proc/PID/map_files` for files deleted
-/// since they were mapped (see [`crate::target::mappings`]).
+/// since they were mapped (see [`crate::traced::mappings`]).
 pub fn mapped_image(pid: u32) -> Vec<PathBuf> {
     let mut out = vec![PathBuf::from(format!("/proc/{pid}/exe"))];
     out.extend(
-        crate::target::mappings::mapped_objects(pid)
+        crate::traced::mappings::mapped_objects(pid)
             .unwrap_or_default()
             .into_iter()
             .map(|m| match m.deleted {

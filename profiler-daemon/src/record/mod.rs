@@ -16,8 +16,8 @@ use crate::plan::select::FunctionFilter;
 use crate::session::order::Sequencer;
 use crate::session::output::OutputDir;
 use crate::session::{IntakeLosses, Session};
-use crate::target::launch::{self, ChildExit, HeldChild};
-use crate::target::process::{self, TracedProcess};
+use crate::traced::launch::{self, ChildExit, HeldChild};
+use crate::traced::process::{self, TracedProcess};
 use anyhow::{bail, Context as _, Result};
 use fdr_analysis::symbolize::Symbolizer;
 use std::num::NonZeroU32;
@@ -284,7 +284,7 @@ async fn record(
 /// gigabytes, more than a browser opens (`fdr-profiled convert` writes it on request).
 const MAX_DEFAULT_TIMELINE_EVENTS: u64 = 2_000_000;
 
-/// The report and timeline written next to the trace files (see `session_outputs`).
+/// The report and timeline written next to the trace files (see `fdr_analysis::outputs`).
 fn write_outputs(dir: &std::path::Path, events: u64, symbolizer: &Symbolizer) {
     if events > MAX_DEFAULT_TIMELINE_EVENTS {
         match fdr_analysis::outputs::write_report(dir, symbolizer) {

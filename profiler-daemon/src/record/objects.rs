@@ -7,8 +7,8 @@ use crate::plan::discovery::{Discovery, Found};
 use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
 use crate::session::{Executable, Session};
-use crate::target::mappings;
-use crate::target::process::TracedProcess;
+use crate::traced::mappings;
+use crate::traced::process::TracedProcess;
 use anyhow::{bail, Context as _, Result};
 use std::path::{Path, PathBuf};
 
@@ -98,7 +98,7 @@ pub fn for_command(program: &Path) -> Result<Planned> {
     let executable = executable.unwrap_or_else(|| {
         let path = std::path::absolute(program).unwrap_or_else(|_| program.to_path_buf());
         Executable {
-            name: crate::target::file_name(&path.display().to_string()).to_owned(),
+            name: crate::traced::file_name(&path.display().to_string()).to_owned(),
             path: path.display().to_string(),
             deleted: false,
         }

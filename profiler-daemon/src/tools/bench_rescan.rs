@@ -3,7 +3,7 @@
 //! screened, the instrumented ones planned) and each later rescan (done every 200 ms to find
 //! what `dlopen` loads: nothing new, so only `/proc/PID/maps` is read). Prints one JSON object.
 use crate::plan::discovery::Discovery;
-use crate::target::mappings;
+use crate::traced::mappings;
 use anyhow::Result;
 use std::time::Instant;
 

@@ -3,7 +3,7 @@
 //! will mean (a shared object's ids are packed as `(object_id << 24) | id`, as `--pid` traces
 //! them; object ids are given in the order the objects are found, so a process that loads more
 //! objects later can number them differently from this listing).
-use crate::target::process::TracedProcess;
+use crate::traced::process::TracedProcess;
 use anyhow::{Context as _, Result};
 use profiler_common::SledKind;
 use std::fmt::Write as _;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 /// A function across the session: the object it belongs to and its id as in the trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FunctionKey {
-    /// Index into [`Session::objects`]; [`NO_OBJECT`] when the trace names an object the
+    /// Index into [`Session::objects`](super::Session::objects); [`NO_OBJECT`] when the trace names an object the
     /// session does not know.
     pub object: u32,
     /// The function id as the trace holds it: `(XRay object id << 24) | function id`. Kept

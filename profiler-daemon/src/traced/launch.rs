@@ -58,7 +58,7 @@ fn is_executable(path: &Path) -> bool {
 }
 
 impl HeldChild {
-    /// Forks a child that will exec `program` with `args` (`args[0]` is argv[0]) once released.
+    /// Forks a child that will exec `program` with `args` (`args[0]` is `argv[0]`) once released.
     /// Must be called while the daemon is single-threaded (before the async runtime starts).
     pub fn spawn(program: &Path, args: &[OsString]) -> Result<HeldChild> {
         let c_program = CString::new(program.as_os_str().as_bytes())
