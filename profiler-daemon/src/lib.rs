@@ -24,5 +24,5 @@ pub mod kernel;
 pub mod plan;
 pub mod record;
 pub mod session;
-pub mod traced;
 pub mod tools;
+pub mod traced;

@@ -114,6 +114,13 @@ pub fn line(step: &Step<'_>, base: u64, names: Option<&FunctionNames>) -> String
             if let Some(name) = names.and_then(|n| n.name(function_id)) {
                 s.push_str(&format!(" {name}"));
             }
+            if step.unwound > 0 {
+                s.push_str(&format!(
+                    " (also closes {} unwound frame{})",
+                    step.unwound,
+                    if step.unwound == 1 { "" } else { "s" }
+                ));
+            }
         }
         RawRecord::NewBuffer { tid } => s.push_str(&format!("<Thread ID: {}>", tid as i32)),
         RawRecord::EndOfBuffer => s.push_str("<End of Buffer>"),

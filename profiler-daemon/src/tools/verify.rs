@@ -24,6 +24,8 @@ pub struct Summary {
     pub functions: u64,
     /// Custom and typed events.
     pub events: u64,
+    /// Open entries closed by the exit of a caller (an exception or `longjmp` left them).
+    pub unwound: u64,
 }
 
 /// Checks one file's bytes without collecting its records (memory stays at the file's size).
@@ -39,7 +41,10 @@ pub fn check(bytes: &[u8]) -> Result<Summary, xray_fdr::ReadError> {
         }
         match step.record {
             RawRecord::NewBuffer { .. } => s.buffers += 1,
-            RawRecord::Function { .. } => s.functions += 1,
+            RawRecord::Function { .. } => {
+                s.functions += 1;
+                s.unwound += u64::from(step.unwound);
+            }
             RawRecord::CustomEvent { .. } | RawRecord::TypedEvent { .. } => s.events += 1,
             _ => {}
         }
@@ -71,14 +76,21 @@ pub fn run(args: &VerifyArgs) -> Result<u8> {
             .map_err(|e| format!("cannot read: {e}"))
             .and_then(|bytes| check(&bytes).map_err(|e| e.to_string()));
         match result {
-            Ok(s) => println!(
-                "{}: ok: version {}, {} thread buffer(s), {} function records, {} events",
-                file.display(),
-                s.version,
-                s.buffers,
-                s.functions,
-                s.events
-            ),
+            Ok(s) => {
+                let unwound = if s.unwound > 0 {
+                    format!(", {} frames closed by a caller's exit (unwound)", s.unwound)
+                } else {
+                    String::new()
+                };
+                println!(
+                    "{}: ok: version {}, {} thread buffer(s), {} function records, {} events{unwound}",
+                    file.display(),
+                    s.version,
+                    s.buffers,
+                    s.functions,
+                    s.events
+                )
+            }
             Err(problem) => {
                 eprintln!("fdr-profiled: error: {}: {problem}", file.display());
                 failed += 1;

@@ -13,8 +13,11 @@
 //! - timed records (function records and events) never go back in time within a block, and
 //!   applying a delta never overflows 64 bits;
 //! - per thread (pid, tid), across its blocks: an Exit or Tail_Exit closes the innermost open
-//!   entry, which must be of the same function. Open entries at the end are fine (the trace may
-//!   end first).
+//!   entry of the same function. Open entries above it are closed with it, as unwound: an
+//!   exception or `longjmp` left them without running their exit sleds, and XRay's own runtime
+//!   writes exactly that (`llvm-xray account` closes them the same way). An exit of a function
+//!   that is not open at all is an error. Open entries at the end are fine (the trace may end
+//!   first).
 #![warn(missing_docs)]
 
 use std::collections::HashMap;
@@ -64,6 +67,8 @@ pub(crate) struct Applied {
     pub tsc: Option<u64>,
     /// CPU of a timed record (the version 4 custom event's own field, else the current CPU).
     pub cpu: u16,
+    /// Open entries an exit closed besides its own (see the module documentation).
+    pub unwound: u32,
 }
 
 /// The checker's state.
@@ -99,6 +104,7 @@ impl Checker {
             ignored: false,
             tsc: None,
             cpu: self.ctx.cpu,
+            unwound: 0,
         };
         match rec {
             RawRecord::BufferExtents { .. } | RawRecord::Padding { .. } => return Ok(out),
@@ -178,7 +184,7 @@ impl Checker {
                 })?;
                 self.timed(tsc).map_err(err)?;
                 self.ctx.base = tsc;
-                self.stack_step(action, function_id).map_err(err)?;
+                out.unwound = self.stack_step(action, function_id).map_err(err)?;
                 out.tsc = Some(tsc);
                 next_args_ok = action == FunctionAction::EntryArgs;
             }
@@ -273,22 +279,21 @@ impl Checker {
         Ok(())
     }
 
-    fn stack_step(&mut self, action: FunctionAction, function_id: u32) -> Result<(), String> {
+    /// Applies a function record to its thread's open entries; returns how many open entries
+    /// above the exiting one it closed as unwound.
+    fn stack_step(&mut self, action: FunctionAction, function_id: u32) -> Result<u32, String> {
         let key = (self.ctx.pid, self.ctx.tid);
         let stack = self.stacks.entry(key).or_default();
         if action.is_entry() {
             stack.push(function_id);
-            return Ok(());
+            return Ok(0);
         }
-        match stack.last() {
-            Some(&top) if top == function_id => {
-                stack.pop();
-                Ok(())
+        match stack.iter().rposition(|&open| open == function_id) {
+            Some(at) => {
+                let unwound = stack.len() - at - 1;
+                stack.truncate(at);
+                Ok(unwound as u32)
             }
-            Some(&top) => Err(format!(
-                "exit of function {function_id}, but the innermost open function of thread {} is {top}",
-                self.ctx.tid
-            )),
             None => Err(format!(
                 "exit of function {function_id}, which thread {} has not entered",
                 self.ctx.tid

@@ -105,6 +105,9 @@ pub struct Step<'a> {
     pub tsc: Option<u64>,
     /// CPU of a function record or event.
     pub cpu: u16,
+    /// For an exit: the open entries of its thread it closed besides its own, innermost
+    /// first, because an exception or `longjmp` left them without an exit (see [`check`]).
+    pub unwound: u32,
     /// The block's context after the record.
     pub context: Context,
 }
@@ -193,6 +196,7 @@ impl<'a> Reader<'a> {
             ignored: applied.ignored,
             tsc: applied.tsc,
             cpu: applied.cpu,
+            unwound: applied.unwound,
             context: self.checker.context(),
         }))
     }

@@ -305,8 +305,8 @@ fn meaning_errors() {
     };
     check(&[&f(Exit, 1, 0)], "has not entered");
     let e = check(
-        &[&f(Entry, 1, 0), &f(Entry, 2, 0), &f(Exit, 1, 0)],
-        "innermost",
+        &[&f(Entry, 1, 0), &f(Entry, 2, 0), &f(Exit, 3, 0)],
+        "has not entered",
     );
     assert_eq!(e.offset, 32 + 64);
     check(
@@ -389,4 +389,45 @@ fn reader_streams_every_record() {
     let mut it = Reader::new(&b[..b.len() - 3]).unwrap();
     assert!(it.by_ref().any(|s| s.is_err()));
     assert!(it.next().is_none());
+}
+
+#[test]
+fn exits_past_unwound_frames_close_them() {
+    // As XRay's runtime writes a call an exception left: 2 and 3 have no exit of their own, and
+    // 1's exit closes them (llvm-xray account does the same); a tail exit can do it too.
+    let pre = [v1_preamble(), r::new_cpu_id(0, 10).to_vec()].concat();
+    let body = [
+        f(Entry, 1, 0),
+        f(Entry, 2, 1),
+        f(Entry, 3, 1),
+        f(Exit, 1, 1),
+        f(Entry, 4, 1),
+        f(Entry, 5, 1),
+        f(TailExit, 4, 1),
+        f(Entry, 1, 1),
+        f(Exit, 1, 1),
+    ]
+    .concat();
+    let bytes = file(1, &[&pre, &body]);
+    let unwound: Vec<(u64, u32)> = Reader::new(&bytes)
+        .unwrap()
+        .map(|s| s.unwrap())
+        .filter(|s| matches!(s.record, RawRecord::Function { .. }))
+        .map(|s| (s.tsc.unwrap(), s.unwound))
+        .collect();
+    assert_eq!(
+        unwound,
+        [
+            (10, 0),
+            (11, 0),
+            (12, 0),
+            (13, 2),
+            (14, 0),
+            (15, 0),
+            (16, 1),
+            (17, 0),
+            (18, 0)
+        ]
+    );
+    assert_eq!(read(&bytes).unwrap().records.len(), 9);
 }

@@ -1,0 +1,94 @@
+//! Our readers accept what XRay's own runtime writes when exceptions unwind traced frames.
+//!
+//! compiler-rt's FDR mode writes no exit for a frame an exception left: the exit of the frame
+//! that caught it comes next, with the unwound frames still open above it. `llvm-xray account`
+//! closes them there. `fdr-profiled verify` and `dump` must read such a trace in full, count
+//! the frames closed that way, and call the file valid: a trace written by the reference
+//! runtime is never invalid. The counts are checked against what the fixture itself counted
+//! (calls that returned normally versus calls made).
+//!
+//! Needs clang-19 with compiler-rt's XRay runtime and a built daemon (no BPF).
+
+use std::process::Command;
+
+use tests::counts::{expected_calls, parse_count_lines};
+use tests::fixtures::workloads::{
+    exceptions_native_fixture, native_trace, parse_returned_lines, EXCEPTIONS_DONE_20,
+};
+use tests::tools::{fdr_profiled, run_output, scratch_dir};
+
+/// Frames the fixture entered and did not return from, over all threads and functions.
+fn unwound_by_the_fixture(stdout: &str) -> u64 {
+    let calls = expected_calls(&parse_count_lines(stdout));
+    let returned = parse_returned_lines(stdout);
+    let mut unwound = 0;
+    for (tid, functions) in &calls {
+        for (function, n) in functions {
+            let r = returned[tid][function];
+            assert!(r <= *n, "{function} returned more often than it was called");
+            unwound += n - r;
+        }
+    }
+    unwound
+}
+
+#[test]
+fn verify_and_dump_read_the_native_trace_of_unwound_frames() {
+    let dir = scratch_dir("native-unwound");
+    let bin = exceptions_native_fixture();
+    let (file, stdout) = native_trace(&bin, dir.path(), &["--iterations", "20"]);
+    assert_eq!(stdout.lines().last(), Some(EXCEPTIONS_DONE_20));
+    let expected = unwound_by_the_fixture(&stdout);
+    // 60 throws, each leaving four ex_thrower frames and one ex_middle frame.
+    assert_eq!(expected, 60 * 5);
+
+    let out = run_output(Command::new(fdr_profiled()).arg("verify").arg(&file));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "verify rejected compiler-rt's own trace:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!(
+            ", {expected} frames closed by a caller's exit (unwound)"
+        )),
+        "verify: {text}"
+    );
+
+    let out = run_output(
+        Command::new(fdr_profiled())
+            .arg("dump")
+            .arg(&file)
+            .arg("--binary")
+            .arg(&bin),
+    );
+    assert!(
+        out.status.success(),
+        "dump stopped on compiler-rt's own trace:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump = String::from_utf8_lossy(&out.stdout);
+    let mut closed = 0u64;
+    let mut closing_lines = 0u64;
+    for line in dump.lines() {
+        let Some((_, rest)) = line.split_once(" (also closes ") else {
+            continue;
+        };
+        let n: u64 = rest
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count in {line}"));
+        // Only the catching function's exit closes frames in this program.
+        assert!(
+            line.contains("<Function Exit:") && line.contains(" ex_catcher"),
+            "{line}"
+        );
+        assert_eq!(n, 5, "{line}");
+        closed += n;
+        closing_lines += 1;
+    }
+    assert_eq!(closed, expected);
+    assert_eq!(closing_lines, 60);
+}
