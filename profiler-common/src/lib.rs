@@ -100,6 +100,10 @@ pub mod event_kind {
     /// The thread exited; `seq` is the number of events it produced in all, and the gap fields
     /// describe events lost at its very end. Written by the `sched_process_exit` program.
     pub const THREAD_EXIT: u8 = 16;
+    /// An exception was caught: the thread entered the C++ runtime's `__cxa_begin_catch`, which
+    /// every catch handler calls first. Every traced frame whose return-address slot is at or
+    /// below [`super::EventHeader::sp`] was left by the unwinding and is dead from this moment.
+    pub const CATCH: u8 = 17;
 }
 
 /// Flags of [`EventHeader::flags`].
@@ -136,18 +140,17 @@ pub struct EventHeader {
     pub flags: u8,
     /// CPU the thread ran on.
     pub cpu: u16,
-    /// The thread's call depth before this event, as counted by the kernel side from every
-    /// event it saw (written or lost): entries add one, exits and tail exits take one. Starts
-    /// at 0 at the thread's first event, so it can go negative for a thread that was already
-    /// inside calls when tracing began.
-    pub depth: i32,
     /// Events of this thread that were lost (buffer full) right before this one.
     pub gap_lost: u32,
-    /// The lowest call depth reached by the lost events just before this one (`i32::MAX` when
-    /// none was an exit): every frame at this depth or deeper was left during the gap.
-    pub gap_low: i32,
     /// Bytes after the header.
     pub payload_len: u32,
+    /// Where the stack was. For an entry, an exit (sled or return probe) and a tail exit: the
+    /// address of the frame's return-address slot, which identifies the frame for as long as
+    /// it lives (at an entry or exit sled that is `rsp`; a return probe fires after `ret`
+    /// popped the slot, so there it is `rsp - 8`). For a custom or typed event and a catch: `rsp`.
+    /// On one stack, a frame whose slot is below `rsp` (or at it, for an entry or a catch) is
+    /// gone: this is how frames an exception or `longjmp` left are recognised.
+    pub sp: u64,
 }
 
 impl EventHeader {
@@ -192,9 +195,10 @@ pub struct EventPayload {
     pub event_type: u64,
 }
 
-/// Per-thread state the eBPF programs keep in [`THREADS_MAP`], keyed by thread id.
+/// Per-thread state the eBPF programs keep in [`THREADS_MAP`], keyed by thread id. Larger
+/// than a BPF program's stack: the programs create it by copying a zeroed map value.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ThreadState {
     /// Sequence number of the thread's next event.
     pub seq: u64,
@@ -202,11 +206,8 @@ pub struct ThreadState {
     pub lost: u64,
     /// Lost since the last written event (reported, then reset, by the next written event).
     pub gap_lost: u32,
-    /// Lowest depth reached during the current gap (`i32::MAX` if none).
-    pub gap_low: i32,
-    /// Current call depth (see [`EventHeader::depth`]).
-    pub depth: i32,
-    /// Return-probe mode: frames with a pending return probe.
+    /// Return-probe mode: frames with a pending return probe, as the kernel counts them
+    /// (including frames a non-local exit left, until the kernel drops them too).
     pub returns_pending: u32,
     /// Return-probe mode: entered frames beyond [`MAX_RETURN_PROBE_DEPTH`] (no return probe).
     pub beyond_return_depth: u32,
@@ -217,6 +218,26 @@ pub struct ThreadState {
     /// Return-probe mode: bit `i` set when the frame with pending return probe `i` already left
     /// by a tail call (its Tail_Exit was reported, so its return probe must stay silent).
     pub tail_exited: [u64; TAIL_BITS_WORDS],
+    /// Return-probe mode: the return-address slot of each frame with a pending return probe,
+    /// outermost first. The kernel drops the instances of frames a non-local exit left (their
+    /// slot is at or below the stack pointer) without running their handlers; the programs
+    /// drop them at the same moments, so that the count and the tail bits stay the kernel's.
+    pub return_slots: [u64; MAX_RETURN_PROBE_DEPTH as usize],
+}
+
+impl Default for ThreadState {
+    fn default() -> Self {
+        ThreadState {
+            seq: 0,
+            lost: 0,
+            gap_lost: 0,
+            returns_pending: 0,
+            beyond_return_depth: 0,
+            exited: 0,
+            tail_exited: [0; TAIL_BITS_WORDS],
+            return_slots: [0; MAX_RETURN_PROBE_DEPTH as usize],
+        }
+    }
 }
 
 /// Words of [`ThreadState::tail_exited`]; frames deeper than 64 × this are never deep enough to
@@ -317,7 +338,7 @@ mod tests {
         assert_eq!(EventHeader::SIZE, 48);
         assert_eq!(core::mem::size_of::<ArgsEvent>(), 96);
         assert_eq!(core::mem::size_of::<EventPayload>(), 16);
-        assert_eq!(core::mem::size_of::<ThreadState>(), 48);
+        assert_eq!(core::mem::size_of::<ThreadState>(), 40 + 8 * 64);
     }
 
     #[test]

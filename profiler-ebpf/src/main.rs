@@ -35,7 +35,7 @@ use aya_ebpf::{
 use core::ffi::c_void;
 use profiler_common::{
     ablate, counter, event_flags, event_kind, ArgsEvent, Cookie, EventHeader, EventPayload,
-    SledKind, ThreadState, MAX_ARGS, MAX_EVENT_BYTES, MAX_RETURN_PROBE_DEPTH,
+    SledKind, ThreadState, MAX_ARGS, MAX_EVENT_BYTES, MAX_RETURN_PROBE_DEPTH, TAIL_BITS_WORDS,
 };
 
 /// One ring buffer per CPU, created and inserted by the daemon (`--buffer-size` each). The
@@ -43,7 +43,7 @@ use profiler_common::{
 #[btf_map]
 static RINGS: ArrayOfMaps<RingBuf<u8, 4096>, 4096> = ArrayOfMaps::new();
 
-/// Per-thread sequence numbers, depth and loss bookkeeping, by thread id. Entries are created
+/// Per-thread sequence numbers, loss and return-probe bookkeeping, by thread id. Entries are created
 /// at a thread's first event and removed when it exits (`thread_exit`).
 #[map(name = "THREADS")]
 static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(1 << 18, BPF_F_NO_PREALLOC);
@@ -76,6 +76,11 @@ static CFG_ABLATE: u32 = 0;
 #[map(name = "ABLATE_STATE")]
 static ABLATE_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
 
+/// A zeroed thread state, never written: a new thread's state is copied from it (the state is
+/// larger than a program's stack).
+#[map(name = "ZERO_STATE")]
+static ZERO_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
+
 fn ablated(part: u32) -> bool {
     setting(&CFG_ABLATE) & part != 0
 }
@@ -92,16 +97,13 @@ fn count(index: u32, n: u64) {
     }
 }
 
-/// The thread's state, created on its first event; `None` only if the table is full.
-fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
+/// The thread's state; created on its first event when `create`. `None` if the thread has none
+/// and none is to be created, or the table is full.
+fn thread_state(tid: u32, create: bool) -> Option<&'static mut ThreadState> {
     if ablated(ablate::STATE) {
         // SAFETY: per-CPU slot, valid for the program's run.
         return ABLATE_STATE.get_ptr_mut(0).map(|s| unsafe { &mut *s });
     }
-    let fresh = ThreadState {
-        gap_low: i32::MAX,
-        ..ThreadState::default()
-    };
     if let Some(s) = THREADS.get_ptr_mut(&tid) {
         // SAFETY: map values stay valid for the program's run; only this thread's probes
         // touch its entry, and they run one at a time.
@@ -109,11 +111,24 @@ fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
         if s.exited != 0 {
             // A new thread got the id of one whose books the daemon has not collected yet.
             count(counter::TRAILING_LOST_UNATTRIBUTED, s.gap_lost as u64);
-            *s = fresh;
+            s.seq = 0;
+            s.lost = 0;
+            s.gap_lost = 0;
+            s.returns_pending = 0;
+            s.beyond_return_depth = 0;
+            s.exited = 0;
+            s.tail_exited = [0; TAIL_BITS_WORDS];
         }
         return Some(s);
     }
-    THREADS.insert(&tid, &fresh, BPF_NOEXIST as u64).ok()?;
+    if !create {
+        return None;
+    }
+    let fresh = ZERO_STATE.get_ptr(0)?;
+    // SAFETY: a map value pointer, valid for the program's run.
+    THREADS
+        .insert(&tid, unsafe { &*fresh }, BPF_NOEXIST as u64)
+        .ok()?;
     // SAFETY: as above.
     THREADS.get_ptr_mut(&tid).map(|s| unsafe { &mut *s })
 }
@@ -136,58 +151,84 @@ fn submit_flags(ring: *mut c_void, seq: u64) -> u64 {
     BPF_RB_NO_WAKEUP as u64
 }
 
-/// What one event does to the thread's call depth (and, in return-probe mode, to its pending
-/// return probes); returns the header's flags.
-fn account_call(state: &mut ThreadState, kind: u8) -> u8 {
-    let return_mode = setting(&CFG_RETURN_MODE) != 0;
-    if kind == SledKind::Entry as u8 || kind == SledKind::LogArgsEntry as u8 {
-        state.depth += 1;
-        if return_mode {
-            if state.returns_pending >= MAX_RETURN_PROBE_DEPTH {
-                state.beyond_return_depth += 1;
-                return event_flags::NO_RETURN;
-            }
-            state.tail_exited[0] &= !(1u64 << (state.returns_pending & 63));
-            state.returns_pending += 1;
+/// Return-probe mode: forgets the pending return probes of frames that are gone, as the kernel
+/// does before it hijacks a new frame (`AT_ENTRY`: slots at or below `slot` are dead, except
+/// the top one when a tail call chains the new frame to it) or when a return probe fires
+/// (slots below the returning frame's are dead). The tail bits of forgotten positions need no
+/// clearing: a position's bit is cleared when a frame takes it.
+fn drop_dead_returns<const AT_ENTRY: bool>(state: &mut ThreadState, slot: u64) {
+    let mut n = state.returns_pending;
+    for _ in 0..MAX_RETURN_PROBE_DEPTH {
+        if n == 0 {
+            break;
         }
-    } else if kind == SledKind::Exit as u8 || kind == SledKind::Tail as u8 {
-        state.depth -= 1;
-        if return_mode && kind == SledKind::Tail as u8 {
-            // The tail-calling frame is the top pending one; its return probe fires after the
-            // tail callee's and must not report a second exit.
-            if state.beyond_return_depth > 0 {
-                state.beyond_return_depth -= 1;
-            } else if state.returns_pending > 0 {
-                state.tail_exited[0] |= 1u64 << ((state.returns_pending - 1) & 63);
-            }
+        // Read back through memory: otherwise LLVM turns the masked index into a pointer
+        // walked downwards, which the verifier cannot bound.
+        let top = (n - 1) & 63;
+        // SAFETY: a plain read of a local.
+        let top = unsafe { core::ptr::read_volatile(&top) } & 63;
+        let top_slot = state.return_slots[top as usize];
+        if top_slot > slot {
+            break;
+        }
+        if top_slot == slot && (!AT_ENTRY || state.tail_exited[0] & (1u64 << top) != 0) {
+            break;
+        }
+        n -= 1;
+    }
+    state.returns_pending = n;
+}
+
+/// What one sled hit does to the thread's pending return probes (return-probe mode only);
+/// returns the header's flags. `slot` is the frame's return-address slot.
+fn account_call(state: &mut ThreadState, kind: u8, slot: u64) -> u8 {
+    if setting(&CFG_RETURN_MODE) == 0 {
+        return 0;
+    }
+    if kind == SledKind::Entry as u8 || kind == SledKind::LogArgsEntry as u8 {
+        // The kernel checks its depth limit before it drops dead instances.
+        if state.returns_pending >= MAX_RETURN_PROBE_DEPTH {
+            state.beyond_return_depth += 1;
+            return event_flags::NO_RETURN;
+        }
+        drop_dead_returns::<true>(state, slot);
+        let at = state.returns_pending & 63;
+        // SAFETY: a plain read of a local (see `drop_dead_returns`).
+        let at = unsafe { core::ptr::read_volatile(&at) } & 63;
+        state.tail_exited[0] &= !(1u64 << at);
+        state.return_slots[at as usize] = slot;
+        state.returns_pending += 1;
+    } else if kind == SledKind::Tail as u8 {
+        // The tail-calling frame is the top pending one; its return probe fires after the
+        // tail callee's and must not report a second exit.
+        if state.beyond_return_depth > 0 {
+            state.beyond_return_depth -= 1;
+        } else if state.returns_pending > 0 {
+            state.tail_exited[0] |= 1u64 << ((state.returns_pending - 1) & 63);
         }
     }
     0
 }
 
-/// Books a written or lost event in the thread's state. `depth_after` is the depth the event
-/// left the thread at.
-fn settle(state: &mut ThreadState, written: bool, depth_before: i32) {
+/// Books a written or lost event in the thread's state.
+fn settle(state: &mut ThreadState, written: bool) {
     state.seq += 1;
     if written {
         state.gap_lost = 0;
-        state.gap_low = i32::MAX;
     } else {
         state.lost += 1;
         state.gap_lost += 1;
-        if state.depth < depth_before && state.depth < state.gap_low {
-            state.gap_low = state.depth;
-        }
     }
 }
 
-fn header(
-    state: &ThreadState,
-    pid_tgid: u64,
-    cookie: &Cookie,
-    cpu: u32,
-    depth: i32,
-) -> EventHeader {
+/// The stack pointer at the probe.
+fn stack_pointer(ctx: *mut c_void) -> u64 {
+    let r = ctx as *const aya_ebpf::bindings::pt_regs;
+    // SAFETY: the context of a uprobe program is the traced thread's pt_regs.
+    unsafe { (*r).rsp }
+}
+
+fn header(state: &ThreadState, pid_tgid: u64, cookie: &Cookie, cpu: u32, sp: u64) -> EventHeader {
     EventHeader {
         // SAFETY: plain helper call.
         ts_ns: if ablated(ablate::CLOCK) {
@@ -202,10 +243,9 @@ fn header(
         kind: cookie.kind,
         flags: 0,
         cpu: cpu as u16,
-        depth,
         gap_lost: state.gap_lost,
-        gap_low: state.gap_low,
         payload_len: 0,
+        sp,
     }
 }
 
@@ -228,7 +268,8 @@ fn write<T: Copy>(ring: *mut c_void, rec: &T, seq: u64) -> bool {
 }
 
 /// What every probe starts with: the attach cookie, the CPU, the thread, and the thread's
-/// state (`None`, counted, when the state table is full).
+/// state (`None`, counted, when the state table is full). A catch does not start a thread's
+/// books: it only matters to threads that ran traced code.
 fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, u64, &'static mut ThreadState)> {
     // SAFETY: plain helper calls on the kernel's context.
     let (cookie, cpu) = unsafe {
@@ -238,8 +279,11 @@ fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, u64, &'static mut ThreadS
         )
     };
     let pid_tgid = bpf_get_current_pid_tgid();
-    let Some(state) = thread_state(pid_tgid as u32) else {
-        count(counter::NO_THREAD_STATE, 1);
+    let create = cookie.kind != event_kind::CATCH;
+    let Some(state) = thread_state(pid_tgid as u32, create) else {
+        if create {
+            count(counter::NO_THREAD_STATE, 1);
+        }
         return None;
     };
     Some((cookie, cpu, pid_tgid, state))
@@ -250,9 +294,9 @@ pub fn sled(ctx: ProbeContext) -> u32 {
     let Some((cookie, cpu, pid_tgid, state)) = probe_hit(ctx.as_ptr()) else {
         return 0;
     };
-    let depth = state.depth;
-    let flags = account_call(state, cookie.kind);
-    let mut h = header(state, pid_tgid, &cookie, cpu, depth);
+    let sp = stack_pointer(ctx.as_ptr());
+    let flags = account_call(state, cookie.kind, sp);
+    let mut h = header(state, pid_tgid, &cookie, cpu, sp);
     h.flags = flags;
     let written = match ring(cpu) {
         None => false,
@@ -274,7 +318,7 @@ pub fn sled(ctx: ProbeContext) -> u32 {
             }
         }
     };
-    settle(state, written, depth);
+    settle(state, written);
     0
 }
 
@@ -337,10 +381,13 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
     let Some((cookie, cpu, pid_tgid, state)) = probe_hit(ctx.as_ptr()) else {
         return 0;
     };
+    // The return probe fires after `ret` popped the frame's return-address slot.
+    let slot = stack_pointer(ctx.as_ptr()).wrapping_sub(8);
     // Frames entered beyond the kernel's return-probe depth have no return probe: any return
     // probe firing means they are gone.
-    state.depth -= state.beyond_return_depth as i32;
     state.beyond_return_depth = 0;
+    // The kernel skipped the instances of frames below this one (a non-local exit left them).
+    drop_dead_returns::<false>(state, slot);
     if state.returns_pending == 0 {
         return 0;
     }
@@ -350,15 +397,13 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
         state.tail_exited[0] &= !bit;
         return 0;
     }
-    let depth = state.depth;
-    state.depth -= 1;
     let cookie = Cookie {
         kind: SledKind::Exit as u8,
         ..cookie
     };
-    let h = header(state, pid_tgid, &cookie, cpu, depth);
+    let h = header(state, pid_tgid, &cookie, cpu, slot);
     let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));
-    settle(state, written, depth);
+    settle(state, written);
     0
 }
 
@@ -378,7 +423,7 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
         kind: event_kind::THREAD_EXIT,
         regs: [0; 3],
     };
-    let h = header(state, pid_tgid, &cookie, cpu, state.depth);
+    let h = header(state, pid_tgid, &cookie, cpu, 0);
     let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));
     if written {
         let _ = THREADS.remove(&tid);

@@ -168,7 +168,6 @@ impl Session {
             &self.executable.name,
             &self.clock,
             self.version,
-            self.exits.mode == "sleds",
             &event,
         ) {
             Ok(thread) => thread,
@@ -283,7 +282,6 @@ fn thread_of<'a>(
     exe_name: &str,
     clock: &Clock,
     version: FdrVersion,
-    sleds_mode: bool,
     event: &Event,
 ) -> Result<&'a mut ThreadTrace> {
     let h = &event.header;
@@ -329,7 +327,7 @@ fn thread_of<'a>(
             .map_err(|err| anyhow::anyhow!("writing {file}: {err}"))?;
             // The header and preamble are on disk: only now does the file get its name.
             process.dir.publish(&staging, &name)?;
-            e.insert(ThreadTrace::new(writer, file, sleds_mode))
+            e.insert(ThreadTrace::new(writer, file))
         }
     };
     Ok(thread)

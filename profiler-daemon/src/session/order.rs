@@ -15,10 +15,6 @@ use std::collections::{BTreeMap, HashMap};
 pub struct Gap {
     /// How many.
     pub lost: u64,
-    /// The lowest call depth they reached: every frame at this depth or deeper was left
-    /// during the gap. `i32::MAX`: none was an exit; `i32::MIN`: unknown (treat every frame as
-    /// left).
-    pub low: i32,
 }
 
 #[derive(Default)]
@@ -89,9 +85,7 @@ impl Sequencer {
                     seq: state.seq,
                     tid,
                     kind: event_kind::THREAD_EXIT,
-                    depth: state.depth,
                     gap_lost: state.gap_lost,
-                    gap_low: state.gap_low,
                     ..EventHeader::default()
                 },
                 args: [0; profiler_common::MAX_ARGS],
@@ -116,7 +110,6 @@ impl Sequencer {
                 let missing = first - pending.next;
                 let gap = Gap {
                     lost: missing + u64::from(event.header.gap_lost),
-                    low: i32::MIN,
                 };
                 pending.next = event.header.seq + 1;
                 sink(event, Some(gap));
@@ -140,7 +133,6 @@ fn deliver(pending: &mut Pending, event: Event, sink: &mut impl FnMut(Event, Opt
     let h = event.header;
     let gap = (h.gap_lost > 0).then_some(Gap {
         lost: u64::from(h.gap_lost),
-        low: h.gap_low,
     });
     pending.next = h.seq + 1;
     sink(event, gap);

@@ -67,14 +67,20 @@ pub struct ThreadReport {
     /// Events of this thread the kernel could not queue (buffer full). Exact: the kernel
     /// numbers every event of a thread.
     pub events_lost: u64,
-    /// Frames whose exit was lost: closed in the file at the first event after the loss.
+    /// Frames whose exit was lost: closed in the file at the first event after the loss that
+    /// proves them gone.
     pub frames_closed_by_loss: u64,
     /// Exits not written because their entry was lost.
     pub exits_of_lost_entries: u64,
-    /// Frames without an exit of their own (an exception unwound them, or they were beyond
-    /// the kernel's 64 pending return probes): closed in the file when the frame below them
-    /// exits, at that time, so that the file stays loadable (native XRay writes no exit).
+    /// Frames an exception or `longjmp` left without an exit of their own: closed in the file
+    /// with an `Exit` at the catch, or at the first event that proves them gone (native XRay
+    /// writes no exit for them).
     pub frames_unwound: u64,
+    /// Frames entered beyond the kernel's 64 pending return probes per thread (no return probe
+    /// reports their exit): closed at the first event that proves them gone.
+    pub frames_beyond_return_limit: u64,
+    /// Exceptions caught in this thread (`__cxa_begin_catch` entered).
+    pub catches: u64,
     /// Exits dropped because their entry was never seen (tracing started inside the call).
     pub dropped_unmatched_exits: u64,
     /// Events dropped because the file could not be written.
@@ -261,6 +267,22 @@ impl SessionReport {
                 "  events dropped on write errors: {}",
                 self.events_dropped_write_errors
             );
+        }
+        let threads_iter = || self.processes.iter().flat_map(|p| &p.threads);
+        let unwound: u64 = threads_iter().map(|t| t.frames_unwound).sum();
+        let by_loss: u64 = threads_iter().map(|t| t.frames_closed_by_loss).sum();
+        let beyond: u64 = threads_iter().map(|t| t.frames_beyond_return_limit).sum();
+        let lost_entries: u64 = threads_iter().map(|t| t.exits_of_lost_entries).sum();
+        let catches: u64 = threads_iter().map(|t| t.catches).sum();
+        if unwound + by_loss + beyond > 0 {
+            let _ = writeln!(
+                s,
+                "  frames closed without their own exit: {unwound} unwound (exceptions: {catches} caught; longjmp), \
+                 {by_loss} after lost events, {beyond} beyond the kernel's return-probe limit"
+            );
+        }
+        if lost_entries > 0 {
+            let _ = writeln!(s, "  exits of lost entries (not written): {lost_entries}");
         }
         if self.dropped_unmatched_exits > 0 {
             let _ = writeln!(

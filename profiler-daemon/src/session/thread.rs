@@ -1,18 +1,32 @@
 //! One thread's trace: its events, in program order, applied to its FDR file.
 //!
-//! The writer keeps the file valid on its own (an exit must match an open frame; frames an
-//! exception unwound are closed when a frame below them exits). This layer adds what only the
-//! kernel's numbering can tell: after a gap of lost events, which frames were left during the
-//! gap (closed here, so no frame stays open forever) and which later exits belong to entries
-//! that were lost (dropped, so no Exit is written without its Entry).
+//! Every event carries the stack pointer, and every entry the address of its frame's
+//! return-address slot, which stays the frame's identity while it lives. On one stack a frame
+//! whose slot lies below the stack pointer is gone. So each event proves dead the open frames
+//! below it (at or below, for an entry or a catch) — frames an exception unwound, a `longjmp`
+//! skipped, whose exit was lost, or whose return probe the kernel omitted — and they are closed
+//! there, at that event's time, with an `Exit` record: the file stays loadable and their
+//! durations end where they ended. A catch (`__cxa_begin_catch`) is such an event, so frames an
+//! exception left are closed when it is caught. Exits are matched to frames by slot, never by a
+//! count of calls: an exit whose frame is not open (entered before tracing, or lost) is not
+//! written, and counted.
+//!
+//! What this assumes: one stack per thread. A signal handler on an alternate stack, or code
+//! that switches stacks (fibers, coroutines with stacks of their own), breaks the comparison;
+//! as a guard, a stack pointer more than [`STACK_SPAN`] above a frame never proves it dead.
 use crate::kernel::intake::Event;
 use crate::session::order::Gap;
 use crate::session::summary::{CallTimer, FunctionTotals, ThreadReport};
-use profiler_common::{event_flags, SledKind};
+use profiler_common::{event_flags, event_kind, SledKind};
 use std::collections::HashMap;
 use std::fs::File;
 use xray_fdr::records::FunctionAction;
 use xray_fdr::writer::{Recorded, ThreadWriter};
+
+/// The furthest the stack pointer can move up within one stack and still prove a frame dead.
+/// Thread stacks are megabytes; another stack (a signal stack, a fiber's) is usually much
+/// further away.
+pub const STACK_SPAN: u64 = 256 << 20;
 
 /// Per-thread counters that end up in the session manifest.
 #[derive(Debug, Default, Clone, Copy)]
@@ -21,15 +35,19 @@ pub struct ThreadCounts {
     pub events: u64,
     /// Events the kernel could not queue (buffer full).
     pub lost: u64,
-    /// Frames closed because their exit was among the lost events (written at the time of the
-    /// first event after the gap).
+    /// Frames proven dead by the first event after a loss (their exit was among the lost
+    /// events), closed at that event's time.
     pub frames_closed_by_loss: u64,
     /// Exits dropped because their entry was among the lost events.
     pub exits_of_lost_entries: u64,
-    /// Frames left without an exit of their own (unwound by an exception, or beyond the
-    /// kernel's return-probe depth): the file closes them at the exit of the frame below, at
-    /// that time, so that it stays loadable.
+    /// Frames left without an exit of their own by an exception or `longjmp`, closed at the
+    /// catch or at the first event that proves them dead.
     pub frames_unwound: u64,
+    /// Frames entered beyond the kernel's limit of pending return probes (they get no return
+    /// probe), closed at the first event that proves them dead.
+    pub frames_beyond_return_limit: u64,
+    /// Exits whose frame was never entered in the trace (tracing began inside the call).
+    pub exits_without_entry: u64,
     /// Events dropped because the file could not be written.
     pub dropped_write_errors: u64,
     /// Custom events written.
@@ -40,6 +58,27 @@ pub struct ThreadCounts {
     pub typed_events: u64,
     /// Custom/typed events whose payload could not be read from the program (not written).
     pub unreadable_events: u64,
+    /// Catches seen (exceptions caught in this thread).
+    pub catches: u64,
+}
+
+/// A frame open in the file.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    function_id: u32,
+    /// Address of its return-address slot.
+    slot: u64,
+    /// Entered beyond the kernel's return-probe limit: no exit will be reported for it.
+    no_return: bool,
+}
+
+/// Why frames are being closed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// Events were lost right before the event that proves them dead.
+    Loss,
+    /// An exception, a `longjmp`, or the return-probe limit.
+    Unwinding,
 }
 
 /// A thread's file and bookkeeping.
@@ -47,15 +86,13 @@ pub struct ThreadTrace {
     writer: Option<ThreadWriter<File>>,
     /// Path relative to the session directory.
     pub file: String,
-    /// Call depth of each frame open in the writer, innermost last, in the kernel's count
-    /// minus `drift`.
-    levels: Vec<i32>,
-    /// Frames the kernel still counts but that are gone: an exception unwound them, so their
-    /// exit sleds never ran (exit-sled mode only; in return-probe mode the kernel side corrects
-    /// its count itself).
-    drift: i32,
-    /// Exits observed at exit sleds (exceptions leave the kernel's depth count high).
-    sleds_mode: bool,
+    /// The frames open in the writer, outermost first.
+    frames: Vec<Frame>,
+    /// The highest slot any written entry had: an exit above it belongs to a call entered
+    /// before tracing began.
+    highest_slot: u64,
+    /// Events of this thread were lost at some point.
+    lossy: bool,
     timer: CallTimer,
     last_ts: u64,
     /// Counters.
@@ -64,13 +101,13 @@ pub struct ThreadTrace {
 
 impl ThreadTrace {
     /// Wraps a writer whose preamble is on disk as `file`.
-    pub fn new(writer: ThreadWriter<File>, file: String, sleds_mode: bool) -> ThreadTrace {
+    pub fn new(writer: ThreadWriter<File>, file: String) -> ThreadTrace {
         ThreadTrace {
             writer: Some(writer),
             file,
-            levels: Vec::new(),
-            drift: 0,
-            sleds_mode,
+            frames: Vec::new(),
+            highest_slot: 0,
+            lossy: false,
             timer: CallTimer::default(),
             last_ts: 0,
             counts: ThreadCounts::default(),
@@ -89,8 +126,9 @@ impl ThreadTrace {
         let ts = if h.ts_ns == 0 { self.last_ts } else { h.ts_ns };
         if let Some(gap) = gap {
             self.counts.lost += gap.lost;
+            self.lossy = true;
         }
-        if h.kind != profiler_common::event_kind::THREAD_EXIT {
+        if h.kind != event_kind::THREAD_EXIT {
             self.counts.events += 1;
         }
         let Some(mut writer) = self.writer.take() else {
@@ -110,6 +148,34 @@ impl ThreadTrace {
         self.last_ts = self.last_ts.max(ts);
     }
 
+    /// Closes, innermost first, the open frames `dead` says are gone.
+    fn close_dead(
+        &mut self,
+        writer: &mut ThreadWriter<File>,
+        dead: impl Fn(u64) -> bool,
+        cause: Cause,
+        ts: u64,
+        cpu: u16,
+        totals: &mut HashMap<u32, FunctionTotals>,
+    ) -> std::io::Result<()> {
+        while let Some(&top) = self.frames.last() {
+            if !dead(top.slot) {
+                break;
+            }
+            writer.function(FunctionAction::Exit, top.function_id, ts, cpu)?;
+            self.timer.exit(top.function_id, ts, totals);
+            self.frames.pop();
+            if top.no_return {
+                self.counts.frames_beyond_return_limit += 1;
+            } else if cause == Cause::Loss {
+                self.counts.frames_closed_by_loss += 1;
+            } else {
+                self.counts.frames_unwound += 1;
+            }
+        }
+        Ok(())
+    }
+
     fn write(
         &mut self,
         writer: &mut ThreadWriter<File>,
@@ -120,61 +186,87 @@ impl ThreadTrace {
     ) -> std::io::Result<()> {
         let h = &event.header;
         let cpu = h.cpu;
-        if let Some(gap) = gap {
-            // Frames at the gap's lowest depth or deeper were left during the gap.
-            let low = gap.low.saturating_sub(self.drift);
-            while self.levels.last().is_some_and(|&l| l >= low) {
-                let Some(fid) = writer.top() else { break };
-                writer.function(FunctionAction::Exit, fid, ts, cpu)?;
-                self.timer.exit(fid, ts, totals);
-                self.levels.truncate(writer.depth());
-                self.counts.frames_closed_by_loss += 1;
-            }
+        let sp = h.sp;
+        let cause = if gap.is_some() {
+            Cause::Loss
+        } else {
+            Cause::Unwinding
+        };
+        // A frame is gone when the stack pointer is above its slot (or at it, for a new frame
+        // or a catch), on the same stack.
+        let below = |slot: u64| slot < sp && sp - slot <= STACK_SPAN;
+        let at_or_below = |slot: u64| slot <= sp && sp - slot <= STACK_SPAN;
+        if h.kind == event_kind::CATCH {
+            self.counts.catches += 1;
+            return self.close_dead(writer, at_or_below, cause, ts, cpu, totals);
         }
         match SledKind::from_u8(h.kind) {
             Some(kind @ (SledKind::Entry | SledKind::LogArgsEntry)) => {
+                self.close_dead(writer, at_or_below, cause, ts, cpu, totals)?;
                 let r = if kind == SledKind::LogArgsEntry {
                     writer.entry_with_args(h.function_id, ts, cpu, &event.args[..event.nargs])?
                 } else {
                     writer.function(FunctionAction::Entry, h.function_id, ts, cpu)?
                 };
-                if matches!(r, Recorded::Written) && writer.depth() > self.levels.len() {
-                    self.levels.push(h.depth.saturating_sub(self.drift));
+                if matches!(r, Recorded::Written) && writer.depth() > self.frames.len() {
+                    self.frames.push(Frame {
+                        function_id: h.function_id,
+                        slot: sp,
+                        no_return: h.flags & event_flags::NO_RETURN != 0,
+                    });
+                    self.highest_slot = self.highest_slot.max(sp);
                     self.timer.enter(h.function_id, ts);
                 }
             }
             Some(kind @ (SledKind::Exit | SledKind::Tail)) => {
-                let target = h.depth.saturating_sub(1).saturating_sub(self.drift);
-                if self.levels.last().is_some_and(|&top| target > top) {
-                    // The frame this exit leaves was entered during a gap: not written.
-                    self.counts.exits_of_lost_entries += 1;
-                } else {
-                    let action = if kind == SledKind::Tail {
-                        FunctionAction::TailExit
-                    } else {
-                        FunctionAction::Exit
-                    };
-                    let r = writer.function(action, h.function_id, ts, cpu)?;
-                    if let Recorded::WrittenAfterUnwind { frames } = r {
-                        // Frames above the one exiting never returned: an exception unwound
-                        // them, and their exit sleds never ran.
-                        if self.sleds_mode {
-                            self.drift = self.drift.saturating_add(frames as i32);
+                self.close_dead(writer, below, cause, ts, cpu, totals)?;
+                match self.frames.last() {
+                    Some(top) if top.slot == sp && top.function_id == h.function_id => {
+                        let action = if kind == SledKind::Tail {
+                            FunctionAction::TailExit
+                        } else {
+                            FunctionAction::Exit
+                        };
+                        let r = writer.function(action, h.function_id, ts, cpu)?;
+                        if matches!(r, Recorded::Written | Recorded::WrittenAfterUnwind { .. }) {
+                            self.timer.exit(h.function_id, ts, totals);
                         }
-                        self.counts.frames_unwound += frames as u64;
+                        self.frames.pop();
                     }
-                    if matches!(r, Recorded::Written | Recorded::WrittenAfterUnwind { .. }) {
-                        self.timer.exit(h.function_id, ts, totals);
+                    Some(top) if top.slot == sp => {
+                        // Another function returns from this frame's slot: the frame is gone
+                        // (left in a way no probe saw); the exit has no traced entry.
+                        self.close_dead(writer, at_or_below, cause, ts, cpu, totals)?;
+                        self.drop_exit();
                     }
-                    self.levels.truncate(writer.depth());
+                    _ => self.drop_exit_at(sp),
                 }
             }
             Some(kind @ (SledKind::CustomEvent | SledKind::TypedEvent)) => {
+                self.close_dead(writer, below, cause, ts, cpu, totals)?;
                 write_event(writer, &mut self.counts, kind, event, ts)?;
             }
             None => {}
         }
         Ok(())
+    }
+
+    /// An exit at `slot` whose frame is not open: entered before tracing began (above every
+    /// frame seen), or lost.
+    fn drop_exit_at(&mut self, slot: u64) {
+        if slot > self.highest_slot || !self.lossy {
+            self.counts.exits_without_entry += 1;
+        } else {
+            self.counts.exits_of_lost_entries += 1;
+        }
+    }
+
+    fn drop_exit(&mut self) {
+        if self.lossy {
+            self.counts.exits_of_lost_entries += 1;
+        } else {
+            self.counts.exits_without_entry += 1;
+        }
     }
 
     /// Makes the file on disk a complete trace of what was recorded so far.
@@ -189,13 +281,13 @@ impl ThreadTrace {
     /// Finalizes the file (closing it) and returns the thread's line of the manifest.
     pub fn finish(self, tid: u32) -> ThreadReport {
         let mut records = 0;
-        let mut dropped_unmatched_exits = 0;
+        let mut dropped_unmatched_exits = self.counts.exits_without_entry;
         let mut dropped_write_errors = self.counts.dropped_write_errors;
         if let Some(writer) = self.writer {
             match writer.finish() {
                 Ok((_, stats)) => {
                     records = stats.records;
-                    dropped_unmatched_exits = stats.dropped_unmatched_exits;
+                    dropped_unmatched_exits += stats.dropped_unmatched_exits;
                 }
                 Err(err) => {
                     eprintln!("fdr-profiled: warning: finishing {}: {err}", self.file);
@@ -213,6 +305,8 @@ impl ThreadTrace {
             frames_closed_by_loss: c.frames_closed_by_loss,
             exits_of_lost_entries: c.exits_of_lost_entries,
             frames_unwound: c.frames_unwound,
+            frames_beyond_return_limit: c.frames_beyond_return_limit,
+            catches: c.catches,
             dropped_unmatched_exits,
             dropped_write_errors,
             custom_events: c.custom_events,
