@@ -43,21 +43,35 @@ pub struct Payloads {
 }
 
 /// The records without the exits the daemon writes for frames an exception unwound (native
-/// XRay writes none; the daemon closes them so that `llvm-xray account` loads the file). They
-/// are the exits at exactly the tick of the exit that follows them in the same thread: the
-/// daemon writes them at the unwinding exit's tick, and two real probe hits of one thread never
-/// share a nanosecond (a probe hit alone costs hundreds). Returns the records kept and, per
-/// thread and function, how many exits were left out.
+/// XRay writes none; the daemon closes them where the exception is caught). It writes them all
+/// at the tick of the catch, which no record of its own has, so they are the runs of two or
+/// more consecutive exits of one thread at one tick: two real probe hits of one thread never
+/// share a nanosecond (a probe hit alone costs hundreds). A catch that leaves a single frame is
+/// not recognised; callers compare the total with the daemon's `frames_unwound`. Returns the
+/// records kept and, per thread and function, how many exits were left out.
 pub fn without_unwound_exits<'a>(
     records: impl IntoIterator<Item = &'a Record>,
 ) -> (Vec<&'a Record>, BTreeMap<(u32, String), u64>) {
     let records: Vec<&Record> = records.into_iter().collect();
+    let same_tick_exit = |a: &Record, b: &Record| {
+        a.kind == RecordKind::Exit && b.kind == RecordKind::Exit && a.tsc == b.tsc
+    };
+    // Per record, the previous and the next record of its thread.
+    let mut prev: Vec<Option<usize>> = vec![None; records.len()];
+    let mut next: Vec<Option<usize>> = vec![None; records.len()];
+    let mut last_of: BTreeMap<u32, usize> = BTreeMap::new();
+    for (i, r) in records.iter().enumerate() {
+        if let Some(&p) = last_of.get(&r.thread) {
+            prev[i] = Some(p);
+            next[p] = Some(i);
+        }
+        last_of.insert(r.thread, i);
+    }
     let mut kept = Vec::with_capacity(records.len());
     let mut dropped: BTreeMap<(u32, String), u64> = BTreeMap::new();
     for (i, r) in records.iter().enumerate() {
-        let next_same_thread = records[i + 1..].iter().find(|n| n.thread == r.thread);
-        let unwound = r.kind == RecordKind::Exit
-            && next_same_thread.is_some_and(|n| n.kind.is_exit() && n.tsc == r.tsc);
+        let unwound = prev[i].is_some_and(|p| same_tick_exit(records[p], r))
+            || next[i].is_some_and(|n| same_tick_exit(r, records[n]));
         if unwound {
             *dropped.entry((r.thread, r.function.clone())).or_default() += 1;
         } else {

@@ -137,8 +137,9 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
             let want = want_calls.get(*f).copied().unwrap_or(0);
             let want_ret = want_returns.get(*f).copied().unwrap_or(0);
             // Every entry has one exit in our files: its return, or for a frame an exception
-            // unwound, the exit the daemon writes at the catcher's exit (so that llvm-xray's
-            // account loads the file; native XRay writes none).
+            // unwound, the exit the daemon writes where the exception is caught (so that its
+            // duration ends there and llvm-xray's account loads the file; native XRay writes
+            // none).
             let unwound = unwound_exits
                 .get(&(*tid, f.to_string()))
                 .copied()
@@ -158,6 +159,31 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
             unwound_in_thread,
             "tid {tid}: session.json frames_unwound"
         );
+        // Each catch closes its frames before the catching function goes on: the record after
+        // a run of closing exits is the catcher's own exit, later.
+        let (kept, _) = without_unwound_exits(c.records.iter());
+        let closing: Vec<u64> = c
+            .records
+            .iter()
+            .filter(|r| !kept.iter().any(|k| std::ptr::eq(*k, *r)))
+            .map(|r| r.tsc)
+            .collect();
+        for tick in closing
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<u64>>()
+        {
+            let after = c
+                .records
+                .iter()
+                .find(|r| r.tsc > tick)
+                .unwrap_or_else(|| panic!("tid {tid}: nothing after the catch at {tick}"));
+            assert_eq!(
+                (after.function.as_str(), after.kind.clone()),
+                ("ex_catcher", tests::xray_yaml::RecordKind::Exit),
+                "tid {tid}: after the catch at {tick}"
+            );
+        }
         let main_records = c.records.iter().filter(|r| r.function == "main").count();
         assert_eq!(
             main_records,
@@ -165,6 +191,14 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
             "tid {tid}: main"
         );
     }
+
+    // Every exception the fixture caught was seen caught.
+    let catches: u64 = run.thread_u64("catches").values().sum();
+    assert_eq!(
+        Some(format!("caught={catches}").as_str()),
+        EXCEPTIONS_DONE_20.split_whitespace().nth(2),
+        "session.json catches"
+    );
 
     // The structure of compiler-rt's own trace of the same program.
     let native_dir = scratch_dir("exits-exceptions-native");

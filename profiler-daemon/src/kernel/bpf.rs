@@ -9,11 +9,12 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
-    counter, globals, Cookie, SledKind, ThreadState, COUNTERS_MAP, FLOOR_PROGRAM,
+    counter, event_kind, globals, Cookie, SledKind, ThreadState, COUNTERS_MAP, FLOOR_PROGRAM,
     FLOOR_RETURN_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, THREADS_MAP,
     THREAD_EXIT_PROGRAM,
 };
 use std::num::NonZeroU32;
+use std::path::Path;
 
 /// The eBPF object built by `build.rs` from the `profiler-ebpf` crate (public for
 /// `uprobe_multi::MultiProgram::load` and its tests).
@@ -192,9 +193,30 @@ impl Tracer {
             }
         }
         sleds.sort_by_key(|p| SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry));
-        self.place(return_prog, &returns, plan, scope)?;
-        self.place(sled_prog, &sleds, plan, scope)?;
+        self.place(return_prog, &returns, &plan.binary, scope)?;
+        self.place(sled_prog, &sleds, &plan.binary, scope)?;
         Ok(sleds.len() + returns.len())
+    }
+
+    /// Places the catch probe (see `plan::catches`) at `file_offset` of `object`, for the
+    /// threads that have traced state.
+    pub fn attach_catch(&mut self, object: &Path, file_offset: u64, scope: Scope) -> Result<()> {
+        if self.options.floor {
+            return Ok(());
+        }
+        let scope = match scope {
+            Scope::AllProcesses => UProbeScope::AllProcesses,
+            Scope::Process(pid) => UProbeScope::OneProcess(pid),
+        };
+        let probe = Probe {
+            file_offset,
+            cookie: Cookie {
+                function_id: 0,
+                kind: event_kind::CATCH,
+                regs: [0; 3],
+            },
+        };
+        self.place(SLED_PROGRAM, &[probe], object, scope)
     }
 
     /// Whether probes are placed with `uprobe_multi` links (else one perf event each).
@@ -206,7 +228,7 @@ impl Tracer {
         &mut self,
         program: &str,
         probes: &[Probe],
-        plan: &AttachPlan,
+        binary: &Path,
         scope: UProbeScope,
     ) -> Result<()> {
         if probes.is_empty() {
@@ -221,7 +243,7 @@ impl Tracer {
             };
             let link = uprobe_multi::attach(
                 multi.fd(),
-                &plan.binary,
+                binary,
                 &offsets,
                 &cookies,
                 pid,
@@ -231,7 +253,7 @@ impl Tracer {
                 anyhow!(
                     "cannot place {} uprobes in {}: {e}",
                     probes.len(),
-                    plan.binary.display()
+                    binary.display()
                 )
             })?;
             self.links.push(link);
@@ -244,11 +266,11 @@ impl Tracer {
                 location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
                 cookie: Some(probe.cookie.encode()),
             };
-            program.attach(point, &plan.binary, scope).map_err(|e| {
+            program.attach(point, binary, scope).map_err(|e| {
                 anyhow!(
                     "cannot place a uprobe at offset {:#x} of {}: {}",
                     probe.file_offset,
-                    plan.binary.display(),
+                    binary.display(),
                     one_line(&e)
                 )
             })?;

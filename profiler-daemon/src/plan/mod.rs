@@ -6,8 +6,10 @@
 //! object's are packed as XRay's runtime packs them, `(object_id << 24) | function_id`.
 //!
 //! Stage 2 of the pipeline: besides the plan itself, which objects of a process get one
-//! ([`discovery`]), which functions ([`select`]), how exits are observed ([`exits`]) and where
-//! event sleds keep their arguments ([`eventsled`]).
+//! ([`discovery`]), which functions ([`select`]), how exits are observed ([`exits`]), where
+//! event sleds keep their arguments ([`eventsled`]) and where exceptions are caught
+//! ([`catches`]).
+pub mod catches;
 pub mod discovery;
 pub mod eventsled;
 pub mod exits;
