@@ -323,23 +323,8 @@ impl Drop for CacheLock {
     }
 }
 
-/// `llvm-xray extract --symbolize BIN` with LLVM `major`, parsed.
-pub fn extract_sleds(major: u32, bin: &Path) -> Vec<crate::xray_yaml::Sled> {
-    let out = crate::tools::run_output(
-        Command::new(crate::tools::llvm_xray(major))
-            .arg("extract")
-            .arg("--symbolize")
-            .arg(bin),
-    );
-    assert!(
-        out.status.success(),
-        "llvm-xray {major} extract {} failed: {}",
-        bin.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    crate::xray_yaml::parse_extract_yaml(&String::from_utf8_lossy(&out.stdout))
-        .unwrap_or_else(|e| panic!("llvm-xray {major} extract output: {e}"))
-}
+/// `llvm-xray extract --symbolize BIN` with LLVM `major`, parsed (from the reference crate).
+pub use xray_reference::extract_sleds;
 
 #[cfg(test)]
 mod tests {

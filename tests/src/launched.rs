@@ -13,9 +13,7 @@ use xray_fdr::reader::{read, RawRecord, Reader, Trace};
 
 use crate::fixtures::private_copy;
 use crate::run::{assert_success, Finished, Running};
-use crate::tools::{
-    fdr_profiled, llvm_xray, run_output, scratch_dir, target_dir, LLVM_XRAY_VERSIONS,
-};
+use crate::tools::{fdr_profiled, run_output, scratch_dir, target_dir, LLVM_XRAY_VERSIONS};
 use crate::trace::{convert, read_session, Session};
 use crate::xray_yaml::Converted;
 
@@ -212,24 +210,29 @@ impl Launched {
             .collect()
     }
 
+    /// Every thread file converted by llvm-xray 14 and 19 as in [`Launched::converted`]; the
+    /// two must agree on every record ([`xray_reference::both::convert`]). LLVM 19's reading,
+    /// by tid.
+    pub fn converted_both(&self) -> BTreeMap<u32, Converted> {
+        let map = format!("-instr_map={}", self.bin.display());
+        self.files()
+            .into_iter()
+            .map(|f| {
+                let c = xray_reference::both::convert(&f.path, &["-symbolize", &map]);
+                (f.tid, c)
+            })
+            .collect()
+    }
+
     /// Runs `llvm-xray account` (14 and 19) on every file, with `extra` options; panics if one
     /// is rejected.
     pub fn account_all(&self, extra: &[&str]) {
+        let map = format!("-instr_map={}", self.bin.display());
+        let mut args = extra.to_vec();
+        args.push(&map);
         for f in self.files() {
             for major in LLVM_XRAY_VERSIONS {
-                let out = run_output(
-                    std::process::Command::new(llvm_xray(major))
-                        .arg("account")
-                        .args(extra)
-                        .arg(format!("-instr_map={}", self.bin.display()))
-                        .arg(&f.path),
-                );
-                assert!(
-                    out.status.success(),
-                    "llvm-xray {major} account {extra:?} rejects {}:\n{}",
-                    f.path.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                xray_reference::account(major, &f.path, &args);
             }
         }
     }

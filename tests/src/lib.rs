@@ -3,9 +3,12 @@
 //! - [`fixtures`]: the XRay fixture programs (C++ and Rust), built from
 //!   `tests/fixtures/` at test time into `<target dir>/fixtures/` and reused;
 //!   [`private_copy`] for tests that must trace their own inode.
-//! - [`tools`]: paths of the daemon under test ([`fdr_profiled`]), llvm-xray
-//!   14/19 ([`llvm_xray`]), compilers; scratch directories.
-//! - [`xray_yaml`]: a reader for llvm-xray's YAML (`convert` records,
+//! - [`tools`]: paths of the daemon under test ([`fdr_profiled`]),
+//!   compilers; scratch directories; llvm-xray 14/19 ([`llvm_xray`]) from
+//!   the reference crate.
+//! - [`xray_reference`] (a crate of its own, shared with `xray-fdr`'s unit
+//!   tests, re-exported): llvm-xray 14 and 19 run on files, and
+//!   [`xray_yaml`], its reader for llvm-xray's YAML (`convert` records,
 //!   `extract` sleds). The reference side of the tests: it never uses the
 //!   daemon's own FDR code.
 //! - [`trace`]: [`check_trace_dir`] loads a daemon output directory with both
@@ -19,6 +22,9 @@
 //!   tests inspect themselves (session fields, our reader, llvm-xray).
 //! - [`structure`]: per-thread call structure compared with a native XRay
 //!   FDR trace.
+//! - [`synthetic_session`]: hand-made session directories (`session.json`,
+//!   FDR files written with the daemon's writer or encoded by hand) for the
+//!   `report`, `convert` and `viewer` tests and the trace checks' self-test.
 //!
 //! Nothing here skips a test because a tool is missing: it panics saying
 //! what to install.
@@ -31,9 +37,11 @@ pub mod scenario;
 pub mod structure;
 #[cfg(test)]
 mod synthetic;
+pub mod synthetic_session;
 pub mod tools;
 pub mod trace;
-pub mod xray_yaml;
+pub use xray_reference;
+pub use xray_reference::yaml as xray_yaml;
 
 pub use counts::{expected_calls, parse_count_lines, parse_gap_ns, CountLine, ExpectedCalls};
 pub use fixtures::{

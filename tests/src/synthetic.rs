@@ -1,16 +1,23 @@
 //! Self-tests of the trace checks on hand-made FDR version 1 files (written
 //! here from the format description, not with the daemon's code), so the
-//! checking side is known to work before the daemon does.
+//! checking side is known to work before the daemon does. The session around
+//! them (layout, `session.json`, function ids) is [`crate::synthetic_session`]'s;
+//! only the files' encoding is this module's own ([`Fdr`]).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::counts::ExpectedCalls;
-use crate::fixtures::{cpp_fixture, extract_sleds, CPP_FUNCTIONS, CPP_MAIN};
+use crate::fixtures::{cpp_fixture, CPP_FUNCTIONS, CPP_MAIN};
+use crate::synthetic_session::{
+    function_ids, write_session_with_counters, Counters, SynthProcess, ThreadFile,
+};
 use crate::trace::{
     assert_process_calls, assert_session_totals, check_trace_dir, MainCall, ProcessExpectation,
 };
 
 /// A minimal FDR v1 writer: one thread per file, ns ticks.
+#[derive(Clone)]
 struct Fdr {
     body: Vec<u8>,
     last_tsc: u64,
@@ -62,26 +69,24 @@ impl Fdr {
     fn arg(&mut self, v: u64) {
         self.meta(6, &v.to_le_bytes());
     }
-    fn write(mut self, path: &Path) {
-        self.meta(1, &[]); // EndOfBuffer
+}
+
+/// The file: header, then the records and an EndOfBuffer. (The thread id is the one given to
+/// [`Fdr::new`].)
+impl ThreadFile for Fdr {
+    fn write_fdr(&self, path: &Path, _pid: u32, _tid: u32) {
+        let mut f = self.clone();
+        f.meta(1, &[]); // EndOfBuffer
         let mut out = Vec::new();
         out.extend_from_slice(&1u16.to_le_bytes());
         out.extend_from_slice(&1u16.to_le_bytes());
         out.extend_from_slice(&3u32.to_le_bytes());
         out.extend_from_slice(&1_000_000_000u64.to_le_bytes());
-        out.extend_from_slice(&(self.body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(f.body.len() as u64).to_le_bytes());
         out.extend_from_slice(&0u64.to_le_bytes());
-        out.extend_from_slice(&self.body);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        out.extend_from_slice(&f.body);
         std::fs::write(path, out).unwrap();
     }
-}
-
-fn ids(bin: &Path) -> std::collections::BTreeMap<String, u32> {
-    extract_sleds(19, bin)
-        .into_iter()
-        .map(|s| (s.function_name, s.id))
-        .collect()
 }
 
 const PID: u32 = 4242;
@@ -90,7 +95,7 @@ const TID2: u32 = 4243;
 /// Writes a two-thread session "traced" from the C++ fixture; `break_it`
 /// adds an exit without entry to the second thread.
 fn write_session(dir: &Path, bin: &Path, break_it: bool) -> u64 {
-    let id = ids(bin);
+    let id = function_ids(bin);
     let f = |n: &str| id[n];
     let base = 1_000_000_000_000u64;
     let mut t = base;
@@ -118,7 +123,6 @@ fn write_session(dir: &Path, bin: &Path, break_it: bool) -> u64 {
     main.func(Enter, f("fx_report"), next(10));
     main.func(TailExit, f("fx_report"), next(10));
     main.func(Exit, f("main"), next(10));
-    main.write(&dir.join(format!("threads-cpp-{PID}/tid-{PID}.fdr")));
 
     let mut other = Fdr::new(TID2, 1, base + 5);
     if break_it {
@@ -128,22 +132,21 @@ fn write_session(dir: &Path, bin: &Path, break_it: bool) -> u64 {
     other.func(Enter, f("fx_report"), base + 30);
     other.func(TailExit, f("fx_report"), base + 40);
     other.func(Exit, f("fx_thread_main"), base + 50);
-    other.write(&dir.join(format!("threads-cpp-{PID}/tid-{TID2}.fdr")));
 
+    // The files land in `threads-cpp-<PID>/` (the fixture binary's name).
     let events = 16 + 4 + u64::from(break_it);
-    let session = serde_json::json!({
-        "events": events,
-        "events_lost": 0,
-        "processes": [{
-            "pid": PID,
-            "binary": bin,
-            "threads": [
-                {"tid": PID, "file": format!("threads-cpp-{PID}/tid-{PID}.fdr"), "records": 16},
-                {"tid": TID2, "file": format!("threads-cpp-{PID}/tid-{TID2}.fdr"), "records": 4},
-            ],
-        }],
-    });
-    std::fs::write(dir.join("session.json"), session.to_string()).unwrap();
+    let counters = Counters {
+        events,
+        events_lost: Some(0),
+        records: BTreeMap::from([((PID, PID), 16), ((PID, TID2), 4)]),
+    };
+    let process = SynthProcess {
+        pid: PID,
+        binary: bin.to_path_buf(),
+        build_id: None,
+        threads: vec![(PID, main), (TID2, other)],
+    };
+    write_session_with_counters(dir, &[process], &counters);
     events
 }
 

@@ -1,10 +1,12 @@
-//! Where the programs the tests run live: the daemon under test, llvm-xray 14
-//! and 19, the C compilers; and the cargo target directory the tests use for
-//! caches and scratch space.
+//! Where the programs the tests run live: the daemon under test, the C
+//! compilers; and the cargo target directory the tests use for caches and
+//! scratch space. llvm-xray 14 and 19 and running commands come from the
+//! reference crate ([`xray_reference`]), re-exported here.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+
+pub use xray_reference::{fdr_dump, llvm_xray, run_output, tail_lines, LLVM_XRAY_VERSIONS};
 
 /// `<target dir>/<profile>`: the directory holding `deps/`, derived from the
 /// running test executable (`target/debug/deps/<test>-<hash>` →
@@ -45,22 +47,6 @@ pub fn fdr_profiled() -> PathBuf {
     path
 }
 
-/// llvm-xray of LLVM `major` (14 or 19) from the Debian packages. Panics if
-/// it is not installed: the tests never skip for a missing tool.
-pub fn llvm_xray(major: u32) -> PathBuf {
-    let path = PathBuf::from(format!("/usr/lib/llvm-{major}/bin/llvm-xray"));
-    if !path.is_file() {
-        panic!(
-            "{} missing: install Debian packages llvm and llvm-19 (cargo xtask setup does)",
-            path.display()
-        );
-    }
-    path
-}
-
-/// The llvm-xray versions every trace is checked with.
-pub const LLVM_XRAY_VERSIONS: [u32; 2] = [14, 19];
-
 /// `clang-19` (C). Panics if missing.
 pub fn clang() -> PathBuf {
     tool_in_usr_bin("clang-19", "clang-19")
@@ -100,37 +86,4 @@ pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
         dir.disable_cleanup(true);
     }
     dir
-}
-
-/// Runs a command to completion, capturing stdout and stderr. Panics if it
-/// cannot be started.
-pub fn run_output(cmd: &mut Command) -> Output {
-    cmd.output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
-}
-
-/// `llvm-xray fdr-dump FILE` (stdout and stderr): shows the real parse
-/// error that `convert`/`account` hide behind a YAML message.
-pub fn fdr_dump(major: u32, file: &Path) -> String {
-    let out = run_output(Command::new(llvm_xray(major)).arg("fdr-dump").arg(file));
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Keeps the last `n` lines of `text` (for panic messages).
-pub fn tail_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    let skip = lines.len().saturating_sub(n);
-    let mut out = String::new();
-    if skip > 0 {
-        out.push_str(&format!("[... {skip} lines cut ...]\n"));
-    }
-    for l in &lines[skip..] {
-        out.push_str(l);
-        out.push('\n');
-    }
-    out
 }

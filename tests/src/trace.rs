@@ -3,18 +3,16 @@
 //! Layout (the daemon's contract): `DIR/session.json` and one FDR file per
 //! traced thread at `DIR/<exe-name>-<pid>/tid-<tid>.fdr`.
 //! [`check_trace_dir`] loads every file with llvm-xray 14 and 19 (`convert`
-//! and `account`), and returns the records (from llvm-xray's YAML, see
-//! [`crate::xray_yaml`]) per thread; [`assert_process_calls`] compares them
-//! with a fixture's `count` lines.
+//! and `account`, through [`xray_reference`]), and returns the records (from
+//! llvm-xray's YAML, see [`crate::xray_yaml`]) per thread;
+//! [`assert_process_calls`] compares them with a fixture's `count` lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::counts::ExpectedCalls;
-use crate::tools::{fdr_dump, llvm_xray, run_output, tail_lines, LLVM_XRAY_VERSIONS};
-use crate::xray_yaml::{parse_convert_yaml, Converted, Header, Record, RecordKind};
+use crate::xray_yaml::{Converted, Header, Record, RecordKind};
 
 /// `session.json`, the fields the tests rely on.
 #[derive(Debug, Clone)]
@@ -195,63 +193,22 @@ impl TraceDir {
     }
 }
 
+/// `-instr_map=BIN`.
+fn instr_map_arg(bin: &Path) -> String {
+    format!("-instr_map={}", bin.display())
+}
+
 /// Runs `llvm-xray <major> convert --output-format=yaml -symbolize
 /// -instr_map=BIN FILE` and parses it. Panics (with the tool's stderr and
 /// `fdr-dump`'s view of the file) if the tool rejects the file.
 pub fn convert(major: u32, bin: &Path, file: &Path) -> Converted {
-    let out = run_output(
-        Command::new(llvm_xray(major))
-            .args(["convert", "--output-format=yaml", "-symbolize"])
-            .arg(format!("-instr_map={}", bin.display()))
-            .arg(file),
-    );
-    if !out.status.success() {
-        tool_failed(major, "convert", file, &out);
-    }
-    parse_convert_yaml(&String::from_utf8_lossy(&out.stdout)).unwrap_or_else(|e| {
-        panic!(
-            "cannot parse llvm-xray {major} convert output for {}: {e}",
-            file.display()
-        )
-    })
+    xray_reference::convert(major, file, &["-symbolize", &instr_map_arg(bin)])
 }
 
 /// Runs `llvm-xray <major> account -instr_map=BIN FILE`; returns its stdout.
 /// Panics (with stderr and `fdr-dump` output) if the tool rejects the file.
 pub fn account(major: u32, bin: &Path, file: &Path) -> String {
-    let out = run_output(
-        Command::new(llvm_xray(major))
-            .arg("account")
-            .arg(format!("-instr_map={}", bin.display()))
-            .arg(file),
-    );
-    if !out.status.success() {
-        tool_failed(major, "account", file, &out);
-    }
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn tool_failed(major: u32, what: &str, file: &Path, out: &std::process::Output) -> ! {
-    panic!(
-        "llvm-xray {major} {what} rejected {} ({}):\n--- stderr:\n{}\n--- llvm-xray {major} fdr-dump (the real error is at the end):\n{}",
-        file.display(),
-        out.status,
-        tail_lines(&String::from_utf8_lossy(&out.stderr), 40),
-        tail_lines(&fdr_dump(major, file), 60)
-    )
-}
-
-/// The comparable part of a record (names may be printed differently by
-/// different llvm-xray versions).
-fn record_key(r: &Record) -> (i64, RecordKind, u64, u32, u16, Vec<u64>) {
-    (
-        r.func_id,
-        r.kind.clone(),
-        r.tsc,
-        r.thread,
-        r.cpu,
-        r.args.clone(),
-    )
+    xray_reference::account(major, file, &[&instr_map_arg(bin)])
 }
 
 /// Checks an output directory written by fdr-profiled for `bin`:
@@ -355,22 +312,9 @@ pub fn check_trace_dir(dir: &Path, bin: &Path) -> TraceDir {
     // Load every file with both llvm-xray versions.
     let mut threads = Vec::new();
     for ((pid, tid), (process_dir, path)) in found {
-        let mut converted: Option<Converted> = None;
-        for major in LLVM_XRAY_VERSIONS {
-            let c = convert(major, bin, &path);
-            account(major, bin, &path);
-            if let Some(prev) = &converted {
-                let a: Vec<_> = prev.records.iter().map(record_key).collect();
-                let b: Vec<_> = c.records.iter().map(record_key).collect();
-                assert!(
-                    a == b && prev.header == c.header,
-                    "llvm-xray versions disagree on {}",
-                    path.display()
-                );
-            }
-            converted = Some(c);
-        }
-        let c = converted.expect("at least one llvm-xray version");
+        let c: Converted =
+            xray_reference::both::convert(&path, &["-symbolize", &instr_map_arg(bin)]);
+        xray_reference::both::account(&path, Some(bin));
         assert_eq!(
             c.header.version,
             session.fdr_version,

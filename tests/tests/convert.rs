@@ -4,13 +4,12 @@
 //! every `E`/`C` closes the innermost open call; the logged arguments are there. Folded stacks
 //! add up to the report's self time; the SVG names the functions. Custom events appear as
 //! instants with their payload and where they were emitted.
-mod session_support;
 
 use serde_json::Value;
-use session_support::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tests::scenario::{trace_launched, CPP};
+use tests::synthetic_session::*;
 use tests::{scratch_dir, CPP_LOGGED};
 
 fn convert(dir: &Path, format: &str) -> String {

@@ -251,11 +251,8 @@ fn typed_events_in_both_versions() {
         assert_eq!(run.thread_u64("typed_events")[&run.pid()], 8);
         for f in run.files() {
             for major in LLVM_XRAY_VERSIONS {
-                let out = tests::tools::run_output(
-                    std::process::Command::new(tests::llvm_xray(major))
-                        .arg("fdr-dump")
-                        .arg(&f.path),
-                );
+                let out =
+                    tests::xray_reference::run(major, ["fdr-dump".as_ref(), f.path.as_os_str()]);
                 assert!(
                     out.status.success(),
                     "llvm-xray {major} fdr-dump rejects {}: {}",

@@ -24,7 +24,7 @@ use tests::fixtures::workloads::{
 use tests::launched::launch;
 use tests::scenario::{trace_launched_with, FixtureSpec, CPP};
 use tests::structure::{assert_same_structure, per_thread, without_unwound_exits, Payloads};
-use tests::{convert, native_fdr_fixture, native_fdr_trace, scratch_dir, LLVM_XRAY_VERSIONS};
+use tests::{convert, native_fdr_fixture, native_fdr_trace, scratch_dir};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -98,25 +98,9 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
     let pid = run.pid();
     let files = run.files();
     assert_eq!(files.len(), 3, "3 threads ran instrumented code");
-    let mut per_version = Vec::new();
-    for major in LLVM_XRAY_VERSIONS {
-        per_version.push(run.converted(major));
-    }
-    for (tid, c) in &per_version[1] {
-        let records14: Vec<_> = per_version[0][tid]
-            .records
-            .iter()
-            .map(|r| (r.func_id, r.kind.clone(), r.tsc))
-            .collect();
-        let records19: Vec<_> = c
-            .records
-            .iter()
-            .map(|r| (r.func_id, r.kind.clone(), r.tsc))
-            .collect();
-        assert_eq!(
-            records14, records19,
-            "tid {tid}: llvm-xray 14 and 19 disagree"
-        );
+    // (converted_both asserts that 14 and 19 agree on every record of every file.)
+    let converted = run.converted_both();
+    for (tid, c) in &converted {
         let (_, unwound_exits) = without_unwound_exits(c.records.iter());
         let mut unwound_in_thread = 0;
         let want_calls = calls
@@ -207,7 +191,7 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
         native_trace(&native_bin, native_dir.path(), &["--iterations", "20"]);
     assert_eq!(native_stdout.lines().last(), Some(EXCEPTIONS_DONE_20));
     let native = convert(19, &native_bin, &native_file);
-    let (ours, _) = without_unwound_exits(per_version[1].values().flat_map(|c| c.records.iter()));
+    let (ours, _) = without_unwound_exits(converted.values().flat_map(|c| c.records.iter()));
     assert_same_structure(
         &format!("exceptions, {mode_label}"),
         &per_thread(ours),

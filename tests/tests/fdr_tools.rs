@@ -6,7 +6,7 @@
 use std::io::Cursor;
 use std::process::{Command, Output};
 
-use tests::{fdr_profiled, llvm_xray, native_fdr_fixture, native_fdr_trace, scratch_dir};
+use tests::{fdr_profiled, native_fdr_fixture, native_fdr_trace, scratch_dir, LLVM_XRAY_VERSIONS};
 use xray_fdr::{FdrVersion, FunctionAction, ThreadWriter, WallClock};
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {
@@ -137,12 +137,8 @@ fn dump_matches_llvm_fdr_dump() {
                 body[..=body.find('>').unwrap()].to_string()
             })
             .collect();
-        for major in [14, 19] {
-            let out = Command::new(llvm_xray(major))
-                .arg("fdr-dump")
-                .arg(&file)
-                .output()
-                .unwrap();
+        for major in LLVM_XRAY_VERSIONS {
+            let out = tests::xray_reference::run(major, ["fdr-dump".as_ref(), file.as_os_str()]);
             assert!(out.status.success());
             let theirs: Vec<String> = text(&out.stdout)
                 .lines()

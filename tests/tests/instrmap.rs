@@ -18,18 +18,16 @@
 //!
 //! Missing tools fail the tests with what to install; nothing is skipped.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use profiler_common::SledKind;
+use tests::xray_reference::{Sled, SledKind as LlvmKind};
 use xray_object::elf::ElfImage;
 use xray_object::instrmap::InstrMap;
 use xray_object::symbols::SymbolTable;
 
 const CLANG: &str = "clang++-19";
-const LLVM_XRAY_19: &str = "/usr/lib/llvm-19/bin/llvm-xray";
-const LLVM_XRAY_14: &str = "/usr/lib/llvm-14/bin/llvm-xray";
 const INSTALL_LLVM: &str = "apt-get install clang-19 llvm-19 llvm";
 const INSTALL_NIGHTLY: &str = "rustup toolchain install nightly";
 
@@ -138,14 +136,6 @@ fn run_ok(program: &str, args: &[&str], hint: &str) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-fn llvm_xray_path(path: &str) -> &str {
-    assert!(
-        Path::new(path).exists(),
-        "{path} not found: install it with `{INSTALL_LLVM}`"
-    );
-    path
 }
 
 fn s(p: &Path) -> &str {
@@ -305,121 +295,23 @@ fn absolutize_asm(asm: &str) -> (String, usize) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// llvm-xray's YAML
+// llvm-xray extract (through the reference crate, `xray-reference`)
 
-#[derive(Debug)]
-struct LlvmSled {
-    id: u32,
-    address: u64,
-    function: u64,
-    kind: String,
-    always: bool,
-    name: String,
-    version: u8,
+/// `llvm-xray extract --symbolize` of `bin` with LLVM `major` (the reference crate's reader),
+/// or its error output.
+fn llvm_extract(major: u32, bin: &Path) -> Result<Vec<Sled>, String> {
+    tests::xray_reference::try_extract_sleds(major, bin)
 }
 
-/// Splits one `- { key: value, ... }` line of `llvm-xray extract` into its fields.
-fn yaml_fields(line: &str) -> HashMap<String, String> {
-    let body = line
-        .trim()
-        .strip_prefix("- {")
-        .and_then(|l| l.strip_suffix('}'))
-        .unwrap_or_else(|| panic!("unexpected llvm-xray line: {line}"));
-    let mut fields = HashMap::new();
-    let mut rest = body.trim_start();
-    while !rest.is_empty() {
-        let (key, after) = rest.split_once(": ").expect("key: value");
-        let mut chars = after.char_indices().peekable();
-        let mut value = String::new();
-        let mut end = after.len();
-        match after.chars().next() {
-            Some('\'') => {
-                chars.next();
-                while let Some((i, c)) = chars.next() {
-                    if c == '\'' {
-                        if chars.peek().map(|&(_, c)| c) == Some('\'') {
-                            chars.next();
-                            value.push('\'');
-                        } else {
-                            end = i + 1;
-                            break;
-                        }
-                    } else {
-                        value.push(c);
-                    }
-                }
-            }
-            Some('"') => {
-                chars.next();
-                while let Some((i, c)) = chars.next() {
-                    match c {
-                        '\\' => value.extend(chars.next().map(|(_, c)| c)),
-                        '"' => {
-                            end = i + 1;
-                            break;
-                        }
-                        c => value.push(c),
-                    }
-                }
-            }
-            _ => {
-                end = after.find(',').unwrap_or(after.len());
-                value = after[..end].trim().to_owned();
-            }
-        }
-        fields.insert(key.trim().to_owned(), value);
-        rest = after[end..].trim_start();
-        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
-    }
-    fields
-}
-
-fn parse_hex(v: &str) -> u64 {
-    u64::from_str_radix(v.trim_start_matches("0x"), 16).unwrap_or_else(|_| panic!("bad hex {v}"))
-}
-
-/// `llvm-xray extract --symbolize` of `bin`, or its error output.
-fn llvm_extract(xray: &str, bin: &Path) -> Result<Vec<LlvmSled>, String> {
-    let out = run(
-        llvm_xray_path(xray),
-        &["extract", "--symbolize", s(bin)],
-        INSTALL_LLVM,
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!(
-            "{}{}",
-            stdout,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(stdout
-        .lines()
-        .filter(|l| l.trim_start().starts_with("- {"))
-        .map(|l| {
-            let f = yaml_fields(l);
-            LlvmSled {
-                id: f["id"].parse().unwrap(),
-                address: parse_hex(&f["address"]),
-                function: parse_hex(&f["function"]),
-                kind: f["kind"].clone(),
-                always: f.get("always-instrument").is_some_and(|v| v == "true"),
-                name: f.get("function-name").cloned().unwrap_or_default(),
-                // llvm-xray leaves out fields that have their default value (version 0).
-                version: f.get("version").map_or(0, |v| v.parse().unwrap()),
-            }
-        })
-        .collect())
-}
-
-fn llvm_kind(kind: SledKind) -> &'static str {
+/// The kind llvm-xray prints for ours (`function-enter`, `tail-exit`, `log-args-enter`, ...).
+fn llvm_kind(kind: SledKind) -> LlvmKind {
     match kind {
-        SledKind::Entry => "function-enter",
-        SledKind::Exit => "function-exit",
-        SledKind::Tail => "tail-exit",
-        SledKind::LogArgsEntry => "log-args-enter",
-        SledKind::CustomEvent => "custom-event",
-        SledKind::TypedEvent => "typed-event",
+        SledKind::Entry => LlvmKind::Entry,
+        SledKind::Exit => LlvmKind::Exit,
+        SledKind::Tail => LlvmKind::Tail,
+        SledKind::LogArgsEntry => LlvmKind::LogArgsEntry,
+        SledKind::CustomEvent => LlvmKind::CustomEvent,
+        SledKind::TypedEvent => LlvmKind::TypedEvent,
     }
 }
 
@@ -507,19 +399,20 @@ struct Covered {
     typed_patched: usize,
 }
 
-/// Checks our reading of `bin` against `llvm-xray extract` (`xray`) entry by entry.
-fn compare(bin: &Path, xray: &str, names: Names) -> Covered {
+/// Checks our reading of `bin` against `llvm-xray extract` of LLVM `major` entry by entry.
+fn compare(bin: &Path, major: u32, names: Names) -> Covered {
+    let xray = format!("llvm-xray {major}");
     let image = ElfImage::open(bin).unwrap_or_else(|e| panic!("{e}"));
     let map = InstrMap::from_elf(&image).unwrap_or_else(|e| panic!("{e}"));
     let symbols = SymbolTable::from_elf(&image);
     let has_typed = map.sleds.iter().any(|s| s.kind == SledKind::TypedEvent);
     let mut covered = Covered::default();
-    let llvm = match llvm_extract(xray, bin) {
+    let llvm = match llvm_extract(major, bin) {
         Ok(l) => l,
         Err(e) if has_typed => {
             let (copy, n) = typed_as_custom(bin);
             covered.typed_patched = n;
-            llvm_extract(xray, &copy).unwrap_or_else(|e2| {
+            llvm_extract(major, &copy).unwrap_or_else(|e2| {
                 panic!(
                     "{xray} extract fails on {bin:?} ({e}) and on its typed-as-custom copy: {e2}"
                 )
@@ -538,12 +431,12 @@ fn compare(bin: &Path, xray: &str, names: Names) -> Covered {
         assert_eq!(ours.address, theirs.address, "{ctx}");
         assert_eq!(ours.function_address, theirs.function, "{ctx}");
         let expected_kind = if covered.typed_patched > 0 && ours.kind == SledKind::TypedEvent {
-            "custom-event"
+            LlvmKind::CustomEvent
         } else {
             llvm_kind(ours.kind)
         };
         assert_eq!(expected_kind, theirs.kind, "{ctx}");
-        assert_eq!(ours.always_instrument, theirs.always, "{ctx}");
+        assert_eq!(ours.always_instrument, theirs.always_instrument, "{ctx}");
         assert_eq!(ours.version, theirs.version, "{ctx}");
         // The file offset points at the sled's bytes.
         let at = ours.file_offset as usize;
@@ -566,12 +459,12 @@ fn compare(bin: &Path, xray: &str, names: Names) -> Covered {
         for s in &map.sleds[f.sleds.clone()] {
             assert_eq!((s.function_id, s.function_address), (f.id, f.address));
         }
-        let theirs = &llvm[f.sleds.start].name;
+        let theirs = &llvm[f.sleds.start].function_name;
         let mut expected = match names {
             Names::RustLegacy => unescape_rust_legacy(theirs),
             _ => theirs.clone(),
         };
-        if xray == LLVM_XRAY_14 {
+        if major == 14 {
             // LLVM 14's demangler still wrote `vector<basic_string<char> >`; we print what
             // LLVM 19 prints.
             expected = expected.replace("> >", ">>").replace("> >", ">>");
@@ -597,10 +490,7 @@ fn compare(bin: &Path, xray: &str, names: Names) -> Covered {
 }
 
 fn both(bin: &Path, names: Names) -> [Covered; 2] {
-    [
-        compare(bin, LLVM_XRAY_19, names),
-        compare(bin, LLVM_XRAY_14, names),
-    ]
+    [compare(bin, 19, names), compare(bin, 14, names)]
 }
 
 // ---------------------------------------------------------------------------------------------

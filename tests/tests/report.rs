@@ -4,12 +4,11 @@
 //! same names; the report over all threads adds them up. Then bad input: a missing binary, a
 //! corrupt file among good ones, a replaced binary, a missing file: clear warnings, and the
 //! good files still reported. Also the end-of-session outputs and custom-event locations.
-mod session_support;
 
-use session_support::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tests::scenario::{trace_launched, CPP, RUST};
+use tests::synthetic_session::*;
 use tests::{cpp_fixture, scratch_dir};
 
 const ITERATIONS: u32 = 50;

@@ -5,17 +5,14 @@
 //! function is named from its own object as `llvm-xray extract --symbolize` (LLVM 19) names it
 //! in that file, and shown by its packed id. Then an old manifest without `objects`, and bad
 //! objects: missing, rebuilt, replaced, unlisted, out of range.
-mod session_support;
 
 use serde_json::{json, Value};
-use session_support::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use tests::fixtures::symbolize::unescape_rust_legacy;
 use tests::fixtures::workloads::calls_fixture;
-use tests::tools::{llvm_xray, run_output, LLVM_XRAY_VERSIONS};
-use tests::xray_yaml::parse_convert_yaml;
+use tests::synthetic_session::*;
+use tests::tools::LLVM_XRAY_VERSIONS;
 use tests::{cpp_fixture, extract_sleds, rust_fixture, scratch_dir};
 
 /// Function id → name in `bin`, per llvm-xray 19.
@@ -107,19 +104,7 @@ fn assert_reference_reads(file: &Path, events: &[Ev]) {
         })
         .collect();
     for major in LLVM_XRAY_VERSIONS {
-        let out = run_output(
-            Command::new(llvm_xray(major))
-                .args(["convert", "--output-format=yaml"])
-                .arg(file),
-        );
-        assert!(
-            out.status.success(),
-            "llvm-xray {major} convert rejected {}: {}",
-            file.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let converted = parse_convert_yaml(&String::from_utf8_lossy(&out.stdout))
-            .unwrap_or_else(|e| panic!("llvm-xray {major} convert {}: {e}", file.display()));
+        let converted = tests::xray_reference::convert(major, file, &[]);
         let got: Vec<(bool, i64)> = converted
             .records
             .iter()

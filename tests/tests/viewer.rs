@@ -3,12 +3,11 @@
 //! and the Chrome trace-event files of a recorded C++ fixture trace without error and lists
 //! the fixture's function names; Chromium parses and draws the flame graph SVG. Screenshots
 //! are kept in `<target dir>/test-artifacts/viewer/`.
-mod session_support;
 
-use session_support::run_tool;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use tests::scenario::{trace_launched, CPP};
+use tests::synthetic_session::run_tool;
 use tests::tools::run_output;
 
 /// The functions the main thread of the C++ fixture runs.

@@ -1,11 +1,11 @@
 //! Crash-safety tests of the commit protocols: replay a writer's sink operations and check every
 //! state a SIGKILL could leave on disk (before each operation, and each write cut at each page
 //! boundary inside it) with our reader, and a sample of them with llvm-xray 14 and 19.
-use super::super::llvm_xray;
 use super::super::reader::{read, RecordKind, Trace};
 use super::super::sink::{Op, OpLog};
 use super::super::writer::{FdrVersion, FunctionAction, ThreadWriter, WallClock};
 use super::*;
+use xray_reference::both as llvm_xray;
 
 /// xorshift64*: deterministic test input without a dependency.
 struct Rng(u64);
@@ -187,8 +187,11 @@ fn every_crash_state_reads_v5() {
     assert!(states > 1000, "{states}");
 }
 
+/// A function record as llvm-xray prints it: (func-id, kind, tsc, cpu, thread).
+type FnRecord = (u32, String, u64, u16, u32);
+
 /// The function records of a file as llvm-xray prints them.
-fn function_records(t: &Trace) -> Vec<llvm_xray::XrayRecord> {
+fn function_records(t: &Trace) -> Vec<FnRecord> {
     t.records
         .iter()
         .filter_map(|r| match &r.kind {
@@ -196,19 +199,19 @@ fn function_records(t: &Trace) -> Vec<llvm_xray::XrayRecord> {
                 action,
                 function_id,
                 ..
-            } => Some(llvm_xray::XrayRecord {
-                func_id: *function_id,
-                kind: match action {
+            } => Some((
+                *function_id,
+                match action {
                     FunctionAction::Entry => "function-enter",
                     FunctionAction::Exit => "function-exit",
                     FunctionAction::TailExit => "function-tail-exit",
                     FunctionAction::EntryArgs => "function-enter-arg",
                 }
                 .to_string(),
-                tsc: r.tsc,
-                cpu: r.cpu,
-                thread: r.tid,
-            }),
+                r.tsc,
+                r.cpu,
+                r.tid,
+            )),
             _ => None,
         })
         .collect()
@@ -226,10 +229,14 @@ fn sampled_crash_states_load_in_llvm_xray() {
             std::fs::write(&path, s).unwrap();
             let mut want = function_records(&read(s).unwrap());
             // llvm-xray sorts by time (stably); so do we for the comparison.
-            want.sort_by_key(|r| r.tsc);
-            let got: Vec<_> = llvm_xray::load_records(&path)
+            want.sort_by_key(|r| r.2);
+            let got: Vec<FnRecord> = llvm_xray::load_records(&path)
                 .into_iter()
-                .filter(|r| r.kind.starts_with("function"))
+                .filter(|r| r.kind.name().starts_with("function"))
+                .map(|r| {
+                    let id = u32::try_from(r.func_id).unwrap_or_else(|e| panic!("{r:?}: {e}"));
+                    (id, r.kind.name().to_string(), r.tsc, r.cpu, r.thread)
+                })
                 .collect();
             assert_eq!(got, want, "{}", path.display());
         }

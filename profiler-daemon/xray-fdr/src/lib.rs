@@ -16,9 +16,6 @@ pub mod sink;
 pub mod version;
 pub mod writer;
 
-#[cfg(test)]
-pub(crate) mod llvm_xray;
-
 pub use reader::{read, ReadError, Record, RecordKind, Trace};
 pub use records::FunctionAction;
 pub use sink::TraceSink;

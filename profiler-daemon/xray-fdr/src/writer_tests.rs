@@ -1,5 +1,4 @@
 //! Tests of the writer: exact bytes, policy, and loading with llvm-xray 14 and 19.
-use super::super::llvm_xray::{self, XrayRecord};
 use super::super::records::FileHeader;
 use super::*;
 use std::fs::File;
@@ -12,6 +11,45 @@ const WALL: WallClock = WallClock {
     secs: 1_700_000_000,
     micros: 5,
 };
+
+/// One record as `llvm-xray convert --output-format=yaml` reports it, in the shape the tests
+/// compare: a projection of the reference crate's [`xray_reference::Record`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct XrayRecord {
+    func_id: u32,
+    /// `function-enter`, `function-exit`, `function-tail-exit`, `function-enter-arg`, ...
+    kind: String,
+    tsc: u64,
+    cpu: u16,
+    thread: u32,
+}
+
+impl From<&xray_reference::Record> for XrayRecord {
+    fn from(r: &xray_reference::Record) -> Self {
+        XrayRecord {
+            func_id: u32::try_from(r.func_id).unwrap_or_else(|e| panic!("{r:?}: {e}")),
+            kind: r.kind.name().to_string(),
+            tsc: r.tsc,
+            cpu: r.cpu,
+            thread: r.thread,
+        }
+    }
+}
+
+/// llvm-xray 14 and 19 through the reference crate ([`xray_reference::both`]); records
+/// projected to [`XrayRecord`].
+mod llvm_xray {
+    use std::path::Path;
+    pub(super) use xray_reference::both::{account, dump};
+
+    /// Loads the file with `convert` in both versions, asserts both succeed and agree.
+    pub(super) fn load_records(path: &Path) -> Vec<super::XrayRecord> {
+        xray_reference::both::load_records(path)
+            .iter()
+            .map(super::XrayRecord::from)
+            .collect()
+    }
+}
 
 fn rec(func_id: u32, kind: &str, tsc: u64, cpu: u16, thread: u32) -> XrayRecord {
     XrayRecord {
@@ -686,9 +724,13 @@ fn deeper_exit_without_synthetic_exits_is_rejected_by_account() {
     b.extend_from_slice(&records::end_of_buffer());
     std::fs::write(&path, b).unwrap();
     assert_eq!(llvm_xray::load_records(&path).len(), 3);
-    for v in llvm_xray::VERSIONS {
-        let (ok, text) = llvm_xray::run(v, &["account", path.to_str().unwrap()]);
-        assert!(!ok, "{v} unexpectedly accepted a mismatched exit: {text}");
+    for v in xray_reference::LLVM_XRAY_VERSIONS {
+        let out = xray_reference::run(v, ["account", path.to_str().unwrap()]);
+        assert!(
+            !out.status.success(),
+            "llvm-xray {v} unexpectedly accepted a mismatched exit: {}",
+            xray_reference::output_text(&out)
+        );
     }
 }
 

@@ -14,10 +14,9 @@ use std::time::Duration;
 
 pub use counts::assert_counts;
 use tests::run::{Running, ATTACHED_PREFIX};
-use tests::tools::{fdr_dump, run_output, tail_lines};
+use tests::tools::run_output;
 use tests::trace::{read_session, ThreadTrace, TraceDir};
-use tests::xray_yaml::{parse_convert_yaml, Converted};
-use tests::{llvm_xray, LLVM_XRAY_VERSIONS};
+use tests::xray_reference::both;
 
 /// `fdr-profiled: attached N probes to M functions in PATH[ (object K)]` (no suffix: object 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,23 +126,9 @@ pub fn load_trace(dir: &Path) -> TraceDir {
                 .and_then(|s| s.strip_suffix(".fdr"))
                 .and_then(|s| s.parse().ok())
                 .unwrap_or_else(|| panic!("{process_dir}/{name} is not tid-<tid>.fdr"));
-            let mut versions: Vec<Converted> = Vec::new();
-            for major in LLVM_XRAY_VERSIONS {
-                versions.push(xray(major, "convert", &path));
-                xray(major, "account", &path);
-            }
-            let key = |c: &Converted| -> Vec<_> {
-                c.records
-                    .iter()
-                    .map(|r| (r.func_id, r.kind.clone(), r.tsc, r.thread, r.cpu))
-                    .collect()
-            };
-            assert!(
-                key(&versions[0]) == key(&versions[1]) && versions[0].header == versions[1].header,
-                "llvm-xray 14 and 19 disagree on {}",
-                path.display()
-            );
-            let c = versions.pop().expect("two versions");
+            // No instrumentation map: the ids of other objects are packed anyway.
+            let c = both::convert(&path, &["-symbolize"]);
+            both::account(&path, None);
             threads.push(ThreadTrace {
                 pid,
                 tid,
@@ -172,29 +157,6 @@ pub fn load_trace(dir: &Path) -> TraceDir {
         session,
         threads,
     }
-}
-
-/// `llvm-xray MAJOR convert|account` of `file` without `-instr_map`; the parsed YAML for
-/// `convert`. Panics with the tool's error and `fdr-dump` if it rejects the file.
-fn xray(major: u32, what: &str, file: &Path) -> Converted {
-    let mut cmd = Command::new(llvm_xray(major));
-    cmd.arg(what);
-    if what == "convert" {
-        cmd.args(["--output-format=yaml", "-symbolize"]);
-    }
-    let out = run_output(cmd.arg(file));
-    assert!(
-        out.status.success(),
-        "llvm-xray {major} {what} rejected {}:\n{}\n--- fdr-dump:\n{}",
-        file.display(),
-        tail_lines(&String::from_utf8_lossy(&out.stderr), 40),
-        tail_lines(&fdr_dump(major, file), 60)
-    );
-    if what != "convert" {
-        return Converted::default();
-    }
-    parse_convert_yaml(&String::from_utf8_lossy(&out.stdout))
-        .unwrap_or_else(|e| panic!("llvm-xray {major} convert {}: {e}", file.display()))
 }
 
 /// An object the target maps, as the test knows it.

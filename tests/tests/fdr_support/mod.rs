@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
+use tests::xray_reference::try_convert_text;
 use tests::xray_yaml::parse_convert_yaml;
-use tests::{llvm_xray, LLVM_XRAY_VERSIONS};
+use tests::LLVM_XRAY_VERSIONS;
 use xray_fdr::reader::{Record, RecordKind, Trace};
 use xray_fdr::FunctionAction;
 
@@ -72,28 +72,10 @@ fn fn_rec(r: &Record) -> Option<FnRec> {
 
 /// Runs `llvm-xray convert --output-format=yaml FILE` of LLVM `major`; on success returns the
 /// function records and the number of event records. Event lines are not parsed (their data
-/// can be any bytes); they are only counted.
+/// can be any bytes); they are only counted. If the tool rejects the file, the error says why
+/// (its stderr and `fdr-dump`).
 pub fn llvm(major: u32, file: &Path) -> Result<(Vec<FnRec>, usize), String> {
-    let out = Command::new(llvm_xray(major))
-        .args(["convert", "--output-format=yaml"])
-        .arg(file)
-        .output()
-        .map_err(|e| format!("cannot run llvm-xray {major}: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        let dump = Command::new(llvm_xray(major))
-            .args(["fdr-dump", "-verify"])
-            .arg(file)
-            .output()
-            .map(|o| String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).into_owned())
-            .unwrap_or_default();
-        let tail: Vec<&str> = dump.lines().rev().take(5).collect();
-        return Err(format!(
-            "llvm-xray {major} convert failed on {}: {}\nfdr-dump -verify ends with: {tail:?}",
-            file.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    let text = try_convert_text(major, file, &[])?;
     let mut events = 0;
     let kept: String = text
         .lines()
@@ -191,19 +173,7 @@ pub fn agree_on_counts(file: &Path, trace: &Trace) -> Result<(), String> {
     let functions = ours(trace).len();
     let events = trace.records.len() - functions;
     for major in LLVM_XRAY_VERSIONS {
-        let out = Command::new(llvm_xray(major))
-            .args(["convert", "--output-format=yaml"])
-            .arg(file)
-            .output()
-            .map_err(|e| format!("cannot run llvm-xray {major}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "llvm-xray {major} convert failed on {}: {}",
-                file.display(),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = try_convert_text(major, file, &[])?;
         let records = text.lines().filter(|l| l.trim_start().starts_with("- {"));
         let (mut f, mut e) = (0, 0);
         for l in records {

@@ -1,6 +1,6 @@
 //! A small reader for the YAML that `llvm-xray` prints: the records of
-//! `llvm-xray convert --output-format=yaml -symbolize -instr_map=BIN FILE` and
-//! the sleds of `llvm-xray extract --symbolize BIN`.
+//! `llvm-xray convert --output-format=yaml [-symbolize -instr_map=BIN] FILE`
+//! and the sleds of `llvm-xray extract [--symbolize] BIN`.
 //!
 //! This is deliberately independent of the daemon's own FDR code: the tests
 //! use llvm-xray as the reference reader and only parse its text output.
@@ -160,24 +160,42 @@ impl Parser<'_> {
                                 .copied()
                                 .ok_or_else(|| self.err("dangling escape"))?;
                             self.i += 2;
-                            match c {
-                                b'n' => out.push(b'\n'),
-                                b't' => out.push(b'\t'),
-                                b'r' => out.push(b'\r'),
-                                b'0' => out.push(0),
-                                b'x' => {
-                                    let hex = self
-                                        .line
-                                        .get(self.i..self.i + 2)
-                                        .ok_or_else(|| self.err("short \\x escape"))?;
-                                    out.push(
-                                        u8::from_str_radix(hex, 16)
-                                            .map_err(|e| self.err(&e.to_string()))?,
-                                    );
-                                    self.i += 2;
+                            // YAML's escapes, as llvm-xray writes them (`yaml::escape`):
+                            // `\xNN`, `\uNNNN`, `\UNNNNNNNN` name a character (not a byte).
+                            let ch = match c {
+                                b'n' => '\n',
+                                b't' => '\t',
+                                b'r' => '\r',
+                                b'0' => '\0',
+                                b'a' => '\u{7}',
+                                b'b' => '\u{8}',
+                                b'v' => '\u{b}',
+                                b'f' => '\u{c}',
+                                b'e' => '\u{1b}',
+                                b'N' => '\u{85}',
+                                b'_' => '\u{a0}',
+                                b'L' => '\u{2028}',
+                                b'P' => '\u{2029}',
+                                b'x' | b'u' | b'U' => {
+                                    let n = match c {
+                                        b'x' => 2,
+                                        b'u' => 4,
+                                        _ => 8,
+                                    };
+                                    let hex =
+                                        self.line.get(self.i..self.i + n).ok_or_else(|| {
+                                            self.err(&format!("short \\{} escape", c as char))
+                                        })?;
+                                    let code = u32::from_str_radix(hex, 16)
+                                        .map_err(|e| self.err(&e.to_string()))?;
+                                    self.i += n;
+                                    char::from_u32(code).ok_or_else(|| {
+                                        self.err(&format!("\\{} escape of {code:#x}", c as char))
+                                    })?
                                 }
-                                other => out.push(other),
-                            }
+                                other => char::from(other),
+                            };
+                            out.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes());
                         }
                         Some(c) => {
                             out.push(c);
@@ -273,6 +291,18 @@ impl RecordKind {
             "custom-event" => RecordKind::CustomEvent,
             "typed-event" => RecordKind::TypedEvent,
             other => RecordKind::Other(other.to_string()),
+        }
+    }
+    /// The name llvm-xray prints (the inverse of [`RecordKind::parse`]).
+    pub fn name(&self) -> &str {
+        match self {
+            RecordKind::Enter => "function-enter",
+            RecordKind::EnterArg => "function-enter-arg",
+            RecordKind::Exit => "function-exit",
+            RecordKind::TailExit => "function-tail-exit",
+            RecordKind::CustomEvent => "custom-event",
+            RecordKind::TypedEvent => "typed-event",
+            RecordKind::Other(s) => s,
         }
     }
     /// Enter or EnterArg.
@@ -458,6 +488,7 @@ pub struct Sled {
     pub always_instrument: bool,
     /// Empty when extract was run without `--symbolize`.
     pub function_name: String,
+    /// Entry format version (0 when llvm-xray leaves the field out).
     pub version: u8,
 }
 
@@ -480,7 +511,9 @@ pub fn parse_extract_yaml(text: &str) -> Result<Vec<Sled>, String> {
             function_name: field(&map, "function-name")
                 .map(|v| v.as_str().to_string())
                 .unwrap_or_default(),
-            version: num(&map, "version").map_err(ctx)?,
+            // Optional in llvm-xray's mapping, left out when it is the default 0
+            // (versions 0 and 1 are the absolute-address entries).
+            version: num_or(&map, "version").map_err(ctx)?,
         });
     }
     Ok(out)
@@ -505,6 +538,17 @@ mod tests {
         assert_eq!(get("f"), Value::Scalar("q\"w".into()));
         assert_eq!(get("g"), Value::Scalar("a:b".into()));
         assert_eq!(get("h"), Value::Scalar(String::new()));
+        // Event payloads: escapes name characters (llvm-xray replaces an invalid UTF-8
+        // sequence with U+FFFD and stops there).
+        let m = parse_flow_mapping(
+            "- { kind: custom-event, data: \"\\x01\\x84\u{fffd}\\u2028\\N\\e\\\\\" }",
+        )
+        .unwrap();
+        assert_eq!(
+            m[1].1,
+            Value::Scalar("\u{1}\u{84}\u{fffd}\u{2028}\u{85}\u{1b}\\".into())
+        );
+        assert!(parse_flow_mapping("{ a: \"\\x4\" }").is_err());
         assert!(parse_flow_mapping("{ a: 1").is_err());
         assert!(parse_flow_mapping("{ a: 'x }").is_err());
     }
@@ -554,5 +598,29 @@ mod tests {
         assert_eq!(s[1].kind, SledKind::LogArgsEntry);
         assert!(s[1].always_instrument);
         assert_eq!(s[1].function_name, "fx::leaf(int)");
+        assert_eq!(s[1].version, 2);
+        // Version 0 is the default llvm-xray leaves out; without --symbolize no names.
+        let v0 = parse_extract_yaml("- { id: 1, address: 0x401130, function: 0x401130, kind: function-enter, always-instrument: false }\n").unwrap();
+        assert_eq!(v0[0].version, 0);
+        assert_eq!(v0[0].function_name, "");
+        assert!(parse_extract_yaml(
+            "- { id: 1, address: 0x401130, kind: function-enter, always-instrument: false }\n"
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn record_kind_names_round_trip() {
+        for name in [
+            "function-enter",
+            "function-enter-arg",
+            "function-exit",
+            "function-tail-exit",
+            "custom-event",
+            "typed-event",
+            "something-new",
+        ] {
+            assert_eq!(RecordKind::parse(name).name(), name);
+        }
     }
 }

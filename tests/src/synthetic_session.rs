@@ -1,14 +1,20 @@
-//! Shared by the `report`, `convert` and `viewer` tests: synthetic sessions (FDR files written
-//! with the daemon's own writer, for the function ids of a real fixture binary, and a
-//! `session.json`), what `llvm-xray account` says about a file, and running our commands.
-#![allow(dead_code)]
+//! Synthetic sessions: hand-made session directories in the daemon's layout (`session.json`
+//! and one FDR file per thread at `<exe>-<pid>/tid-<tid>.fdr`), for the function ids of a real
+//! fixture binary ([`function_id`], [`function_ids`]).
+//!
+//! Used by the `report`, `convert` and `viewer` tests (FDR files written with the daemon's own
+//! writer from [`Ev`]s, [`write_session`]) and by the self-test of the trace checks in
+//! `synthetic.rs` (FDR files encoded by hand from the format description, through
+//! [`ThreadFile`] and [`write_session_with_counters`]). Also what `llvm-xray account` says about
+//! a file ([`parse_account`], [`assert_thread_matches_account`]) and running our commands
+//! ([`run_tool`], [`report_json`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use tests::tools::run_output;
-use tests::{extract_sleds, fdr_profiled};
+use crate::tools::run_output;
+use crate::{extract_sleds, fdr_profiled};
 use xray_fdr::writer::{ThreadWriter, WallClock};
 use xray_fdr::{FdrVersion, FunctionAction};
 use xray_object::elf::ElfImage;
@@ -26,16 +32,76 @@ pub enum Ev {
     Custom(u64, Vec<u8>),
 }
 
-/// One synthetic process: pid, recorded binary, recorded build-id, threads (tid, events).
-pub struct SynthProcess {
+/// What a synthetic thread's FDR file is written from.
+pub trait ThreadFile {
+    /// Writes the FDR file of thread `tid` of process `pid` at `path` (its directory exists).
+    fn write_fdr(&self, path: &Path, pid: u32, tid: u32);
+}
+
+/// Events written with the daemon's own writer (`xray_fdr::ThreadWriter`): FDR version 1, a
+/// 1 GHz clock, every record on CPU 0.
+impl ThreadFile for Vec<Ev> {
+    fn write_fdr(&self, path: &Path, pid: u32, tid: u32) {
+        let file = std::fs::File::create(path).unwrap();
+        let mut w = ThreadWriter::with_version(
+            file,
+            tid,
+            pid,
+            1_000_000_000,
+            WallClock::default(),
+            FdrVersion::V1,
+        )
+        .unwrap();
+        for ev in self {
+            match ev {
+                Ev::Enter(id, ts) => w.function(FunctionAction::Entry, *id, *ts, 0),
+                Ev::EnterArgs(id, ts, args) => w.entry_with_args(*id, *ts, 0, args),
+                Ev::Exit(id, ts) => w.function(FunctionAction::Exit, *id, *ts, 0),
+                Ev::Custom(ts, data) => w.custom_event(*ts, 0, data),
+            }
+            .unwrap();
+        }
+        w.finish().unwrap();
+    }
+}
+
+/// One synthetic process: pid, recorded binary, recorded build-id, threads (tid, what its file
+/// is written from: by default [`Ev`]s for the daemon's writer).
+pub struct SynthProcess<T = Vec<Ev>> {
     pub pid: u32,
     pub binary: PathBuf,
     pub build_id: Option<String>,
-    pub threads: Vec<(u32, Vec<Ev>)>,
+    pub threads: Vec<(u32, T)>,
 }
 
-/// Writes a session directory `dir` holding `processes`; returns each thread file's path.
+/// The daemon's counters as `session.json` states them. The commands that read sessions never
+/// look at them; the trace checks ([`crate::trace::read_session`],
+/// [`crate::trace::assert_session_totals`]) do.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    /// `events`.
+    pub events: u64,
+    /// `events_lost`; left out when `None`.
+    pub events_lost: Option<u64>,
+    /// Each thread's `records`, by (pid, tid); 0 for a thread not named here.
+    pub records: BTreeMap<(u32, u32), u64>,
+}
+
+/// Writes a session directory `dir` holding `processes` (written with the daemon's writer),
+/// with all counters 0 (`events: 0`, every thread's `records: 0`, no `events_lost`); returns
+/// each thread file's path.
 pub fn write_session(dir: &Path, processes: &[SynthProcess]) -> BTreeMap<(u32, u32), PathBuf> {
+    write_session_with_counters(dir, processes, &Counters::default())
+}
+
+/// [`write_session`] with the counters `session.json` states given: each process's files in
+/// `dir/<exe>-<pid>/tid-<tid>.fdr` (`<exe>`: the binary's file name), and `session.json`
+/// (FDR version 1) listing them. Returns each thread file's path.
+pub fn write_session_with_counters<T: ThreadFile>(
+    dir: &Path,
+    processes: &[SynthProcess<T>],
+    counters: &Counters,
+) -> BTreeMap<(u32, u32), PathBuf> {
     let mut files = BTreeMap::new();
     let mut manifest = Vec::new();
     for p in processes {
@@ -43,30 +109,12 @@ pub fn write_session(dir: &Path, processes: &[SynthProcess]) -> BTreeMap<(u32, u
         let pdir = format!("{exe}-{}", p.pid);
         std::fs::create_dir_all(dir.join(&pdir)).unwrap();
         let mut threads = Vec::new();
-        for (tid, events) in &p.threads {
+        for (tid, contents) in &p.threads {
             let rel = format!("{pdir}/tid-{tid}.fdr");
             let path = dir.join(&rel);
-            let file = std::fs::File::create(&path).unwrap();
-            let mut w = ThreadWriter::with_version(
-                file,
-                *tid,
-                p.pid,
-                1_000_000_000,
-                WallClock::default(),
-                FdrVersion::V1,
-            )
-            .unwrap();
-            for ev in events {
-                match ev {
-                    Ev::Enter(id, ts) => w.function(FunctionAction::Entry, *id, *ts, 0),
-                    Ev::EnterArgs(id, ts, args) => w.entry_with_args(*id, *ts, 0, args),
-                    Ev::Exit(id, ts) => w.function(FunctionAction::Exit, *id, *ts, 0),
-                    Ev::Custom(ts, data) => w.custom_event(*ts, 0, data),
-                }
-                .unwrap();
-            }
-            w.finish().unwrap();
-            threads.push(serde_json::json!({"tid": tid, "file": rel, "records": 0}));
+            contents.write_fdr(&path, p.pid, *tid);
+            let records = counters.records.get(&(p.pid, *tid)).copied().unwrap_or(0);
+            threads.push(serde_json::json!({"tid": tid, "file": rel, "records": records}));
             files.insert((p.pid, *tid), path);
         }
         manifest.push(serde_json::json!({
@@ -78,7 +126,11 @@ pub fn write_session(dir: &Path, processes: &[SynthProcess]) -> BTreeMap<(u32, u
             "threads": threads,
         }));
     }
-    let json = serde_json::json!({"fdr_version": 1, "events": 0, "processes": manifest});
+    let mut json =
+        serde_json::json!({"fdr_version": 1, "events": counters.events, "processes": manifest});
+    if let Some(lost) = counters.events_lost {
+        json["events_lost"] = lost.into();
+    }
     std::fs::write(
         dir.join("session.json"),
         serde_json::to_vec_pretty(&json).unwrap(),
@@ -94,11 +146,19 @@ pub fn build_id(bin: &Path) -> String {
 
 /// Function id of `name` in `bin`, per llvm-xray 19.
 pub fn function_id(bin: &Path, name: &str) -> u32 {
-    extract_sleds(19, bin)
-        .into_iter()
-        .find(|s| s.function_name == name)
+    *function_ids(bin)
+        .get(name)
         .unwrap_or_else(|| panic!("{name} not in {}", bin.display()))
-        .id
+}
+
+/// Function ids of `bin` by name, per llvm-xray 19 (the first id of a name, should two
+/// functions share it).
+pub fn function_ids(bin: &Path) -> BTreeMap<String, u32> {
+    let mut ids = BTreeMap::new();
+    for s in extract_sleds(19, bin) {
+        ids.entry(s.function_name).or_insert(s.id);
+    }
+    ids
 }
 
 /// A deterministic nest of calls: `rounds` times outer → middle → leaf (twice), durations
@@ -225,7 +285,7 @@ pub fn assert_thread_matches_account(
     bin: &Path,
     file: &Path,
 ) {
-    let account = parse_account(&tests::account(19, bin, file));
+    let account = parse_account(&crate::account(19, bin, file));
     let ours: BTreeMap<u32, &serde_json::Value> = rows
         .iter()
         .filter(|((p, t, _), _)| *p == u64::from(pid) && *t == u64::from(tid))
@@ -258,7 +318,7 @@ pub fn assert_thread_matches_account(
         );
         assert_eq!(
             name,
-            tests::fixtures::symbolize::unescape_rust_legacy(&want.function),
+            crate::fixtures::symbolize::unescape_rust_legacy(&want.function),
             "name of {id}"
         );
     }
