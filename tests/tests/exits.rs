@@ -184,6 +184,15 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
         "session.json catches"
     );
 
+    // The report written at the end counts the calls the daemon closed at a catch, as
+    // session.json does.
+    let unwound: u64 = run.thread_u64("frames_unwound").values().sum();
+    let report = std::fs::read_to_string(run.out.join("report.txt")).expect("report.txt");
+    assert!(
+        report.contains(&format!("{unwound} calls, timed to that point")),
+        "report.txt does not count the {unwound} frames closed at a catch:\n{report}"
+    );
+
     // The structure of compiler-rt's own trace of the same program.
     let native_dir = scratch_dir("exits-exceptions-native");
     let native_bin = exceptions_native_fixture();

@@ -277,8 +277,9 @@ impl SessionReport {
         if unwound + by_loss + beyond > 0 {
             let _ = writeln!(
                 s,
-                "  frames closed without their own exit: {unwound} unwound (exceptions: {catches} caught; longjmp), \
-                 {by_loss} after lost events, {beyond} beyond the kernel's return-probe limit"
+                "  frames closed where they were proven gone: {unwound} left by exceptions or longjmp \
+                 ({catches} exceptions caught), {by_loss} after lost events, {beyond} beyond the \
+                 kernel's return-probe limit"
             );
         }
         if lost_entries > 0 {

@@ -48,6 +48,9 @@ struct ManifestObject {
 struct ManifestThread {
     tid: u32,
     file: String,
+    frames_unwound: u64,
+    frames_closed_by_loss: u64,
+    frames_beyond_return_limit: u64,
 }
 
 /// Highest XRay object id: FDR function records carry 28 bits, the top 4 of them the object.
@@ -89,6 +92,10 @@ pub struct ThreadEntry {
     pub tid: u32,
     /// The file.
     pub path: PathBuf,
+    /// Calls the recorder closed with an exit of its own making, where they were proven gone
+    /// (an exception caught, a `longjmp`, a lost exit, the kernel's return-probe limit), as
+    /// the manifest counts them; 0 without a manifest. They read as calls in the file.
+    pub closed_by_recorder: u64,
 }
 
 /// A session directory's contents.
@@ -161,7 +168,14 @@ impl Layout {
                     ));
                     continue;
                 }
-                threads.push(ThreadEntry { tid: t.tid, path });
+                threads.push(ThreadEntry {
+                    tid: t.tid,
+                    path,
+                    closed_by_recorder: t
+                        .frames_unwound
+                        .saturating_add(t.frames_closed_by_loss)
+                        .saturating_add(t.frames_beyond_return_limit),
+                });
             }
             let binary = (!p.binary.is_empty()).then(|| PathBuf::from(&p.binary));
             let name = exe_name(binary.as_deref(), &p.dir, p.pid);
@@ -255,6 +269,7 @@ impl Layout {
                     threads.push(ThreadEntry {
                         tid,
                         path: file.path(),
+                        closed_by_recorder: 0,
                     });
                 }
             }

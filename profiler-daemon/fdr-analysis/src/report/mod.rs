@@ -103,6 +103,9 @@ pub struct Totals {
     pub unmatched_exits: u64,
     /// Calls ended by a caller's exit.
     pub unwound: u64,
+    /// Calls the recorder closed where they were proven gone (see
+    /// `replay::ThreadEntry::closed_by_recorder`): counted and timed as calls.
+    pub closed_by_recorder: u64,
     /// Calls open at the end of their file.
     pub unfinished: u64,
     /// Custom and typed events.
@@ -199,6 +202,7 @@ impl Aggregator {
                 self.totals.entries += outcome.entries;
                 self.totals.unmatched_exits += outcome.unmatched_exits;
                 self.totals.unwound += outcome.unwound;
+                self.totals.closed_by_recorder += t.thread.closed_by_recorder;
                 self.totals.unfinished += outcome.unfinished;
                 self.totals.events += outcome.events;
             }

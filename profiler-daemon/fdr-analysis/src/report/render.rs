@@ -76,6 +76,14 @@ pub fn text(report: &Report) -> String {
     if t.unmatched_exits > 0 {
         incomplete.push(format!("{} exits without an entry", t.unmatched_exits));
     }
+    if t.closed_by_recorder > 0 {
+        let _ = writeln!(
+            s,
+            "closed by the recorder where they were proven gone (an exception caught, a longjmp, \
+             a lost exit, the return-probe limit): {} calls, timed to that point",
+            t.closed_by_recorder
+        );
+    }
     if !incomplete.is_empty() {
         let _ = writeln!(s, "not timed: {}", incomplete.join(", "));
     }
