@@ -57,8 +57,9 @@ pub use tools::{
     fdr_dump, fdr_profiled, llvm_xray, profile_dir, scratch_dir, target_dir, LLVM_XRAY_VERSIONS,
 };
 pub use trace::{
-    account, assert_process_calls, assert_session_totals, check_trace_dir, convert, read_session,
-    summary_events_lost, CallCounts, MainCall, ProcessExpectation, Session, ThreadTrace, TraceDir,
+    account, assert_every_event_accounted, assert_process_calls, assert_session_totals,
+    check_trace_dir, convert, read_session, summary_events_lost, CallCounts, MainCall,
+    ProcessExpectation, Session, ThreadTrace, TraceDir,
 };
 pub use xray_yaml::{parse_convert_yaml, parse_extract_yaml, Record, RecordKind, Sled, SledKind};
 

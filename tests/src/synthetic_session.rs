@@ -114,7 +114,16 @@ pub fn write_session_with_counters<T: ThreadFile>(
             let path = dir.join(&rel);
             contents.write_fdr(&path, p.pid, *tid);
             let records = counters.records.get(&(p.pid, *tid)).copied().unwrap_or(0);
-            threads.push(serde_json::json!({"tid": tid, "file": rel, "records": records}));
+            // As the daemon accounts for a thread whose every event became a function record.
+            threads.push(serde_json::json!({
+                "tid": tid, "file": rel, "records": records,
+                "events": records, "events_written": records,
+                "exits_of_lost_entries": 0, "dropped_unmatched_exits": 0, "dropped_too_deep": 0,
+                "events_invalid": 0, "unreadable_events": 0, "catches": 0,
+                "dropped_write_errors": 0, "events_unknown": 0, "custom_events": 0,
+                "typed_events": 0, "frames_unwound": 0, "frames_closed_by_loss": 0,
+                "frames_beyond_return_limit": 0,
+            }));
             files.insert((p.pid, *tid), path);
         }
         manifest.push(serde_json::json!({

@@ -501,6 +501,7 @@ pub fn assert_session_totals(trace: &TraceDir) {
         s.dropped_unmatched_exits,
         s.json
     );
+    assert_every_event_accounted(s);
     for p in &s.processes {
         for t in &p.threads {
             let file = trace
@@ -513,6 +514,50 @@ pub fn assert_session_totals(trace: &TraceDir) {
                 p.pid,
                 t.tid,
                 file.path.display()
+            );
+        }
+    }
+}
+
+/// Per thread of `session.json`: every event received ends in exactly one named fate, and the
+/// records of the file are the function events written plus the exits the daemon wrote for
+/// frames it closed. Panics naming the thread otherwise.
+pub fn assert_every_event_accounted(s: &Session) {
+    const FATES: [&str; 9] = [
+        "events_written",
+        "exits_of_lost_entries",
+        "dropped_unmatched_exits",
+        "dropped_too_deep",
+        "events_invalid",
+        "unreadable_events",
+        "catches",
+        "dropped_write_errors",
+        "events_unknown",
+    ];
+    const CLOSED: [&str; 3] = [
+        "frames_unwound",
+        "frames_closed_by_loss",
+        "frames_beyond_return_limit",
+    ];
+    for p in s.json["processes"].as_array().into_iter().flatten() {
+        for t in p["threads"].as_array().into_iter().flatten() {
+            let get = |k: &str| {
+                t[k].as_u64()
+                    .unwrap_or_else(|| panic!("session.json thread without integer {k:?}: {t}"))
+            };
+            let fates: u64 = FATES.iter().map(|k| get(k)).sum();
+            assert_eq!(
+                get("events"),
+                fates,
+                "session.json thread: events (left) != the sum of {FATES:?} (right): {t}"
+            );
+            let closed: u64 = CLOSED.iter().map(|k| get(k)).sum();
+            let function_events =
+                get("events_written") - get("custom_events") - get("typed_events");
+            assert_eq!(
+                get("records"),
+                function_events + closed,
+                "session.json thread: records (left) != function events written + frames closed (right): {t}"
             );
         }
     }

@@ -92,6 +92,7 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
         );
     }
     assert_eq!(run.session.events_lost, 0, "{}", run.session.json);
+    tests::assert_every_event_accounted(&run.session);
 
     // Our reader accepts every file (files() panics otherwise); llvm-xray 14 and 19 read the
     // same records; per thread and function: entries = calls, exits = normal returns.

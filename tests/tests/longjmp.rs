@@ -68,6 +68,7 @@ fn check(o: &Outcome) {
         "{label}: auto picks return probes"
     );
     assert_eq!(o.session.events_lost, 0, "{label}: {}", o.session.json);
+    tests::assert_every_event_accounted(o.session);
     let lost_entries: u64 = thread_u64(o.session, "exits_of_lost_entries")
         .values()
         .sum();

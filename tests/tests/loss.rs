@@ -101,6 +101,7 @@ fn assert_accounted(run: &Launched) -> u64 {
         );
         assert_eq!(write_errors[tid], 0, "tid {tid}: write errors");
     }
+    tests::assert_every_event_accounted(&run.session);
     let total: u64 = lost.values().sum();
     assert_eq!(
         run.session_u64("events_lost_unattributed"),

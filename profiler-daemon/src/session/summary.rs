@@ -62,8 +62,19 @@ pub struct ThreadReport {
     pub file: String,
     /// Function records written.
     pub records: u64,
-    /// Events received for this thread.
+    /// Events received for this thread. Each ends in exactly one of: `events_written`,
+    /// `exits_of_lost_entries`, `dropped_unmatched_exits`, `dropped_too_deep`, `events_invalid`,
+    /// `unreadable_events`, `catches`, `dropped_write_errors`, `events_unknown`.
     pub events: u64,
+    /// Events written as a record (entries, exits, custom and typed events). `records` is
+    /// these function records plus the exits the recorder wrote for frames it closed.
+    pub events_written: u64,
+    /// Entries not written: the file's stack of open calls was at its depth cap.
+    pub dropped_too_deep: u64,
+    /// Custom or typed events the format cannot hold.
+    pub events_invalid: u64,
+    /// Events of a kind this version does not know.
+    pub events_unknown: u64,
     /// Events of this thread the kernel could not queue (buffer full). Exact: the kernel
     /// numbers every event of a thread.
     pub events_lost: u64,
@@ -282,6 +293,43 @@ impl SessionReport {
                  kernel's return-probe limit"
             );
         }
+        let fates: [(&str, u64); 9] = [
+            ("written", threads_iter().map(|t| t.events_written).sum()),
+            ("exits of lost entries", lost_entries),
+            (
+                "exits without entry",
+                threads_iter().map(|t| t.dropped_unmatched_exits).sum(),
+            ),
+            ("too deep", threads_iter().map(|t| t.dropped_too_deep).sum()),
+            ("invalid", threads_iter().map(|t| t.events_invalid).sum()),
+            (
+                "unreadable",
+                threads_iter().map(|t| t.unreadable_events).sum(),
+            ),
+            ("catches", catches),
+            (
+                "write errors",
+                threads_iter().map(|t| t.dropped_write_errors).sum(),
+            ),
+            ("unknown", threads_iter().map(|t| t.events_unknown).sum()),
+        ];
+        let in_files: u64 = threads_iter().map(|t| t.events).sum();
+        let accounted: u64 = fates.iter().map(|(_, n)| n).sum();
+        let terms: Vec<String> = fates
+            .iter()
+            .filter(|(name, n)| *n > 0 || *name == "written")
+            .map(|(name, n)| format!("{n} {name}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  events of traced threads: {in_files} = {}{}",
+            terms.join(" + "),
+            if accounted == in_files {
+                String::new()
+            } else {
+                format!(" (INTERNAL ERROR: {accounted} accounted for)")
+            }
+        );
         if lost_entries > 0 {
             let _ = writeln!(s, "  exits of lost entries (not written): {lost_entries}");
         }

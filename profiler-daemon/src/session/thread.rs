@@ -28,11 +28,21 @@ use xray_fdr::writer::{Recorded, ThreadWriter};
 /// further away.
 pub const STACK_SPAN: u64 = 256 << 20;
 
-/// Per-thread counters that end up in the session manifest.
+/// Per-thread counters that end up in the session manifest. Every event received ends in
+/// exactly one of: written, an exit of a lost entry, an exit without entry, too deep, invalid,
+/// unreadable, a catch, a write error, unknown (see [`ThreadCounts::accounted`]).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ThreadCounts {
     /// Events received.
     pub events: u64,
+    /// Events written to the file as a record (entries, exits, custom and typed events).
+    pub events_written: u64,
+    /// Entries not written because the file's stack of open calls was at its depth cap.
+    pub dropped_too_deep: u64,
+    /// Custom or typed events the format cannot hold (empty payload, or none delivered).
+    pub events_invalid: u64,
+    /// Events of a kind this version does not know.
+    pub events_unknown: u64,
     /// Events the kernel could not queue (buffer full).
     pub lost: u64,
     /// Frames proven dead by the first event after a loss (their exit was among the lost
@@ -62,6 +72,48 @@ pub struct ThreadCounts {
     pub catches: u64,
 }
 
+impl ThreadCounts {
+    /// The events the counters account for; equal to [`ThreadCounts::events`] always.
+    pub fn accounted(&self) -> u64 {
+        self.events_written
+            + self.exits_of_lost_entries
+            + self.exits_without_entry
+            + self.dropped_too_deep
+            + self.events_invalid
+            + self.unreadable_events
+            + self.catches
+            + self.dropped_write_errors
+            + self.events_unknown
+    }
+}
+
+/// What became of one event.
+enum Fate {
+    Written,
+    ExitOfLostEntry,
+    ExitWithoutEntry,
+    TooDeep,
+    Invalid,
+    Unreadable,
+    Catch,
+    Unknown,
+    /// The thread's end marker: not an event of the program.
+    End,
+}
+
+impl Fate {
+    fn of(r: Recorded) -> Fate {
+        match r {
+            Recorded::Written
+            | Recorded::WrittenAfterUnwind { .. }
+            | Recorded::WrittenAsCustomEvent => Fate::Written,
+            Recorded::DroppedUnmatchedExit => Fate::ExitWithoutEntry,
+            Recorded::DroppedStackOverflow => Fate::TooDeep,
+            Recorded::DroppedInvalidEvent => Fate::Invalid,
+        }
+    }
+}
+
 /// A frame open in the file.
 #[derive(Debug, Clone, Copy)]
 struct Frame {
@@ -70,15 +122,9 @@ struct Frame {
     slot: u64,
     /// Entered beyond the kernel's return-probe limit: no exit will be reported for it.
     no_return: bool,
-}
-
-/// Why frames are being closed.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Cause {
-    /// Events were lost right before the event that proves them dead.
-    Loss,
-    /// An exception, a `longjmp`, or the return-probe limit.
-    Unwinding,
+    /// The thread's count of losses when the frame was entered: a frame closed after a later
+    /// loss may have lost its exit, and is counted as closed by loss.
+    losses_at_entry: u64,
 }
 
 /// A thread's file and bookkeeping.
@@ -91,8 +137,8 @@ pub struct ThreadTrace {
     /// The highest slot any written entry had: an exit above it belongs to a call entered
     /// before tracing began.
     highest_slot: u64,
-    /// Events of this thread were lost at some point.
-    lossy: bool,
+    /// Gaps of lost events so far.
+    losses: u64,
     timer: CallTimer,
     last_ts: u64,
     /// Counters.
@@ -107,7 +153,7 @@ impl ThreadTrace {
             file,
             frames: Vec::new(),
             highest_slot: 0,
-            lossy: false,
+            losses: 0,
             timer: CallTimer::default(),
             last_ts: 0,
             counts: ThreadCounts::default(),
@@ -126,17 +172,33 @@ impl ThreadTrace {
         let ts = if h.ts_ns == 0 { self.last_ts } else { h.ts_ns };
         if let Some(gap) = gap {
             self.counts.lost += gap.lost;
-            self.lossy = true;
+            self.losses += 1;
         }
         if h.kind != event_kind::THREAD_EXIT {
             self.counts.events += 1;
         }
         let Some(mut writer) = self.writer.take() else {
-            self.counts.dropped_write_errors += 1;
+            if h.kind != event_kind::THREAD_EXIT {
+                self.counts.dropped_write_errors += 1;
+            }
             return;
         };
-        match self.write(&mut writer, event, gap, ts, totals) {
-            Ok(()) => self.writer = Some(writer),
+        match self.write(&mut writer, event, ts, totals) {
+            Ok(fate) => {
+                let c = &mut self.counts;
+                match fate {
+                    Fate::Written => c.events_written += 1,
+                    Fate::ExitOfLostEntry => c.exits_of_lost_entries += 1,
+                    Fate::ExitWithoutEntry => c.exits_without_entry += 1,
+                    Fate::TooDeep => c.dropped_too_deep += 1,
+                    Fate::Invalid => c.events_invalid += 1,
+                    Fate::Unreadable => c.unreadable_events += 1,
+                    Fate::Catch => c.catches += 1,
+                    Fate::Unknown => c.events_unknown += 1,
+                    Fate::End => {}
+                }
+                self.writer = Some(writer);
+            }
             Err(err) => {
                 eprintln!(
                     "fdr-profiled: warning: writing {}: {err}; later events of thread {} are dropped",
@@ -153,7 +215,6 @@ impl ThreadTrace {
         &mut self,
         writer: &mut ThreadWriter<File>,
         dead: impl Fn(u64) -> bool,
-        cause: Cause,
         ts: u64,
         cpu: u16,
         totals: &mut HashMap<u32, FunctionTotals>,
@@ -167,7 +228,7 @@ impl ThreadTrace {
             self.frames.pop();
             if top.no_return {
                 self.counts.frames_beyond_return_limit += 1;
-            } else if cause == Cause::Loss {
+            } else if self.losses > top.losses_at_entry {
                 self.counts.frames_closed_by_loss += 1;
             } else {
                 self.counts.frames_unwound += 1;
@@ -180,29 +241,26 @@ impl ThreadTrace {
         &mut self,
         writer: &mut ThreadWriter<File>,
         event: &Event,
-        gap: Option<Gap>,
         ts: u64,
         totals: &mut HashMap<u32, FunctionTotals>,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<Fate> {
         let h = &event.header;
         let cpu = h.cpu;
         let sp = h.sp;
-        let cause = if gap.is_some() {
-            Cause::Loss
-        } else {
-            Cause::Unwinding
-        };
         // A frame is gone when the stack pointer is above its slot (or at it, for a new frame
         // or a catch), on the same stack.
         let below = |slot: u64| slot < sp && sp - slot <= STACK_SPAN;
         let at_or_below = |slot: u64| slot <= sp && sp - slot <= STACK_SPAN;
-        if h.kind == event_kind::CATCH {
-            self.counts.catches += 1;
-            return self.close_dead(writer, at_or_below, cause, ts, cpu, totals);
+        if h.kind == event_kind::THREAD_EXIT {
+            return Ok(Fate::End);
         }
-        match SledKind::from_u8(h.kind) {
+        if h.kind == event_kind::CATCH {
+            self.close_dead(writer, at_or_below, ts, cpu, totals)?;
+            return Ok(Fate::Catch);
+        }
+        let fate = match SledKind::from_u8(h.kind) {
             Some(kind @ (SledKind::Entry | SledKind::LogArgsEntry)) => {
-                self.close_dead(writer, at_or_below, cause, ts, cpu, totals)?;
+                self.close_dead(writer, at_or_below, ts, cpu, totals)?;
                 let r = if kind == SledKind::LogArgsEntry {
                     writer.entry_with_args(h.function_id, ts, cpu, &event.args[..event.nargs])?
                 } else {
@@ -213,13 +271,15 @@ impl ThreadTrace {
                         function_id: h.function_id,
                         slot: sp,
                         no_return: h.flags & event_flags::NO_RETURN != 0,
+                        losses_at_entry: self.losses,
                     });
                     self.highest_slot = self.highest_slot.max(sp);
                     self.timer.enter(h.function_id, ts);
                 }
+                Fate::of(r)
             }
             Some(kind @ (SledKind::Exit | SledKind::Tail)) => {
-                self.close_dead(writer, below, cause, ts, cpu, totals)?;
+                self.close_dead(writer, below, ts, cpu, totals)?;
                 match self.frames.last() {
                     Some(top) if top.slot == sp && top.function_id == h.function_id => {
                         let action = if kind == SledKind::Tail {
@@ -232,40 +292,34 @@ impl ThreadTrace {
                             self.timer.exit(h.function_id, ts, totals);
                         }
                         self.frames.pop();
+                        Fate::of(r)
                     }
                     Some(top) if top.slot == sp => {
                         // Another function returns from this frame's slot: the frame is gone
                         // (left in a way no probe saw); the exit has no traced entry.
-                        self.close_dead(writer, at_or_below, cause, ts, cpu, totals)?;
-                        self.drop_exit();
+                        self.close_dead(writer, at_or_below, ts, cpu, totals)?;
+                        self.unmatched_exit(true)
                     }
-                    _ => self.drop_exit_at(sp),
+                    _ => self.unmatched_exit(sp <= self.highest_slot),
                 }
             }
             Some(kind @ (SledKind::CustomEvent | SledKind::TypedEvent)) => {
-                self.close_dead(writer, below, cause, ts, cpu, totals)?;
-                write_event(writer, &mut self.counts, kind, event, ts)?;
+                self.close_dead(writer, below, ts, cpu, totals)?;
+                write_event(writer, &mut self.counts, kind, event, ts)?
             }
-            None => {}
-        }
-        Ok(())
+            None => Fate::Unknown,
+        };
+        Ok(fate)
     }
 
-    /// An exit at `slot` whose frame is not open: entered before tracing began (above every
-    /// frame seen), or lost.
-    fn drop_exit_at(&mut self, slot: u64) {
-        if slot > self.highest_slot || !self.lossy {
-            self.counts.exits_without_entry += 1;
+    /// What an exit whose frame is not open is: the exit of a lost entry when events were
+    /// lost and its frame lay within what was traced (`within`: not above every frame entered
+    /// in the trace), else the exit of a call entered before tracing began.
+    fn unmatched_exit(&self, within: bool) -> Fate {
+        if self.losses > 0 && within {
+            Fate::ExitOfLostEntry
         } else {
-            self.counts.exits_of_lost_entries += 1;
-        }
-    }
-
-    fn drop_exit(&mut self) {
-        if self.lossy {
-            self.counts.exits_of_lost_entries += 1;
-        } else {
-            self.counts.exits_without_entry += 1;
+            Fate::ExitWithoutEntry
         }
     }
 
@@ -281,13 +335,11 @@ impl ThreadTrace {
     /// Finalizes the file (closing it) and returns the thread's line of the manifest.
     pub fn finish(self, tid: u32) -> ThreadReport {
         let mut records = 0;
-        let mut dropped_unmatched_exits = self.counts.exits_without_entry;
         let mut dropped_write_errors = self.counts.dropped_write_errors;
         if let Some(writer) = self.writer {
             match writer.finish() {
                 Ok((_, stats)) => {
                     records = stats.records;
-                    dropped_unmatched_exits += stats.dropped_unmatched_exits;
                 }
                 Err(err) => {
                     eprintln!("fdr-profiled: warning: finishing {}: {err}", self.file);
@@ -307,8 +359,12 @@ impl ThreadTrace {
             frames_unwound: c.frames_unwound,
             frames_beyond_return_limit: c.frames_beyond_return_limit,
             catches: c.catches,
-            dropped_unmatched_exits,
+            dropped_unmatched_exits: c.exits_without_entry,
             dropped_write_errors,
+            events_written: c.events_written,
+            dropped_too_deep: c.dropped_too_deep,
+            events_invalid: c.events_invalid,
+            events_unknown: c.events_unknown,
             custom_events: c.custom_events,
             custom_events_truncated: c.custom_events_truncated,
             typed_events: c.typed_events,
@@ -324,13 +380,12 @@ fn write_event(
     kind: SledKind,
     event: &Event,
     ts: u64,
-) -> std::io::Result<()> {
+) -> std::io::Result<Fate> {
     let Some(data) = event.data.as_deref() else {
-        return Ok(());
+        return Ok(Fate::Invalid);
     };
     if event.header.flags & event_flags::UNREADABLE != 0 {
-        counts.unreadable_events += 1;
-        return Ok(());
+        return Ok(Fate::Unreadable);
     }
     if (data.bytes.len() as u64) < data.size {
         counts.custom_events_truncated += 1;
@@ -348,5 +403,5 @@ fn write_event(
             counts.custom_events += 1;
         }
     }
-    Ok(())
+    Ok(Fate::of(r))
 }
