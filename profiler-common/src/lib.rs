@@ -261,6 +261,9 @@ pub const DEFAULT_MAX_EVENT_BYTES: u32 = 4096;
 pub const RINGS_MAP: &str = "RINGS";
 /// Name of the per-thread state hash map ([`ThreadState`] by thread id).
 pub const THREADS_MAP: &str = "THREADS";
+/// Name of the one-entry array whose value is 1 once the daemon has placed its first probes
+/// (see `profiler-ebpf`'s `armed`).
+pub const ARMED_MAP: &str = "ARMED";
 /// Name of the per-CPU counters array, indexed by the `counter` constants.
 pub const COUNTERS_MAP: &str = "COUNTERS";
 /// Indexes into [`COUNTERS_MAP`].

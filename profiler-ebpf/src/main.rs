@@ -28,7 +28,7 @@ use aya_ebpf::{
         bpf_ringbuf_submit, generated::bpf_probe_read_user,
     },
     macros::{btf_map, map, raw_tracepoint, uprobe, uretprobe},
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     EbpfContext,
 };
@@ -47,6 +47,17 @@ static RINGS: ArrayOfMaps<RingBuf<u8, 4096>, 4096> = ArrayOfMaps::new();
 /// at a thread's first event and removed when it exits (`thread_exit`).
 #[map(name = "THREADS")]
 static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(1 << 18, BPF_F_NO_PREALLOC);
+
+/// 1 once every probe of the session's first objects is in place. Probes are placed one link
+/// at a time, exit probes first; before the daemon arms them, nothing is recorded, so no trace
+/// starts from a half-attached state: the only exits without an entry are those of frames open
+/// at the moment of arming.
+#[map(name = "ARMED")]
+static ARMED: Array<u32> = Array::with_max_entries(1, 0);
+
+fn armed() -> bool {
+    ARMED.get(0).is_some_and(|v| *v != 0)
+}
 
 /// Per-CPU counters of losses that belong to no thread (see `profiler_common::counter`).
 #[map(name = "COUNTERS")]
@@ -291,6 +302,9 @@ fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, u64, &'static mut ThreadS
 
 #[uprobe]
 pub fn sled(ctx: ProbeContext) -> u32 {
+    if !armed() {
+        return 0;
+    }
     let Some((cookie, cpu, pid_tgid, state)) = probe_hit(ctx.as_ptr()) else {
         return 0;
     };
@@ -378,6 +392,9 @@ fn write_event(ctx: &ProbeContext, ring: *mut c_void, mut h: EventHeader, cookie
 
 #[uretprobe]
 pub fn sled_return(ctx: RetProbeContext) -> u32 {
+    if !armed() {
+        return 0;
+    }
     let Some((cookie, cpu, pid_tgid, state)) = probe_hit(ctx.as_ptr()) else {
         return 0;
     };

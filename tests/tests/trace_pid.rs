@@ -32,3 +32,59 @@ fn process_whose_binary_was_replaced_on_disk() {
         run.trace.session.json
     );
 }
+
+/// Attaching to and detaching from a busy process: probes are placed and removed one link at a
+/// time, but nothing is recorded until all of them are in place, nor after the first is
+/// removed. So the only exits without an entry are those of the frames open when recording
+/// starts (at most the fixture's stack depth: main, cx_loop, cx_tiny, per thread), however hot
+/// the loop, and no frame is left without its exit (the program neither throws nor jumps; a
+/// recording still running while the exit probes went first closed hundreds of them).
+#[test]
+fn busy_process_by_pid_is_recorded_only_while_every_probe_is_in_place() {
+    use std::time::Duration;
+    use tests::fixtures::workloads::calls_fixture;
+    let scratch = tests::scratch_dir("pid-busy");
+    let bin = tests::fixtures::private_copy(&calls_fixture(), scratch.path());
+    let out = scratch.path().join("out");
+    let fixture = tests::run::spawn_fixture(
+        "calls",
+        &bin,
+        &["--threads", "2", "--seconds", "4", "--quiet"],
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let tracer = tests::run::start_pid(
+        fixture.pid(),
+        &out,
+        &["--exits", "sleds", "--duration", "1.5", "--no-report"],
+    );
+    let tracer = tracer.finish(Duration::from_secs(120));
+    tests::run::assert_success("fdr-profiled --pid on a busy process", &tracer);
+    let fixture = fixture.finish(Duration::from_secs(120));
+    tests::run::assert_success("calls fixture", &fixture);
+    let session = tests::read_session(&out);
+    assert_eq!(session.events_lost, 0, "{}", session.json);
+    tests::assert_every_event_accounted(&session);
+    let mut threads = 0;
+    for p in session.json["processes"].as_array().into_iter().flatten() {
+        for t in p["threads"].as_array().into_iter().flatten() {
+            threads += 1;
+            let unmatched = t["dropped_unmatched_exits"].as_u64().expect("integer");
+            assert!(
+                unmatched <= 3,
+                "{unmatched} exits without entry in one thread, more than frames can be open: {t}"
+            );
+            assert!(
+                t["events"].as_u64().unwrap() > 1000,
+                "the loop was traced: {t}"
+            );
+            for closed in [
+                "frames_unwound",
+                "frames_closed_by_loss",
+                "frames_beyond_return_limit",
+            ] {
+                assert_eq!(t[closed], 0, "{closed}: {t}");
+            }
+        }
+    }
+    assert_eq!(threads, 2, "{}", session.json);
+}

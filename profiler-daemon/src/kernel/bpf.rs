@@ -9,8 +9,8 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
-    counter, event_kind, globals, Cookie, SledKind, ThreadState, COUNTERS_MAP, FLOOR_PROGRAM,
-    FLOOR_RETURN_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, THREADS_MAP,
+    counter, event_kind, globals, Cookie, SledKind, ThreadState, ARMED_MAP, COUNTERS_MAP,
+    FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, THREADS_MAP,
     THREAD_EXIT_PROGRAM,
 };
 use std::num::NonZeroU32;
@@ -275,6 +275,21 @@ impl Tracer {
                 )
             })?;
         }
+        Ok(())
+    }
+
+    /// Starts (`true`) or stops recording: the programs ignore every hit while disarmed (see
+    /// `profiler-ebpf`'s `ARMED`). Arm once every probe of the session's first objects is in
+    /// place; disarm before detaching, which also goes one link at a time: otherwise the last
+    /// moments would have entries whose exit probes are already gone.
+    pub fn set_armed(&mut self, armed: bool) -> Result<()> {
+        let map = self
+            .ebpf
+            .map_mut(ARMED_MAP)
+            .context("the eBPF object has no ARMED map")?;
+        let mut flag: aya::maps::Array<_, u32> = aya::maps::Array::try_from(map)?;
+        flag.set(0, u32::from(armed), 0)
+            .context("setting the probes' ARMED flag")?;
         Ok(())
     }
 

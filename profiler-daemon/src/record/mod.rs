@@ -122,6 +122,8 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         }
     }
     attach_catches(&mut tracer, &planned, scope);
+    // Every probe is in place: only now does anything get recorded.
+    tracer.set_armed(true)?;
     eprintln!(
         "fdr-profiled: exits: {} ({})",
         match exits {
@@ -280,8 +282,12 @@ async fn record(
         }
     }
     // Every probe hit happened before the child exited or before now: one more drain gets all
-    // of them. Detach first so nothing arrives after the last drain; the kernel's books are
-    // kept to account for the live threads' last events.
+    // of them. Disarm, then detach, so that nothing arrives after the last drain and nothing
+    // is recorded while the probes go one link at a time; the kernel's books are kept to
+    // account for the live threads' last events.
+    if let Err(err) = probing.tracer.set_armed(false) {
+        eprintln!("fdr-profiled: warning: {err:#}");
+    }
     drop(probing);
     intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
     order.finish(&books.threads(), &mut |e, g| session.record(e, g));
