@@ -51,7 +51,7 @@ pub use fixtures::{
 };
 pub use run::{
     assert_success, interrupt_and_finish, run_launch, spawn_fixture, start_attach, wait_attached,
-    Finished, Running, ATTACHED_PREFIX, WAITING_PREFIX,
+    Finished, Running, ATTACHED_PREFIX, RECORDING_PREFIX, WAITING_PREFIX,
 };
 pub use tools::{
     fdr_dump, fdr_profiled, llvm_xray, profile_dir, scratch_dir, target_dir, LLVM_XRAY_VERSIONS,

@@ -16,6 +16,10 @@ use crate::tools::fdr_profiled;
 
 /// The line fdr-profiled prints on stderr once its probes are in place.
 pub const ATTACHED_PREFIX: &str = "fdr-profiled: attached";
+
+/// Start of the line the daemon prints once every first probe is in place and armed: what
+/// the program does from then on is recorded.
+pub const RECORDING_PREFIX: &str = "fdr-profiled: recording";
 /// The line the fixtures print on stderr before polling `--wait-file`.
 pub const WAITING_PREFIX: &str = "fixture: waiting for";
 
@@ -272,8 +276,7 @@ fn reader(
 }
 
 /// Starts `fdr-profiled --attach BIN --out OUT [extra...]` (does not wait
-/// for the `attached` line: call [`Running::wait_for_stderr_line`] with
-/// [`ATTACHED_PREFIX`], or [`wait_attached`]).
+/// for recording to start: call [`wait_attached`]).
 pub fn start_attach(bin: &Path, out: &Path, extra: &[&str]) -> Running {
     let mut cmd = Command::new(fdr_profiled());
     cmd.arg("--attach")
@@ -295,9 +298,9 @@ pub fn start_pid(pid: u32, out: &Path, extra: &[&str]) -> Running {
     Running::spawn("fdr-profiled", &mut cmd)
 }
 
-/// Waits up to 60 s for the daemon's `fdr-profiled: attached` line.
+/// Waits up to 60 s for the daemon's `fdr-profiled: recording` line.
 pub fn wait_attached(tracer: &mut Running) {
-    tracer.wait_for_stderr_line(ATTACHED_PREFIX, Duration::from_secs(60));
+    tracer.wait_for_stderr_line(RECORDING_PREFIX, Duration::from_secs(60));
 }
 
 /// SIGINT to the tracer, then waits (up to `timeout`) for it to finish.

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-use tests::run::{Running, ATTACHED_PREFIX};
+use tests::run::{Running, RECORDING_PREFIX};
 use tests::{cpp_fixture, fdr_profiled, private_copy, scratch_dir};
 use xray_fdr::reader::read;
 
@@ -73,7 +73,7 @@ fn kill_run(bin: &Path, out: &Path, delay: Duration) -> (Vec<PathBuf>, usize) {
         .arg(bin)
         .args(["--iterations", "100000"]);
     let mut daemon = Running::spawn("fdr-profiled", &mut cmd);
-    daemon.wait_for_stderr_line(ATTACHED_PREFIX, Duration::from_secs(60));
+    daemon.wait_for_stderr_line(RECORDING_PREFIX, Duration::from_secs(60));
     let start = Instant::now();
     std::thread::sleep(delay);
     let fixture = children_of(daemon.pid());

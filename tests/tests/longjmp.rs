@@ -21,7 +21,7 @@ use tests::fixtures::private_copy;
 use tests::fixtures::workloads::{
     longjmp_fixture, parse_returned_lines, LONGJMP_DONE_20, LONGJMP_FUNCTIONS,
 };
-use tests::launched::{launch, EXITS_PREFIX};
+use tests::launched::launch;
 use tests::run::{assert_success, start_pid, Running};
 use tests::trace::{convert, read_session, Session};
 use tests::{scratch_dir, LLVM_XRAY_VERSIONS};
@@ -193,7 +193,7 @@ fn longjmp_by_pid() {
         std::process::Command::new(&bin).args(["--iterations", "20", "--wait-stdin"]),
     );
     let mut tracer = start_pid(fixture.pid(), &out, &[]);
-    tracer.wait_for_stderr_line(EXITS_PREFIX, Duration::from_secs(60));
+    tracer.wait_for_stderr_line(tests::RECORDING_PREFIX, Duration::from_secs(60));
     fixture.send_line("go");
     let fixture = fixture.finish(TIMEOUT);
     assert_success("longjmp fixture", &fixture);

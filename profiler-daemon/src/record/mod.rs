@@ -124,6 +124,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     attach_catches(&mut tracer, &planned, scope);
     // Every probe is in place: only now does anything get recorded.
     tracer.set_armed(true)?;
+    eprintln!("fdr-profiled: recording: every probe is in place");
     eprintln!(
         "fdr-profiled: exits: {} ({})",
         match exits {
