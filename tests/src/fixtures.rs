@@ -131,31 +131,36 @@ pub fn rust_fixture() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         build_cached("threads-rs", &[fixture_source("threads.rs")], |src, out| {
-            let mut c = Command::new("rustc");
-            c.arg("+nightly")
-                .args([
-                    "--edition",
-                    "2021",
-                    "--crate-name",
-                    "threads",
-                    "-Zinstrument-xray=always",
-                    "-C",
-                    "opt-level=1",
-                    "-g",
-                ])
-                .arg(&src[0])
-                .arg("-o")
-                .arg(out);
-            // Do not let cargo's test environment leak into the nightly
-            // compiler (its dynamic library path points at the toolchain that
-            // runs the tests).
-            for var in ["LD_LIBRARY_PATH", "RUSTUP_TOOLCHAIN", "RUSTC", "RUSTFLAGS"] {
-                c.env_remove(var);
-            }
-            c
+            rustc_xray(&src[0], "threads", out)
         })
     })
     .clone()
+}
+
+/// The command that builds a Rust fixture with XRay sleds: nightly rustc,
+/// `-Zinstrument-xray=always`, `-C opt-level=1 -g`, no cargo.
+fn rustc_xray(src: &Path, crate_name: &str, out: &Path) -> Command {
+    let mut c = Command::new("rustc");
+    c.arg("+nightly")
+        .args([
+            "--edition",
+            "2021",
+            "--crate-name",
+            crate_name,
+            "-Zinstrument-xray=always",
+            "-C",
+            "opt-level=1",
+            "-g",
+        ])
+        .arg(src)
+        .arg("-o")
+        .arg(out);
+    // Do not let cargo's test environment leak into the nightly compiler (its
+    // dynamic library path points at the toolchain that runs the tests).
+    for var in ["LD_LIBRARY_PATH", "RUSTUP_TOOLCHAIN", "RUSTC", "RUSTFLAGS"] {
+        c.env_remove(var);
+    }
+    c
 }
 
 /// The C++ fixture compiled with `-DFX_NATIVE_FDR`: it switches on

@@ -157,29 +157,29 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     })
 }
 
-/// Probes where the C++ runtime catches exceptions (see `plan::catches`), in the objects of
-/// the traced image. When every process running a binary is traced, only the executable's own
-/// runtime is probed: a probe in a shared library would fire in every process using it.
+/// Probes where exceptions and panics are caught (see `plan::catches`), in the objects of the
+/// traced image. When every process running a binary is traced, only the executable's own
+/// catch functions are probed: a probe in a shared library would fire in every process using
+/// it.
 fn attach_catches(tracer: &mut Tracer, planned: &objects::Planned, scope: Scope) {
     let objects = match scope {
         Scope::AllProcesses => &planned.image[..planned.image.len().min(1)],
         Scope::Process(_) => &planned.image[..],
     };
     for object in objects {
-        let Some(offset) = crate::plan::catches::catch_point(object) else {
-            continue;
-        };
-        match tracer.attach_catch(object, offset, scope) {
-            Ok(()) => eprintln!(
-                "fdr-profiled: catches: probed {} in {}",
-                crate::plan::catches::CATCH_FUNCTION,
-                object.display()
-            ),
-            Err(err) => eprintln!(
-                "fdr-profiled: warning: {}: catches not probed ({err:#}); frames an exception \
-                 leaves are closed at the thread's next traced event instead",
-                object.display()
-            ),
+        for point in crate::plan::catches::catch_points(object) {
+            match tracer.attach_catch(object, point.file_offset, scope) {
+                Ok(()) => eprintln!(
+                    "fdr-profiled: catches: probed {} in {}",
+                    point.name,
+                    object.display()
+                ),
+                Err(err) => eprintln!(
+                    "fdr-profiled: warning: {}: catches not probed ({err:#}); frames an \
+                     exception leaves are closed at the thread's next traced event instead",
+                    object.display()
+                ),
+            }
         }
     }
 }
