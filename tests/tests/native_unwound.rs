@@ -92,3 +92,64 @@ fn verify_and_dump_read_the_native_trace_of_unwound_frames() {
     assert_eq!(closed, expected);
     assert_eq!(closing_lines, 60);
 }
+
+/// `report` (and `convert`) read the same trace as a session of its own: every thread of the
+/// file, each replayed from its buffers alone. Per function over all threads, the calls that
+/// returned and the calls ended by a caller's exit (unwound) are what the fixture counted.
+#[test]
+fn report_reads_the_native_trace_of_every_thread() {
+    let dir = scratch_dir("native-unwound-report");
+    let bin = exceptions_native_fixture();
+    let (file, stdout) = native_trace(&bin, dir.path(), &["--iterations", "20"]);
+    let calls = expected_calls(&parse_count_lines(&stdout));
+    let returned = parse_returned_lines(&stdout);
+    let out = run_output(
+        Command::new(fdr_profiled())
+            .arg("report")
+            .arg(&file)
+            .arg("--binary")
+            .arg(&bin)
+            .args(["--format", "json"]),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "report on compiler-rt's own trace:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_str(&text).expect("report JSON");
+    assert_eq!(json["totals"]["threads"], 3, "{}", json["totals"]);
+    let mut checked = 0;
+    for row in json["functions"].as_array().expect("functions") {
+        let name = row["name"].as_str().unwrap_or_default();
+        if !name.starts_with("ex_") {
+            continue;
+        }
+        let want_calls: u64 = calls.values().filter_map(|f| f.get(name)).sum();
+        let want_returned: u64 = returned.values().filter_map(|f| f.get(name)).sum();
+        assert_eq!(
+            (row["calls"].as_u64(), row["unwound"].as_u64()),
+            (Some(want_returned), Some(want_calls - want_returned)),
+            "{name}: (returned, unwound) as the fixture counted them: {row}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "every ex_ function has a row: {text}");
+
+    let folded = run_output(
+        Command::new(fdr_profiled())
+            .arg("convert")
+            .arg(&file)
+            .arg("--binary")
+            .arg(&bin)
+            .args(["--format", "folded"]),
+    );
+    assert!(
+        folded.status.success(),
+        "convert on compiler-rt's own trace"
+    );
+    assert!(
+        String::from_utf8_lossy(&folded.stdout).contains("ex_catcher;ex_middle;ex_thrower"),
+        "folded stacks of the native trace"
+    );
+}

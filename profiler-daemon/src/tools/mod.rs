@@ -12,7 +12,8 @@ use std::path::PathBuf;
 /// Where `report` and `convert` read a recorded session from, and how they name its functions.
 #[derive(Debug, clap::Args)]
 pub struct SessionInput {
-    /// The session directory (the recording's --out).
+    /// The session directory (the recording's --out), or one FDR file, such as the trace
+    /// XRay's own runtime writes with every thread in it (name its binary with --binary).
     pub dir: PathBuf,
     /// The instrumented binary, when the session does not record it (or it moved). It must
     /// be the same build the session recorded, if the session recorded a build-id.

@@ -8,6 +8,10 @@
 //! id listed twice) is a warning and is left out, the rest still load. Without a manifest (a
 //! daemon killed before the end writes none) the layout is found from the names the daemon
 //! gives: `<exe>-<pid>/tid-<tid>.fdr`; the binary must then be given by the caller.
+//!
+//! A single FDR file is a session too: compiler-rt's own runtime writes every thread of a
+//! process into one file. Its threads are found from its buffers (`NewBuffer`, `Pid`), each
+//! read from that file alone ([`ThreadEntry::shared_file`]).
 use serde::Deserialize;
 use std::path::{Component, Path, PathBuf};
 
@@ -96,6 +100,9 @@ pub struct ThreadEntry {
     /// (an exception caught, a `longjmp`, a lost exit, the kernel's return-probe limit), as
     /// the manifest counts them; 0 without a manifest. They read as calls in the file.
     pub closed_by_recorder: u64,
+    /// The file holds other threads' buffers too (a trace written by XRay's own runtime):
+    /// only this thread's are read.
+    pub shared_file: bool,
 }
 
 /// A session directory's contents.
@@ -113,8 +120,14 @@ impl Layout {
     /// Reads `dir`: its `session.json`, or its `<exe>-<pid>/tid-<tid>.fdr` files when it has no
     /// usable manifest.
     pub fn open(dir: &Path) -> anyhow::Result<Layout> {
+        if dir.is_file() {
+            return Layout::of_file(dir);
+        }
         if !dir.is_dir() {
-            anyhow::bail!("{} is not a directory", dir.display());
+            anyhow::bail!(
+                "{} is neither a session directory nor an FDR file",
+                dir.display()
+            );
         }
         let mut layout = Layout {
             dir: dir.to_path_buf(),
@@ -171,6 +184,7 @@ impl Layout {
                 threads.push(ThreadEntry {
                     tid: t.tid,
                     path,
+                    shared_file: false,
                     closed_by_recorder: t
                         .frames_unwound
                         .saturating_add(t.frames_closed_by_loss)
@@ -240,6 +254,75 @@ impl Layout {
         objects
     }
 
+    /// One FDR file holding any number of threads (and, from version 3 on, processes): each
+    /// thread is read from it alone. The executable must be given by the caller. The file is
+    /// read once, block headers only; a file that breaks off is listed as far as it reads.
+    fn of_file(path: &Path) -> anyhow::Result<Layout> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let mut reader = xray_fdr::reader::Reader::new(&bytes)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let mut warnings = Vec::new();
+        let mut threads: std::collections::BTreeMap<u32, std::collections::BTreeSet<u32>> =
+            Default::default();
+        loop {
+            match reader.next_step() {
+                Ok(Some(step)) if !step.ignored => {
+                    if matches!(
+                        step.record,
+                        xray_fdr::reader::RawRecord::Function { .. }
+                            | xray_fdr::reader::RawRecord::CustomEvent { .. }
+                            | xray_fdr::reader::RawRecord::TypedEvent { .. }
+                    ) {
+                        let ctx = step.context;
+                        threads.entry(ctx.pid).or_default().insert(ctx.tid);
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    warnings.push(format!(
+                        "{}: {e}; only the records before it are used",
+                        path.display()
+                    ));
+                    break;
+                }
+            }
+        }
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let processes = threads
+            .into_iter()
+            .map(|(pid, tids)| ProcessEntry {
+                pid,
+                binary: None,
+                name: name.clone(),
+                objects: vec![ObjectEntry {
+                    id: 0,
+                    path: None,
+                    build_id: None,
+                    deleted: false,
+                }],
+                threads: tids
+                    .into_iter()
+                    .map(|tid| ThreadEntry {
+                        tid,
+                        path: path.to_path_buf(),
+                        closed_by_recorder: 0,
+                        shared_file: true,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(Layout {
+            dir: path.to_path_buf(),
+            processes,
+            warnings,
+        })
+    }
+
     fn scan(&mut self) -> anyhow::Result<()> {
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", self.dir.display()))?;
@@ -270,6 +353,7 @@ impl Layout {
                         tid,
                         path: file.path(),
                         closed_by_recorder: 0,
+                        shared_file: false,
                     });
                 }
             }

@@ -96,3 +96,64 @@ fn an_empty_object_list_has_no_object() {
         Some(Path::new("/bin/app"))
     );
 }
+
+/// A file of two threads (pids 7 and 8, version 5) written with the format crate's writer.
+fn two_thread_file(dir: &Path) -> PathBuf {
+    use xray_fdr::{FdrVersion, FunctionAction, ThreadWriter, WallClock};
+    let path = dir.join("xray-log.app.abc");
+    let mut bytes = Vec::new();
+    for (pid, tid) in [(7u32, 70u32), (8, 80)] {
+        let mut w = ThreadWriter::with_version(
+            std::io::Cursor::new(Vec::new()),
+            tid,
+            pid,
+            1_000_000_000,
+            WallClock::default(),
+            FdrVersion::V5,
+        )
+        .unwrap();
+        w.function(FunctionAction::Entry, 1, 10, 0).unwrap();
+        w.function(FunctionAction::Exit, 1, 20, 0).unwrap();
+        let (sink, _) = w.finish().unwrap();
+        let file = sink.into_inner();
+        if bytes.is_empty() {
+            bytes = file;
+        } else {
+            // A second thread's buffer after the first: its records without the file header.
+            bytes.extend_from_slice(&file[32..]);
+        }
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    path
+}
+
+#[test]
+fn one_fdr_file_is_a_session_of_the_threads_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = two_thread_file(dir.path());
+    let l = Layout::open(&path).unwrap();
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    let threads: Vec<(u32, u32, bool)> = l
+        .processes
+        .iter()
+        .flat_map(|p| p.threads.iter().map(move |t| (p.pid, t.tid, t.shared_file)))
+        .collect();
+    assert_eq!(threads, [(7, 70, true), (8, 80, true)]);
+    assert!(l.processes.iter().all(|p| p.binary.is_none()));
+}
+
+#[test]
+fn a_path_that_is_no_session_gets_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, b"not a trace at all, but long enough for a header").unwrap();
+    let e = Layout::open(&text).unwrap_err().to_string();
+    assert!(e.contains("notes.txt") && !e.contains('\n'), "{e}");
+    let e = Layout::open(&dir.path().join("missing"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("neither a session directory nor an FDR file"),
+        "{e}"
+    );
+}

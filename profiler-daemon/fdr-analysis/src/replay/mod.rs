@@ -174,7 +174,8 @@ pub fn replay_thread<V: Visitor>(
     warnings: &mut Vec<String>,
 ) -> Option<Outcome> {
     let path = t.thread.path.display();
-    match thread::replay(&t.thread.path, visitor) {
+    let only = t.thread.shared_file.then_some(t.thread.tid);
+    match thread::replay(&t.thread.path, only, visitor) {
         Ok(outcome) => {
             if let Some(e) = &outcome.error {
                 warnings.push(format!("{path}: {e}; only the records before it are used"));

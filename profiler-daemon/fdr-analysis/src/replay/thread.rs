@@ -111,8 +111,13 @@ struct Open {
     children: u64,
 }
 
-/// Replays the file at `path` into `visitor`.
-pub fn replay(path: &Path, visitor: &mut impl Visitor) -> std::io::Result<Outcome> {
+/// Replays the file at `path` into `visitor`: the whole file, which must hold one thread, or
+/// with `only` the buffers of that thread alone (a file of XRay's own runtime holds them all).
+pub fn replay(
+    path: &Path,
+    only: Option<u32>,
+    visitor: &mut impl Visitor,
+) -> std::io::Result<Outcome> {
     let file = std::fs::File::open(path)?;
     if !file.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
@@ -130,7 +135,7 @@ pub fn replay(path: &Path, visitor: &mut impl Visitor) -> std::io::Result<Outcom
         pending: None,
         args: Vec::new(),
     };
-    match walk(&map, &mut state, &mut outcome, visitor) {
+    match walk(&map, only, &mut state, &mut outcome, visitor) {
         Ok(()) => {}
         Err(e) => outcome.error = Some(e),
     }
@@ -220,6 +225,7 @@ impl State {
 
 fn walk(
     bytes: &[u8],
+    only: Option<u32>,
     state: &mut State,
     outcome: &mut Outcome,
     v: &mut impl Visitor,
@@ -239,6 +245,9 @@ fn walk(
             state.flush_pending(outcome, v);
         }
         let tid = step.context.tid;
+        if only.is_some_and(|only| only != tid) {
+            continue;
+        }
         match step.record {
             RawRecord::NewBuffer { .. } => match outcome.tid {
                 None => outcome.tid = Some(tid),
