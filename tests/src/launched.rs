@@ -146,27 +146,10 @@ impl Launched {
             .unwrap_or_else(|| panic!("session.json: no integer {key:?}: {}", self.session.json))
     }
 
-    /// Per thread of the (only) process: integer field `key` of its `session.json` entry.
-    /// Panics if a thread lacks it.
+    /// Per thread: integer field `key` of its `session.json` entry (see
+    /// [`Session::thread_u64`]).
     pub fn thread_u64(&self, key: &str) -> BTreeMap<u32, u64> {
-        let mut m = BTreeMap::new();
-        for p in self.session.json["processes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            for t in p["threads"].as_array().into_iter().flatten() {
-                let tid = t["tid"].as_u64().expect("thread tid") as u32;
-                let v = t
-                    .get(key)
-                    .and_then(serde_json::Value::as_u64)
-                    .unwrap_or_else(|| {
-                        panic!("session.json thread {tid}: no integer {key:?}: {t}")
-                    });
-                m.insert(tid, v);
-            }
-        }
-        m
+        self.session.thread_u64(key)
     }
 
     /// The pid of the (only) traced process.

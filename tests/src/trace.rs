@@ -30,6 +30,27 @@ pub struct Session {
     pub json: serde_json::Value,
 }
 
+impl Session {
+    /// Per thread of every process: integer field `key` of its `session.json` entry. Panics
+    /// if a thread lacks it.
+    pub fn thread_u64(&self, key: &str) -> BTreeMap<u32, u64> {
+        let mut m = BTreeMap::new();
+        for p in self.json["processes"].as_array().into_iter().flatten() {
+            for t in p["threads"].as_array().into_iter().flatten() {
+                let tid = t["tid"].as_u64().expect("thread tid") as u32;
+                let v = t
+                    .get(key)
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or_else(|| {
+                        panic!("session.json thread {tid}: no integer {key:?}: {t}")
+                    });
+                m.insert(tid, v);
+            }
+        }
+        m
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SessionProcess {
     pub pid: u32,

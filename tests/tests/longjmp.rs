@@ -12,7 +12,6 @@
 //! lost entry, nothing is lost, and llvm-xray 14 and 19 read every file alike.
 //!
 //! Needs root, BPF, llvm-xray 14/19, clang-19 and a built daemon.
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -39,20 +38,6 @@ struct Outcome<'a> {
     unmatched_allowed: u64,
 }
 
-fn thread_u64(session: &Session, key: &str) -> BTreeMap<u32, u64> {
-    let mut m = BTreeMap::new();
-    for p in session.json["processes"].as_array().into_iter().flatten() {
-        for t in p["threads"].as_array().into_iter().flatten() {
-            let tid = t["tid"].as_u64().expect("tid") as u32;
-            let v = t[key]
-                .as_u64()
-                .unwrap_or_else(|| panic!("session.json thread {tid}: no {key:?}: {t}"));
-            m.insert(tid, v);
-        }
-    }
-    m
-}
-
 fn check(o: &Outcome) {
     let label = o.label;
     assert_eq!(
@@ -69,9 +54,7 @@ fn check(o: &Outcome) {
     );
     assert_eq!(o.session.events_lost, 0, "{label}: {}", o.session.json);
     tests::assert_every_event_accounted(o.session);
-    let lost_entries: u64 = thread_u64(o.session, "exits_of_lost_entries")
-        .values()
-        .sum();
+    let lost_entries: u64 = o.session.thread_u64("exits_of_lost_entries").values().sum();
     assert_eq!(
         lost_entries, 0,
         "{label}: no exit may pass for one of a lost entry"
@@ -126,9 +109,9 @@ fn check(o: &Outcome) {
                 );
                 left_total += want - returned[&t.tid].get(*f).copied().unwrap_or(0);
             }
-            closed_total += thread_u64(o.session, "frames_unwound")[&t.tid]
-                + thread_u64(o.session, "frames_beyond_return_limit")[&t.tid];
-            let unmatched = thread_u64(o.session, "dropped_unmatched_exits")[&t.tid];
+            closed_total += o.session.thread_u64("frames_unwound")[&t.tid]
+                + o.session.thread_u64("frames_beyond_return_limit")[&t.tid];
+            let unmatched = o.session.thread_u64("dropped_unmatched_exits")[&t.tid];
             assert!(
                 unmatched <= o.unmatched_allowed,
                 "{label} tid {}: {unmatched} exits without entry",
