@@ -21,6 +21,8 @@ use tests::launched::launch;
 const MAX_RSS_KIB: i64 = 200 * 1024;
 
 /// Runs `fdr-profiled ARGS` to its end; returns its peak resident memory in KiB.
+// The child is reaped by `wait4`, which also gives its own peak memory (std's `wait` does not).
+#[allow(clippy::zombie_processes)]
 fn peak_rss_kib(args: &[&std::ffi::OsStr]) -> i64 {
     let child = Command::new(tests::fdr_profiled())
         .args(args)
