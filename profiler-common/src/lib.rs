@@ -110,7 +110,8 @@ pub mod event_kind {
 pub mod event_flags {
     /// An entry whose exit will never be reported: the kernel keeps at most
     /// [`super::MAX_RETURN_PROBE_DEPTH`] return probes pending per thread, so in return-probe
-    /// mode deeper frames get no return probe (the frame is closed when a frame below it exits).
+    /// mode deeper frames get no return probe (the daemon closes the frame at the first event
+    /// that proves it gone, see `session::thread`).
     pub const NO_RETURN: u8 = 1;
     /// A custom/typed event whose payload could not be read from the program's memory (the
     /// payload bytes are absent).
