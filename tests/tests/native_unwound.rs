@@ -1,8 +1,8 @@
 //! Our readers accept what XRay's own runtime writes when exceptions unwind traced frames.
 //!
 //! compiler-rt's FDR mode writes no exit for a frame an exception left: the exit of the frame
-//! that caught it comes next, with the unwound frames still open above it. `llvm-xray account`
-//! closes them there. `fdr-profiled verify` and `dump` must read such a trace in full, count
+//! that caught it comes next, with the unwound frames still open above it (`llvm-xray convert`
+//! reads that; `llvm-xray account` refuses it). `fdr-profiled verify` and `dump` must read such a trace in full, count
 //! the frames closed that way, and call the file valid: a trace written by the reference
 //! runtime is never invalid. The counts are checked against what the fixture itself counted
 //! (calls that returned normally versus calls made).
@@ -41,6 +41,22 @@ fn verify_and_dump_read_the_native_trace_of_unwound_frames() {
     let expected = unwound_by_the_fixture(&stdout);
     // 60 throws, each leaving four ex_thrower frames and one ex_middle frame.
     assert_eq!(expected, 60 * 5);
+
+    // The reference readers: convert reads it (checked elsewhere); account refuses the exit
+    // that skips open frames, which is why the daemon writes an exit for each such frame.
+    for major in tests::LLVM_XRAY_VERSIONS {
+        let account = run_output(
+            Command::new(tests::llvm_xray(major))
+                .arg("account")
+                .arg(format!("-instr_map={}", bin.display()))
+                .arg(&file),
+        );
+        assert!(
+            !account.status.success()
+                && String::from_utf8_lossy(&account.stderr).contains("Error processing record"),
+            "llvm-xray {major} account accepted the trace: {account:?}"
+        );
+    }
 
     let out = run_output(Command::new(fdr_profiled()).arg("verify").arg(&file));
     let text = String::from_utf8_lossy(&out.stdout);

@@ -15,7 +15,8 @@
 //! - per thread (pid, tid), across its blocks: an Exit or Tail_Exit closes the innermost open
 //!   entry of the same function. Open entries above it are closed with it, as unwound: an
 //!   exception or `longjmp` left them without running their exit sleds, and XRay's own runtime
-//!   writes exactly that (`llvm-xray account` closes them the same way). An exit of a function
+//!   writes exactly that (`llvm-xray convert` reads such files; `llvm-xray account` refuses them,
+//!   "Error processing record", unless given `-keep-going`). An exit of a function
 //!   that is not open at all is an error. Open entries at the end are fine (the trace may end
 //!   first).
 #![warn(missing_docs)]
