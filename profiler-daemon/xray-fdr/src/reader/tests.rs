@@ -394,7 +394,7 @@ fn reader_streams_every_record() {
 #[test]
 fn exits_past_unwound_frames_close_them() {
     // As XRay's runtime writes a call an exception left: 2 and 3 have no exit of their own, and
-    // 1's exit closes them (llvm-xray account does the same); a tail exit can do it too.
+    // 1's exit closes them (llvm-xray convert reads such files too); a tail exit can do it too.
     let pre = [v1_preamble(), r::new_cpu_id(0, 10).to_vec()].concat();
     let body = [
         f(Entry, 1, 0),
