@@ -106,6 +106,37 @@ pub struct ThreadReport {
     pub unreadable_events: u64,
 }
 
+impl ThreadReport {
+    /// What became of the thread's events, one name per fate, in the order of [`Self::fates`].
+    pub const FATES: [&'static str; 9] = [
+        "written",
+        "exits of lost entries",
+        "exits without entry",
+        "too deep",
+        "invalid",
+        "unreadable",
+        "catches",
+        "write errors",
+        "unknown",
+    ];
+
+    /// Each fate of the thread's events with its count; they add up to `events`.
+    pub fn fates(&self) -> [(&'static str, u64); 9] {
+        let n = [
+            self.events_written,
+            self.exits_of_lost_entries,
+            self.dropped_unmatched_exits,
+            self.dropped_too_deep,
+            self.events_invalid,
+            self.unreadable_events,
+            self.catches,
+            self.dropped_write_errors,
+            self.events_unknown,
+        ];
+        std::array::from_fn(|i| (Self::FATES[i], n[i]))
+    }
+}
+
 /// One traced process.
 #[derive(Debug, Serialize)]
 pub struct ProcessReport {
@@ -293,26 +324,12 @@ impl SessionReport {
                  kernel's return-probe limit"
             );
         }
-        let fates: [(&str, u64); 9] = [
-            ("written", threads_iter().map(|t| t.events_written).sum()),
-            ("exits of lost entries", lost_entries),
-            (
-                "exits without entry",
-                threads_iter().map(|t| t.dropped_unmatched_exits).sum(),
-            ),
-            ("too deep", threads_iter().map(|t| t.dropped_too_deep).sum()),
-            ("invalid", threads_iter().map(|t| t.events_invalid).sum()),
-            (
-                "unreadable",
-                threads_iter().map(|t| t.unreadable_events).sum(),
-            ),
-            ("catches", catches),
-            (
-                "write errors",
-                threads_iter().map(|t| t.dropped_write_errors).sum(),
-            ),
-            ("unknown", threads_iter().map(|t| t.events_unknown).sum()),
-        ];
+        let mut fates = ThreadReport::FATES.map(|name| (name, 0u64));
+        for t in threads_iter() {
+            for (sum, (_, n)) in fates.iter_mut().zip(t.fates()) {
+                sum.1 += n;
+            }
+        }
         let in_files: u64 = threads_iter().map(|t| t.events).sum();
         let accounted: u64 = fates.iter().map(|(_, n)| n).sum();
         let terms: Vec<String> = fates

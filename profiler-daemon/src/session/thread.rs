@@ -30,7 +30,7 @@ pub const STACK_SPAN: u64 = 256 << 20;
 
 /// Per-thread counters that end up in the session manifest. Every event received ends in
 /// exactly one of: written, an exit of a lost entry, an exit without entry, too deep, invalid,
-/// unreadable, a catch, a write error, unknown (see [`ThreadCounts::accounted`]).
+/// unreadable, a catch, a write error, unknown (see `ThreadReport::fates`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ThreadCounts {
     /// Events received.
@@ -70,21 +70,6 @@ pub struct ThreadCounts {
     pub unreadable_events: u64,
     /// Catches seen (exceptions caught in this thread).
     pub catches: u64,
-}
-
-impl ThreadCounts {
-    /// The events the counters account for; equal to [`ThreadCounts::events`] always.
-    pub fn accounted(&self) -> u64 {
-        self.events_written
-            + self.exits_of_lost_entries
-            + self.exits_without_entry
-            + self.dropped_too_deep
-            + self.events_invalid
-            + self.unreadable_events
-            + self.catches
-            + self.dropped_write_errors
-            + self.events_unknown
-    }
 }
 
 /// What became of one event.
