@@ -62,6 +62,15 @@ pub enum Scope {
     Process(NonZeroU32),
 }
 
+impl From<Scope> for UProbeScope {
+    fn from(scope: Scope) -> UProbeScope {
+        match scope {
+            Scope::AllProcesses => UProbeScope::AllProcesses,
+            Scope::Process(pid) => UProbeScope::OneProcess(pid),
+        }
+    }
+}
+
 impl Tracer {
     /// Loads the programs and creates one ring buffer of `options.ring_bytes` per possible CPU.
     pub fn load(options: LoadOptions) -> Result<Tracer> {
@@ -166,10 +175,7 @@ impl Tracer {
     /// produce exits without entries (dropped and counted), never entries without exits.
     /// Returns how many probes were placed.
     pub fn attach(&mut self, plan: &AttachPlan, scope: Scope) -> Result<usize> {
-        let scope = match scope {
-            Scope::AllProcesses => UProbeScope::AllProcesses,
-            Scope::Process(pid) => UProbeScope::OneProcess(pid),
-        };
+        let scope = UProbeScope::from(scope);
         let (sled_prog, return_prog) = if self.options.floor {
             (FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM)
         } else {
@@ -204,10 +210,7 @@ impl Tracer {
         if self.options.floor {
             return Ok(());
         }
-        let scope = match scope {
-            Scope::AllProcesses => UProbeScope::AllProcesses,
-            Scope::Process(pid) => UProbeScope::OneProcess(pid),
-        };
+        let scope = UProbeScope::from(scope);
         let probe = Probe {
             file_offset,
             cookie: Cookie {
