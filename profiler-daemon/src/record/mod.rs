@@ -113,17 +113,20 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         .iter()
         .map(|p| p.undecodable_event_sleds)
         .sum();
-    for plan in std::mem::take(&mut planned.plans) {
-        if let Err(err) = objects::attach(&mut tracer, &mut session, plan, scope) {
-            if let Target::Launch(child) = target {
-                launch::reap(child);
-            }
-            return Err(err);
+    let placed = std::mem::take(&mut planned.plans)
+        .into_iter()
+        .try_for_each(|plan| objects::attach(&mut tracer, &mut session, plan, scope).map(drop))
+        .and_then(|()| {
+            attach_catches(&mut tracer, &planned, scope);
+            // Every probe is in place: only now does anything get recorded.
+            tracer.set_armed(true)
+        });
+    if let Err(err) = placed {
+        if let Target::Launch(child) = target {
+            launch::reap(child);
         }
+        return Err(err);
     }
-    attach_catches(&mut tracer, &planned, scope);
-    // Every probe is in place: only now does anything get recorded.
-    tracer.set_armed(true)?;
     eprintln!("fdr-profiled: recording: every probe is in place");
     eprintln!(
         "fdr-profiled: exits: {} ({})",
