@@ -58,26 +58,52 @@ pub struct Cookie {
     /// holding, in order, the event type (typed only), the payload pointer and the payload
     /// size at the sled address, as decoded from the sled's bytes. Zero elsewhere.
     pub regs: [u8; 3],
+    /// [`cookie_flags`] bits.
+    pub flags: u8,
+}
+
+/// Flags of [`Cookie::flags`].
+pub mod cookie_flags {
+    /// The sled's function has its exits observed by a return probe at its entry (the entry
+    /// sled also carries the return probe; its exit sleds are not probed). Decided per
+    /// function: the eBPF programs keep the kernel's pending return probes in step only for
+    /// the entries that have one.
+    pub const RETURN_PROBED: u8 = 1;
 }
 
 impl Cookie {
-    /// A cookie for a function or tail sled (no registers).
+    /// A cookie for a function or tail sled (no registers, no flags).
     pub const fn new(function_id: u32, kind: SledKind) -> Cookie {
         Cookie {
             function_id,
             kind: kind as u8,
             regs: [0; 3],
+            flags: 0,
         }
     }
 
+    /// The same cookie with `flags` set.
+    pub const fn with_flags(self, flags: u8) -> Cookie {
+        Cookie {
+            flags: self.flags | flags,
+            ..self
+        }
+    }
+
+    /// Whether [`cookie_flags::RETURN_PROBED`] is set.
+    pub const fn return_probed(&self) -> bool {
+        self.flags & cookie_flags::RETURN_PROBED != 0
+    }
+
     /// Packs the cookie into the 64 bits the kernel stores per attachment: bits 0..32 function
-    /// id, bits 32..40 sled kind, then 4 bits per register number.
+    /// id, bits 32..40 sled kind, then 4 bits per register number, and the flags in bits 56..64.
     pub const fn encode(self) -> u64 {
         (self.function_id as u64)
             | ((self.kind as u64) << 32)
             | (((self.regs[0] & 15) as u64) << 40)
             | (((self.regs[1] & 15) as u64) << 44)
             | (((self.regs[2] & 15) as u64) << 48)
+            | ((self.flags as u64) << 56)
     }
 
     /// Inverse of [`Cookie::encode`].
@@ -90,6 +116,7 @@ impl Cookie {
                 ((raw >> 44) & 15) as u8,
                 ((raw >> 48) & 15) as u8,
             ],
+            flags: (raw >> 56) as u8,
         }
     }
 }
@@ -313,8 +340,6 @@ pub mod globals {
     pub const MAX_EVENT_BYTES: &str = "CFG_MAX_EVENT_BYTES";
     /// u64: bytes waiting in a ring buffer above which a write wakes the reader.
     pub const WAKEUP_BYTES: &str = "CFG_WAKEUP_BYTES";
-    /// u32: 1 when exits are observed with return probes (`sled_return`), 0 with exit sleds.
-    pub const RETURN_MODE: &str = "CFG_RETURN_MODE";
 }
 
 #[cfg(test)]
@@ -328,8 +353,11 @@ mod tests {
             function_id: (3 << 24) | 0x12345,
             kind: SledKind::TypedEvent as u8,
             regs: [15, 0, 9],
+            flags: cookie_flags::RETURN_PROBED,
         };
         assert_eq!(Cookie::decode(c.encode()), c);
+        assert!(Cookie::decode(c.encode()).return_probed());
+        assert!(!Cookie::new(1, SledKind::Entry).return_probed());
         assert_eq!((c.encode() >> 32) as u8, 5);
         assert_eq!(
             Cookie::decode(Cookie::new(7, SledKind::Tail).encode()).kind,

@@ -3,7 +3,8 @@
 //! - `sled` (uprobe) is attached to every probed XRay sled. The attach cookie says which
 //!   function and which kind of sled fired (and, for event sleds, which registers hold the
 //!   payload), so the program never maps addresses back to ids.
-//! - `sled_return` (uretprobe) is attached at function entries in return-probe mode.
+//! - `sled_return` (uretprobe) is attached at the entries of the functions whose exits a return
+//!   probe observes (decided per function, see `plan::exits` in the daemon).
 //! - `thread_exit` (raw tracepoint `sched_process_exit`) closes a thread's books.
 //! - `floor` / `floor_return` are empty: the benchmark's measure of the kernel's own cost.
 //!
@@ -76,8 +77,6 @@ static CFG_NARGS: u32 = 1;
 static CFG_MAX_EVENT_BYTES: u32 = 4096;
 #[unsafe(no_mangle)]
 static CFG_WAKEUP_BYTES: u64 = 4 << 20;
-#[unsafe(no_mangle)]
-static CFG_RETURN_MODE: u32 = 0;
 /// Benchmark only (`profiler_common::ablate`): parts of the work to skip, to measure what
 /// each costs. Zero in every real session.
 #[unsafe(no_mangle)]
@@ -190,12 +189,14 @@ fn drop_dead_returns<const AT_ENTRY: bool>(state: &mut ThreadState, slot: u64) {
     state.returns_pending = n;
 }
 
-/// What one sled hit does to the thread's pending return probes (return-probe mode only);
+/// What one sled hit does to the thread's pending return probes (only for the sleds of
+/// functions whose exits a return probe observes: the kernel counts only their frames);
 /// returns the header's flags. `slot` is the frame's return-address slot.
-fn account_call(state: &mut ThreadState, kind: u8, slot: u64) -> u8 {
-    if setting(&CFG_RETURN_MODE) == 0 {
+fn account_call(state: &mut ThreadState, cookie: &Cookie, slot: u64) -> u8 {
+    if !cookie.return_probed() {
         return 0;
     }
+    let kind = cookie.kind;
     if kind == SledKind::Entry as u8 || kind == SledKind::LogArgsEntry as u8 {
         // The kernel checks its depth limit before it drops dead instances.
         if state.returns_pending >= MAX_RETURN_PROBE_DEPTH {
@@ -309,7 +310,7 @@ pub fn sled(ctx: ProbeContext) -> u32 {
         return 0;
     };
     let sp = stack_pointer(ctx.as_ptr());
-    let flags = account_call(state, cookie.kind, sp);
+    let flags = account_call(state, &cookie, sp);
     let mut h = header(state, pid_tgid, &cookie, cpu, sp);
     h.flags = flags;
     let written = match ring(cpu) {
@@ -439,6 +440,7 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
         function_id: 0,
         kind: event_kind::THREAD_EXIT,
         regs: [0; 3],
+        flags: 0,
     };
     let h = header(state, pid_tgid, &cookie, cpu, 0);
     let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));

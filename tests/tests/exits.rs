@@ -1,8 +1,8 @@
 //! End to end: `--exits sleds|return|auto`.
 //!
 //! - The C++ exception fixture (exceptions thrown through instrumented frames, caught above
-//!   them) runs to its normal end under `auto` and `sleds`; `auto` says it chose exit sleds
-//!   (stderr and session.json); per thread, entries equal the calls the fixture counted and
+//!   them) runs to its normal end under `auto` and `sleds`; `auto` says it decided per
+//!   function and chose exit sleds wherever an exception can pass (stderr and session.json); per thread, entries equal the calls the fixture counted and
 //!   exits the calls that returned normally; the call structure equals compiler-rt's own FDR
 //!   trace of the same program.
 //! - `auto` chooses return probes for the plain C fixture; return probes there give exact
@@ -44,8 +44,8 @@ fn by_content(calls: &ExpectedCalls) -> Vec<BTreeMap<String, u64>> {
     v
 }
 
-/// The exception fixture under `daemon_args`: normal end, exit sleds, exact entries and exits,
-/// native structure.
+/// The exception fixture under `daemon_args`: normal end, exit sleds where exceptions pass,
+/// exact entries and exits, native structure.
 fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
     let untraced = tests::tools::run_output(
         std::process::Command::new(exceptions_fixture()).args(["--iterations", "20"]),
@@ -79,17 +79,33 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
     );
 
     let line = run.exits_line();
-    assert!(
-        line.starts_with("exit sleds ("),
-        "{mode_label}: exits line {line:?}"
-    );
-    assert_eq!(run.session_str("exits"), "sleds");
     assert!(!run.session_str("exits_reason").is_empty());
     if daemon_args.is_empty() {
+        // Only ex_report (printf, fflush, syscall) is proven safe for a return probe: every
+        // other function can be left by the exception or calls one that can.
+        assert!(
+            line.starts_with("per function: 1 return probes, 6 exit sleds ("),
+            "{mode_label}: exits line {line:?}"
+        );
         assert!(
             line.contains("personality"),
             "auto must say it found a personality routine: {line:?}"
         );
+        assert_eq!(run.session_str("exits"), "per-function");
+        for f in run.session.json["functions"].as_array().unwrap() {
+            let want = if f["name"] == "ex_report" {
+                "return"
+            } else {
+                "sleds"
+            };
+            assert_eq!(f["exit"], want, "{f}");
+        }
+    } else {
+        assert!(
+            line.starts_with("exit sleds ("),
+            "{mode_label}: exits line {line:?}"
+        );
+        assert_eq!(run.session_str("exits"), "sleds");
     }
     assert_eq!(run.session.events_lost, 0, "{}", run.session.json);
     tests::assert_every_event_accounted(&run.session);
@@ -210,8 +226,9 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
     );
 }
 
-/// `--exits` not given (auto): the C++ runtime is in the image, so exit sleds; the program runs
-/// to its end.
+/// `--exits` not given (auto): the C++ runtime is in the image, so each function is decided from
+/// its code (one return probe, exit sleds for the functions exceptions pass through); the
+/// program runs to its end.
 #[test]
 fn exceptions_complete_under_auto() {
     exceptions_under(&[], "auto");

@@ -20,13 +20,20 @@ fn listed(target: &str) -> Table {
     let out = String::from_utf8(out.stdout).unwrap();
     let mut table = Table::new();
     for line in out.lines().skip(2) {
-        // id, address, sleds, kinds, then the name (which may contain spaces).
+        // id, address, sleds, kinds, exit method, then the name (which may contain spaces),
+        // then why the exit method.
+        let (line, why) = line
+            .rsplit_once("  | ")
+            .expect("a reason for the exit method");
+        assert!(!why.is_empty(), "{line}");
         let mut cols = line.split_whitespace();
         let id: u32 = cols.next().unwrap().parse().unwrap();
         let address =
             u64::from_str_radix(cols.next().unwrap().trim_start_matches("0x"), 16).unwrap();
         let sleds: usize = cols.next().unwrap().parse().unwrap();
         let _kinds = cols.next().unwrap();
+        let exit = cols.next().unwrap();
+        assert!(exit == "return" || exit == "sleds", "{line}");
         let name = cols.collect::<Vec<_>>().join(" ");
         table.insert(id, (address, sleds, name));
     }

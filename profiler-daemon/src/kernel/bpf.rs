@@ -1,7 +1,6 @@
 //! Loading the eBPF object, creating its per-CPU ring buffers, and placing the probes of an
 //! [`AttachPlan`].
 use crate::kernel::uprobe_multi::{self, MultiLink, MultiProgram};
-use crate::plan::exits::Exits;
 use crate::plan::{AttachPlan, Probe};
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::maps::{ArrayOfMaps, HashMap as BpfHashMap, Map, MapData, PerCpuArray, RingBuf};
@@ -9,9 +8,9 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
-    counter, event_kind, globals, Cookie, SledKind, ThreadState, ARMED_MAP, COUNTERS_MAP,
-    FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, THREADS_MAP,
-    THREAD_EXIT_PROGRAM,
+    cookie_flags, counter, event_kind, globals, Cookie, SledKind, ThreadState, ARMED_MAP,
+    COUNTERS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM,
+    THREADS_MAP, THREAD_EXIT_PROGRAM,
 };
 use std::num::NonZeroU32;
 use std::path::Path;
@@ -32,8 +31,6 @@ pub struct LoadOptions {
     pub nargs: u8,
     /// Payload bytes kept per custom/typed event.
     pub max_event_bytes: u32,
-    /// Exit strategy.
-    pub exits: Exits,
     /// Attach empty programs instead (the benchmark's floor); nothing is recorded.
     pub floor: bool,
     /// Benchmark only: `profiler_common::ablate` bits.
@@ -86,7 +83,6 @@ impl Tracer {
             aya::util::nr_cpus().map_err(|(what, e)| anyhow!("cannot count CPUs ({what}): {e}"))?;
         let cpus = u32::try_from(cpus).context("too many CPUs")?;
         let nargs = u32::from(options.nargs);
-        let return_mode = u32::from(options.exits == Exits::Return);
         // Wake the reader when a buffer is half full: the 10 ms timer keeps up with ordinary
         // rates, this covers bursts.
         let wakeup = u64::from(ring_bytes / 2);
@@ -94,7 +90,6 @@ impl Tracer {
             .override_global(globals::NARGS, &nargs, true)
             .override_global(globals::MAX_EVENT_BYTES, &options.max_event_bytes, true)
             .override_global(globals::WAKEUP_BYTES, &wakeup, true)
-            .override_global(globals::RETURN_MODE, &return_mode, true)
             .override_global(globals::ABLATE, &options.ablate, true)
             .map_max_entries(RINGS_MAP, cpus)
             .load(EBPF_OBJECT)
@@ -170,7 +165,8 @@ impl Tracer {
         })
     }
 
-    /// Places the plan's probes for the exit strategy chosen at load. Exit-side probes go first:
+    /// Places the plan's probes: for a function marked `RETURN_PROBED` (see `plan::exits`), a
+    /// return probe at its entry instead of probes on its exit sleds. Exit-side probes go first:
     /// a process keeps running while probes are placed one at a time, and this order can only
     /// produce exits without entries (dropped and counted), never entries without exits.
     /// Returns how many probes were placed.
@@ -185,13 +181,14 @@ impl Tracer {
         let mut returns = Vec::new();
         for probe in &plan.probes {
             let kind = SledKind::from_u8(probe.cookie.kind);
-            match (kind, self.options.exits) {
-                (Some(SledKind::Exit), Exits::Return) => {}
-                (Some(k), Exits::Return) if k.is_entry() => {
+            match (kind, probe.cookie.return_probed()) {
+                (Some(SledKind::Exit), true) => {}
+                (Some(k), true) if k.is_entry() => {
                     sleds.push(*probe);
                     returns.push(Probe {
                         file_offset: probe.file_offset,
-                        cookie: Cookie::new(probe.cookie.function_id, SledKind::Exit),
+                        cookie: Cookie::new(probe.cookie.function_id, SledKind::Exit)
+                            .with_flags(cookie_flags::RETURN_PROBED),
                     });
                 }
                 (Some(_), _) => sleds.push(*probe),
@@ -217,6 +214,7 @@ impl Tracer {
                 function_id: 0,
                 kind: event_kind::CATCH,
                 regs: [0; 3],
+                flags: 0,
             },
         };
         self.place(SLED_PROGRAM, &[probe], object, scope)

@@ -1,15 +1,25 @@
-//! Choosing how function exits are observed (`--exits`).
+//! Choosing how function exits are observed (`--exits`), for each function.
 //!
 //! A return probe replaces the return address on the stack. An exception or panic unwinding
 //! through such a frame finds the kernel's trampoline instead of a call site, has no unwind
-//! information for it, and terminates the program (platform.md: reproduced with C++). So return
-//! probes are only safe when nothing can unwind: `auto` looks for an unwinding personality
-//! routine anywhere in the process image (the executable, the libraries it needs, and for a
-//! running process everything it has mapped) and uses return probes only when there is none.
+//! information for it, and terminates the program (platform.md: reproduced with C++). An exit
+//! sled is always safe, but the kernel single-steps its `ret`: 10 to 30 times the cost of a
+//! return probe. So `auto` decides per function:
+//! - nothing in the process image has an unwinding personality routine (the executable, the
+//!   libraries it needs, and for a running process everything it has mapped): nothing can
+//!   unwind, return probes everywhere;
+//! - otherwise each function gets a return probe when its machine code proves that no
+//!   exception can leave its frame (`xray_object::unwinding`), exit sleds elsewhere.
 use object::{Object as _, ObjectSymbol as _};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use xray_object::elf::ElfImage;
+use xray_object::instrmap::InstrMap;
+use xray_object::symbols::SymbolTable;
+use xray_object::unwinding::{UnwindAnalysis, Verdict};
+
+use crate::plan::{packed_id, AttachPlan};
+use profiler_common::cookie_flags;
 
 /// How function exits are to be observed, as asked for (`--exits`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -19,23 +29,43 @@ pub enum ExitMode {
     Sleds,
     /// Return probes at function entry.
     Return,
-    /// Return probes where no unwinding can pass through a frame, exit sleds otherwise.
+    /// Return probes where no unwinding can pass through a frame, exit sleds otherwise:
+    /// decided for each function from its machine code.
     Auto,
 }
 
-/// How function exits are observed, as decided: [`choose`] resolves [`ExitMode::Auto`].
+/// How one function's exits are observed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exits {
-    /// Probes on EXIT and TAIL sleds.
+    /// Probes on its EXIT and TAIL sleds.
     Sleds,
-    /// Return probes at function entries, plus TAIL sleds.
+    /// A return probe at its entry, plus its TAIL sleds.
     Return,
 }
 
-/// How exits were observed, for the manifest.
+impl Exits {
+    /// How the summary and `list` name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Exits::Sleds => "exit sleds",
+            Exits::Return => "return probe",
+        }
+    }
+}
+
+/// How exits are decided for the session's objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitPolicy {
+    /// One method for every function.
+    All(Exits),
+    /// Each function from its code: a return probe where no exception can leave it.
+    PerFunction,
+}
+
+/// How exits were decided, for the manifest.
 #[derive(Clone, Debug)]
 pub struct ExitsChoice {
-    /// `sleds` or `return`.
+    /// `sleds`, `return` or `per-function`.
     pub mode: &'static str,
     /// Why (`--exits` given, or what `auto` found).
     pub reason: String,
@@ -52,17 +82,17 @@ pub const PERSONALITY_ROUTINES: &[&str] = &[
 ];
 
 /// Resolves `--exits` for the objects that make up the traced image.
-pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (Exits, ExitsChoice) {
+pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (ExitPolicy, ExitsChoice) {
     match mode {
         ExitMode::Sleds => (
-            Exits::Sleds,
+            ExitPolicy::All(Exits::Sleds),
             ExitsChoice {
                 mode: "sleds",
                 reason: "--exits sleds".into(),
             },
         ),
         ExitMode::Return => (
-            Exits::Return,
+            ExitPolicy::All(Exits::Return),
             ExitsChoice {
                 mode: "return",
                 reason: "--exits return: an exception or panic unwinding through a probed frame \
@@ -72,18 +102,19 @@ pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (Exits, ExitsChoice) {
         ),
         ExitMode::Auto => match image.iter().find_map(|p| personality_in(p).map(|s| (p, s))) {
             Some((path, symbol)) => (
-                Exits::Sleds,
+                ExitPolicy::PerFunction,
                 ExitsChoice {
-                    mode: "sleds",
+                    mode: "per-function",
                     reason: format!(
-                        "auto: {} has {symbol}, so exceptions or panics may unwind through \
-                         traced frames, which return probes would break",
+                        "auto: {} has {symbol}, so exceptions or panics may unwind: a return \
+                         probe where the code proves none can leave the function, exit sleds \
+                         elsewhere (`fdr-profiled list` says which and why)",
                         path.display()
                     ),
                 },
             ),
             None => (
-                Exits::Return,
+                ExitPolicy::All(Exits::Return),
                 ExitsChoice {
                     mode: "return",
                     reason: format!(
@@ -95,6 +126,74 @@ pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (Exits, ExitsChoice) {
             ),
         },
     }
+}
+
+/// Each instrumented function of the object at `path` with the method `policy` gives it and
+/// why, by function id (within the object, unpacked).
+pub fn decisions(path: &Path, policy: ExitPolicy) -> HashMap<u32, (Exits, String)> {
+    let read = || -> Option<(ElfImage, InstrMap)> {
+        let image = ElfImage::open(path).ok()?;
+        let map = InstrMap::from_elf(&image).ok()?;
+        Some((image, map))
+    };
+    let Some((image, map)) = read() else {
+        return HashMap::new();
+    };
+    match policy {
+        ExitPolicy::All(exits) => map
+            .functions
+            .iter()
+            .map(|f| {
+                let why = match exits {
+                    Exits::Return => "return probes everywhere",
+                    Exits::Sleds => "exit sleds everywhere",
+                };
+                (f.id, (exits, why.to_owned()))
+            })
+            .collect(),
+        ExitPolicy::PerFunction => {
+            let symbols = SymbolTable::from_elf(&image);
+            let analysis = UnwindAnalysis::of(&image, &symbols);
+            map.functions
+                .iter()
+                .map(|f| {
+                    let verdict = analysis.verdict(f.address);
+                    let exits = match verdict {
+                        Verdict::Contained(_) => Exits::Return,
+                        Verdict::MayUnwind(_) => Exits::Sleds,
+                    };
+                    (f.id, (exits, verdict.to_string()))
+                })
+                .collect()
+        }
+    }
+}
+
+/// Marks the probes of the functions that get a return probe under `policy`
+/// ([`cookie_flags::RETURN_PROBED`]) and records them in `plan.return_probed`.
+pub fn decide(plan: &mut AttachPlan, policy: ExitPolicy) {
+    let returns: BTreeSet<u32> = match policy {
+        ExitPolicy::All(Exits::Sleds) => BTreeSet::new(),
+        ExitPolicy::All(Exits::Return) => {
+            plan.probes.iter().map(|p| p.cookie.function_id).collect()
+        }
+        ExitPolicy::PerFunction => decisions(&plan.binary, policy)
+            .into_iter()
+            .filter(|(_, (exits, _))| *exits == Exits::Return)
+            .map(|(id, _)| packed_id(plan.object_id, id))
+            .collect(),
+    };
+    for probe in &mut plan.probes {
+        if returns.contains(&probe.cookie.function_id) {
+            probe.cookie = probe.cookie.with_flags(cookie_flags::RETURN_PROBED);
+        }
+    }
+    plan.return_probed = plan
+        .probes
+        .iter()
+        .filter(|p| p.cookie.return_probed())
+        .map(|p| p.cookie.function_id)
+        .collect();
 }
 
 /// The first personality routine `path` defines or imports; `None` if none (or unreadable:
@@ -238,14 +337,20 @@ mod tests {
 
     #[test]
     fn explicit_modes_are_taken_as_given() {
-        assert_eq!(choose(ExitMode::Sleds, &[]).0, Exits::Sleds);
-        assert_eq!(choose(ExitMode::Return, &[]).0, Exits::Return);
+        assert_eq!(
+            choose(ExitMode::Sleds, &[]).0,
+            ExitPolicy::All(Exits::Sleds)
+        );
+        assert_eq!(
+            choose(ExitMode::Return, &[]).0,
+            ExitPolicy::All(Exits::Return)
+        );
     }
 
     #[test]
     fn an_unreadable_object_counts_as_unwinding() {
         let (exits, why) = choose(ExitMode::Auto, &[PathBuf::from("/nonexistent/lib.so")]);
-        assert_eq!(exits, Exits::Sleds);
+        assert_eq!(exits, ExitPolicy::PerFunction);
         assert!(
             why.reason.contains("no readable symbol table"),
             "{}",

@@ -17,7 +17,7 @@ pub mod select;
 
 use anyhow::Result;
 use profiler_common::{Cookie, SledKind};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use xray_object::elf::ElfImage;
 use xray_object::instrmap::InstrMap;
@@ -63,7 +63,7 @@ pub struct AttachPlan {
     /// File name of the binary, used to name per-process output directories.
     pub exe_name: String,
     /// Probes on every sled: entry, log-args entry, exit, tail, custom and typed event sleds
-    /// (which of them are placed depends on the exit mode, see `bpf::Tracer::attach`).
+    /// (the exit sleds of return-probed functions are not placed, see `bpf::Tracer::attach`).
     pub probes: Vec<Probe>,
     /// Event sleds whose argument registers could not be decoded (not probed).
     pub undecodable_event_sleds: usize,
@@ -71,6 +71,9 @@ pub struct AttachPlan {
     pub functions: usize,
     /// Function names by trace function id.
     pub names: FunctionNames,
+    /// The functions (trace ids) whose exits a return probe observes; their probes carry
+    /// `cookie_flags::RETURN_PROBED`. Set by [`exits::decide`]; empty until then (exit sleds).
+    pub return_probed: BTreeSet<u32>,
 }
 
 /// The probe for a sled: function and tail sleds need only the kind; event sleds also the
@@ -143,6 +146,7 @@ impl AttachPlan {
             undecodable_event_sleds,
             functions: map.functions.len(),
             names,
+            return_probed: BTreeSet::new(),
         })
     }
 }

@@ -11,7 +11,7 @@ pub use args::RecordArgs;
 use crate::kernel::bpf::{KernelBooks, LoadOptions, Scope, Tracer};
 use crate::kernel::intake::Intake;
 use crate::plan::discovery::Discovery;
-use crate::plan::exits::{ExitMode, Exits};
+use crate::plan::exits::{ExitMode, ExitPolicy, Exits};
 use crate::plan::select::FunctionFilter;
 use crate::session::order::Sequencer;
 use crate::session::output::OutputDir;
@@ -66,13 +66,12 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
-    let (exits, exits_choice) = crate::plan::exits::choose(cli.exits, &planned.image);
+    let (policy, exits_choice) = crate::plan::exits::choose(cli.exits, &planned.image);
     // Loading validates --buffer-size too; only then is anything created on disk.
     let mut tracer = Tracer::load(LoadOptions {
         ring_bytes: cli.buffer_size,
         nargs: cli.args,
         max_event_bytes: cli.max_event_bytes,
-        exits,
         floor: cli.floor,
         ablate: cli.ablate,
         perf_events_only: cli.no_uprobe_multi,
@@ -98,7 +97,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         Target::Pid(pid, _) => Scope::Process(NonZeroU32::new(*pid).context("pid 0")?),
     };
     if let Some(discovery) = &mut planned.discovery {
-        if cli.exits == ExitMode::Auto && exits == Exits::Return {
+        if cli.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return) {
             discovery.guard_unwinding();
         }
     }
@@ -115,7 +114,9 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         .sum();
     let placed = std::mem::take(&mut planned.plans)
         .into_iter()
-        .try_for_each(|plan| objects::attach(&mut tracer, &mut session, plan, scope).map(drop))
+        .try_for_each(|plan| {
+            objects::attach(&mut tracer, &mut session, plan, policy, scope).map(drop)
+        })
         .and_then(|()| {
             attach_catches(&mut tracer, &planned, scope);
             // Every probe is in place: only now does anything get recorded.
@@ -128,11 +129,16 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         return Err(err);
     }
     eprintln!("fdr-profiled: recording: every probe is in place");
+    let methods = session.exit_methods();
     eprintln!(
         "fdr-profiled: exits: {} ({})",
-        match exits {
-            Exits::Sleds => "exit sleds",
-            Exits::Return => "return probes",
+        match policy {
+            ExitPolicy::All(Exits::Sleds) => "exit sleds".to_owned(),
+            ExitPolicy::All(Exits::Return) => "return probes".to_owned(),
+            ExitPolicy::PerFunction => format!(
+                "per function: {} return probes, {} exit sleds",
+                methods.return_probe_functions, methods.exit_sled_functions
+            ),
         },
         exits_choice.reason
     );
@@ -153,6 +159,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         let probing = Probing {
             discovery: planned.discovery,
             filter,
+            policy,
             scope,
             tracer,
         };
@@ -191,6 +198,7 @@ fn attach_catches(tracer: &mut Tracer, planned: &objects::Planned, scope: Scope)
 struct Probing {
     discovery: Option<Discovery>,
     filter: FunctionFilter,
+    policy: ExitPolicy,
     scope: Scope,
     tracer: Tracer,
 }
@@ -269,7 +277,7 @@ async fn record(
             }
             _ = rescan.tick(), if probing.discovery.is_some() => {
                 if let Some(discovery) = &mut probing.discovery {
-                    objects::rescan(discovery, &probing.filter, &mut probing.tracer, &mut session, probing.scope);
+                    objects::rescan(discovery, &probing.filter, probing.policy, &mut probing.tracer, &mut session, probing.scope);
                 }
             }
             _ = sigint.recv() => break,

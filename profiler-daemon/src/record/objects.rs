@@ -4,6 +4,7 @@
 //! mappings while recording.
 use crate::kernel::bpf::{Scope, Tracer};
 use crate::plan::discovery::{Discovery, Found};
+use crate::plan::exits::ExitPolicy;
 use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
 use crate::session::{Executable, Session};
@@ -146,13 +147,16 @@ impl Planned {
     }
 }
 
-/// Places `plan`'s probes, says so, and adds the object to the session.
+/// Decides how `plan`'s functions' exits are observed, places its probes, says so, and adds
+/// the object to the session.
 pub fn attach(
     tracer: &mut Tracer,
     session: &mut Session,
-    plan: AttachPlan,
+    mut plan: AttachPlan,
+    policy: ExitPolicy,
     scope: Scope,
 ) -> Result<usize> {
+    crate::plan::exits::decide(&mut plan, policy);
     let placed = tracer.attach(&plan, scope)?;
     let attached_ns = crate::session::monotonic_ns();
     let object = if plan.object_id == 0 {
@@ -174,6 +178,7 @@ pub fn attach(
 pub fn rescan(
     discovery: &mut Discovery,
     filter: &FunctionFilter,
+    policy: ExitPolicy,
     tracer: &mut Tracer,
     session: &mut Session,
     scope: Scope,
@@ -190,7 +195,7 @@ pub fn rescan(
             continue;
         }
         let path = plan.display_path.clone();
-        if let Err(err) = attach(tracer, session, plan, scope) {
+        if let Err(err) = attach(tracer, session, plan, policy, scope) {
             eprintln!("fdr-profiled: warning: {path}: not traced: {err:#}");
         }
     }

@@ -19,11 +19,11 @@ use crate::plan::{AttachPlan, FunctionNames};
 use crate::session::order::Gap;
 use crate::session::output::OutputDir;
 use crate::session::summary::{
-    FunctionTotals, ObjectReport, ProcessReport, SessionReport, ThreadReport,
+    ExitMethods, FunctionTotals, ObjectReport, ProcessReport, SessionReport, ThreadReport,
 };
 use anyhow::Result;
 use profiler_common::event_kind;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 pub use thread::{ThreadCounts, ThreadTrace};
 use xray_fdr::writer::{ThreadWriter, WallClock};
 use xray_fdr::FdrVersion;
@@ -74,6 +74,8 @@ pub struct Session {
     /// can read it even if it is deleted meanwhile (see `object_files`).
     object_files: Vec<(String, std::fs::File)>,
     names: FunctionNames,
+    /// Functions (trace ids) whose exits a return probe observes.
+    return_probed: HashSet<u32>,
     clock: Clock,
     processes: BTreeMap<u32, Process>,
     /// Which process each live thread belongs to (end markers carry no pid).
@@ -101,6 +103,7 @@ impl Session {
             objects: Vec::new(),
             object_files: Vec::new(),
             names: FunctionNames::default(),
+            return_probed: HashSet::new(),
             clock: Clock::now(),
             processes: BTreeMap::new(),
             pid_of: HashMap::new(),
@@ -126,15 +129,37 @@ impl Session {
             build_id: plan.build_id,
             load_address: plan.load_address,
             functions: plan.functions,
+            return_probe_functions: plan.return_probed.len(),
             probes,
             attached_ns,
         });
+        self.return_probed
+            .extend(plan.return_probed.iter().copied());
         self.objects.sort_by_key(|o| o.object_id);
         let names = match plan.object_id {
             0 => plan.names,
             _ => plan.names.tagged(&plan.exe_name),
         };
         self.names.extend(names);
+    }
+
+    /// Functions and calls so far by exit method.
+    pub fn exit_methods(&self) -> ExitMethods {
+        let functions: usize = self.objects.iter().map(|o| o.functions).sum();
+        let return_probe_functions: usize =
+            self.objects.iter().map(|o| o.return_probe_functions).sum();
+        let mut methods = ExitMethods {
+            return_probe_functions,
+            exit_sled_functions: functions.saturating_sub(return_probe_functions),
+            ..ExitMethods::default()
+        };
+        for (id, t) in &self.totals {
+            match self.return_probed.contains(id) {
+                true => methods.return_probe_calls += t.calls,
+                false => methods.exit_sled_calls += t.calls,
+            }
+        }
+        methods
     }
 
     /// Records a thread's next event (in its program order, see [`crate::session::order`]); `gap` says
@@ -225,6 +250,7 @@ impl Session {
             fdr_version: self.version.number(),
             exits: self.exits.mode.to_owned(),
             exits_reason: self.exits.reason.clone(),
+            exit_methods: self.exit_methods(),
             events: self.events,
             events_lost: 0,
             events_lost_unattributed: self.unattributed_lost + losses.unattributed_lost,
@@ -236,7 +262,11 @@ impl Session {
             custom_events_truncated: 0,
             typed_events: 0,
             processes: Vec::new(),
-            functions: SessionReport::rank_functions(&self.totals, &self.names),
+            functions: SessionReport::rank_functions(
+                &self.totals,
+                &self.names,
+                &self.return_probed,
+            ),
         };
         for (pid, process) in self.processes {
             let mut threads = process.done;

@@ -2,7 +2,7 @@
 use crate::plan::FunctionNames;
 use fdr_analysis::report::render::human_ns;
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 /// Per-function totals, accumulated from matched entry/exit pairs as they are written.
@@ -176,6 +176,8 @@ pub struct ObjectReport {
     pub load_address: u64,
     /// Instrumented functions probed.
     pub functions: usize,
+    /// Of those, the functions whose exits a return probe observes (the others': exit sleds).
+    pub return_probe_functions: usize,
     /// Probes placed.
     pub probes: usize,
     /// When its probes were all in place (CLOCK_MONOTONIC ns, the clock of the trace): calls
@@ -194,6 +196,21 @@ pub struct FunctionReport {
     pub calls: u64,
     /// Total inclusive time in nanoseconds.
     pub total_ns: u64,
+    /// How its exits were observed: `return` (a return probe) or `sleds`.
+    pub exit: &'static str,
+}
+
+/// How many functions, and how many of their calls, had their exits observed each way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ExitMethods {
+    /// Functions with a return probe.
+    pub return_probe_functions: usize,
+    /// Functions with probes on their exit sleds.
+    pub exit_sled_functions: usize,
+    /// Completed calls of the functions with a return probe.
+    pub return_probe_calls: u64,
+    /// Completed calls of the functions with exit sleds.
+    pub exit_sled_calls: u64,
 }
 
 /// Everything a session produced; serialised as `session.json`.
@@ -205,6 +222,8 @@ pub struct SessionReport {
     pub exits: String,
     /// Why that exit mode.
     pub exits_reason: String,
+    /// Functions and calls by exit method.
+    pub exit_methods: ExitMethods,
     /// Events received from the kernel.
     pub events: u64,
     /// Events the kernel could not deliver (ring buffer full), in total: the threads' counts
@@ -238,6 +257,7 @@ impl SessionReport {
     pub fn rank_functions(
         totals: &HashMap<u32, FunctionTotals>,
         names: &FunctionNames,
+        return_probed: &HashSet<u32>,
     ) -> Vec<FunctionReport> {
         let mut out: Vec<FunctionReport> = totals
             .iter()
@@ -246,6 +266,11 @@ impl SessionReport {
                 name: names.name(id),
                 calls: t.calls,
                 total_ns: t.total_ns,
+                exit: if return_probed.contains(&id) {
+                    "return"
+                } else {
+                    "sleds"
+                },
             })
             .collect();
         out.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.id.cmp(&b.id)));
@@ -264,6 +289,12 @@ impl SessionReport {
             threads
         );
         let _ = writeln!(s, "  exits: {} ({})", self.exits, self.exits_reason);
+        let m = &self.exit_methods;
+        let _ = writeln!(
+            s,
+            "  exits observed by return probe: {} functions, {} calls; by exit sleds: {} functions, {} calls",
+            m.return_probe_functions, m.return_probe_calls, m.exit_sled_functions, m.exit_sled_calls
+        );
         let _ = writeln!(
             s,
             "  events: {}, events lost: {}",

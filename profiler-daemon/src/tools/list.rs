@@ -1,8 +1,10 @@
 //! `fdr-profiled list TARGET`: the instrumented functions of a binary, or of every instrumented
 //! object a running process maps, with their ids, sled kinds and counts — what a trace's ids
-//! will mean (a shared object's ids are packed as `(object_id << 24) | id`, as `--pid` traces
+//! will mean, and how `--exits auto` would observe each function's exits and why (a shared
+//! object's ids are packed as `(object_id << 24) | id`, as `--pid` traces
 //! them; object ids are given in the order the objects are found, so a process that loads more
 //! objects later can number them differently from this listing).
+use crate::plan::exits::{self, ExitMode, ExitPolicy, Exits};
 use crate::traced::process::TracedProcess;
 use anyhow::{Context as _, Result};
 use profiler_common::SledKind;
@@ -12,12 +14,17 @@ use xray_object::elf::ElfImage;
 use xray_object::instrmap::InstrMap;
 use xray_object::symbols::SymbolTable;
 
-/// One object to list: the file to read, how to name it, its object id.
+/// One object to list: the file to read, how to name it, its object id, and how `--exits
+/// auto` decides its exits.
 struct Listed {
     path: PathBuf,
     shown: String,
     object_id: u32,
+    policy: ExitPolicy,
 }
+
+/// Separates a function's name from why its exits are observed the way they are.
+pub const WHY_SEPARATOR: &str = "  | ";
 
 /// Where the functions come from: a pid (all digits; every instrumented object it maps) or a
 /// path.
@@ -31,6 +38,7 @@ fn resolve(target: &str) -> Result<Vec<Listed>> {
             .with_context(|| format!("{target}: not a pid"))?;
         let process = TracedProcess::find(pid)?;
         let planned = crate::record::objects::for_process(&process)?;
+        let (policy, _) = exits::choose(ExitMode::Auto, &planned.image);
         return Ok(planned
             .plans
             .into_iter()
@@ -41,13 +49,17 @@ fn resolve(target: &str) -> Result<Vec<Listed>> {
                 },
                 path: plan.binary,
                 object_id: plan.object_id,
+                policy,
             })
             .collect());
     }
+    let path = PathBuf::from(target);
+    let (policy, _) = exits::choose(ExitMode::Auto, &exits::static_image(&path));
     Ok(vec![Listed {
-        path: PathBuf::from(target),
+        path,
         shown: target.to_owned(),
         object_id: 0,
+        policy,
     }])
 }
 
@@ -80,6 +92,7 @@ fn render_object(listed: &Listed, target: &str, out: &mut String) -> Result<()> 
         path,
         shown,
         object_id,
+        policy,
     } = listed;
     // ELF errors already name the path; a pid's /proc path needs the pid and real path added.
     let read = || -> Result<(ElfImage, InstrMap)> {
@@ -93,16 +106,23 @@ fn render_object(listed: &Listed, target: &str, out: &mut String) -> Result<()> 
         read().with_context(|| shown.clone())?
     };
     let symbols = SymbolTable::from_elf(&image);
+    let decisions = exits::decisions(path, *policy);
+    let returns = decisions
+        .values()
+        .filter(|(e, _)| *e == Exits::Return)
+        .count();
     let _ = writeln!(
         out,
-        "{shown}: {} instrumented functions, {} sleds",
+        "{shown}: {} instrumented functions, {} sleds; --exits auto: {} by return probe, {} by exit sleds",
         map.functions.len(),
-        map.sleds.len()
+        map.sleds.len(),
+        returns,
+        map.functions.len() - returns,
     );
     let _ = writeln!(
         out,
-        "{:>8}  {:>18}  {:>5}  {:<40}  function",
-        "id", "address", "sleds", "kinds"
+        "{:>8}  {:>18}  {:>5}  {:<40}  {:<6}  function{WHY_SEPARATOR}why",
+        "id", "address", "sleds", "kinds", "exit"
     );
     for function in &map.functions {
         let sleds = map.sleds_of(function.id);
@@ -113,14 +133,21 @@ fn render_object(listed: &Listed, target: &str, out: &mut String) -> Result<()> 
         let name = symbols
             .name_at(function.address)
             .map_or_else(|| format!("{shown}+{:#x}", function.address), str::to_owned);
+        let (exit, why) = match decisions.get(&function.id) {
+            Some((Exits::Return, why)) => ("return", why.as_str()),
+            Some((Exits::Sleds, why)) => ("sleds", why.as_str()),
+            None => ("sleds", "not analysed"),
+        };
         let _ = writeln!(
             out,
-            "{:>8}  {:>#18x}  {:>5}  {:<40}  {}",
+            "{:>8}  {:>#18x}  {:>5}  {:<40}  {:<6}  {}{WHY_SEPARATOR}{}",
             crate::plan::packed_id(*object_id, function.id),
             function.address,
             sleds.len(),
             kinds.join(","),
-            name
+            exit,
+            name,
+            why
         );
     }
     Ok(())
