@@ -384,7 +384,7 @@ impl SessionReport {
         if self.dropped_unmatched_exits > 0 {
             let _ = writeln!(
                 s,
-                "  exits without a traced entry (not written): {}",
+                "  exits without a traced entry (calls already running when their probes were armed; not written): {}",
                 self.dropped_unmatched_exits
             );
         }
