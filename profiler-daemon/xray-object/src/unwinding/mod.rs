@@ -96,7 +96,39 @@ impl Verdict {
     pub fn is_contained(&self) -> bool {
         matches!(self, Verdict::Contained(_))
     }
+
+    /// The rule that decided, as a short key (statistics: how much each rule proves).
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Verdict::Contained(Contained::Leaf) => "leaf",
+            Verdict::Contained(Contained::CallsOnlyContained) => "calls_only_contained",
+            Verdict::Contained(Contained::ExceptionTable) => "exception_table",
+            Verdict::MayUnwind(MayUnwind::Throws(_)) => "throws",
+            Verdict::MayUnwind(MayUnwind::IndirectCall(_)) => "indirect_call",
+            Verdict::MayUnwind(MayUnwind::IndirectJump(_)) => "indirect_jump",
+            Verdict::MayUnwind(MayUnwind::Import(_)) => "import",
+            Verdict::MayUnwind(MayUnwind::UnknownTarget(_)) => "unknown_target",
+            Verdict::MayUnwind(MayUnwind::Calls(_)) => "calls_may_unwind",
+            Verdict::MayUnwind(MayUnwind::Undecodable(_)) => "undecodable",
+            Verdict::MayUnwind(MayUnwind::NoCode) => "no_code",
+        }
+    }
 }
+
+/// Every [`Verdict::rule`] key, contained ones first.
+pub const RULES: &[&str] = &[
+    "leaf",
+    "calls_only_contained",
+    "exception_table",
+    "throws",
+    "calls_may_unwind",
+    "indirect_call",
+    "indirect_jump",
+    "import",
+    "unknown_target",
+    "undecodable",
+    "no_code",
+];
 
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -169,17 +201,35 @@ impl UnwindAnalysis {
         let slots = Slots::of(&file);
         let plt = imports::plt_ranges(&file);
         let functions = functions(&file, &memory, &slots);
+        // Throwers this object defines itself (a static C++ runtime): sources whatever their
+        // code looks like.
+        let local_throwers: HashMap<u64, String> = file
+            .symbols()
+            .chain(file.dynamic_symbols())
+            .filter(|s| s.is_definition() && functions.contains_key(&s.address()))
+            .filter_map(|s| {
+                let name = s.name().ok()?;
+                imports::THROWERS
+                    .contains(&name)
+                    .then(|| (s.address(), name.to_owned()))
+            })
+            .collect();
         let name = |address: u64| {
             symbols
                 .name_at(address)
                 .map_or_else(|| format!("{address:#x}"), str::to_owned)
         };
 
+        let starts: std::collections::BTreeSet<u64> = functions.keys().copied().collect();
         // Each function's edges to other functions, and its own reason to unwind, if any.
         let mut sources: HashMap<u64, MayUnwind> = HashMap::new();
         let mut callers: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut contained: HashMap<u64, Contained> = HashMap::new();
         for (&start, function) in &functions {
+            if let Some(name) = local_throwers.get(&start) {
+                sources.insert(start, MayUnwind::Throws(name.clone()));
+                continue;
+            }
             let Some(bytes) = memory.code(start, function.end) else {
                 sources.insert(start, MayUnwind::NoCode);
                 continue;
@@ -192,8 +242,13 @@ impl UnwindAnalysis {
                     Target::Address(to) if plt.iter().any(|r| r.contains(&to)) => {
                         resolve_slot(stub_slot(&memory, to), &slots, &memory, &functions)
                     }
-                    Target::Address(to) if functions.contains_key(&to) => Reached::Function(to),
-                    Target::Address(to) => Reached::Unknown(MayUnwind::UnknownTarget(to)),
+                    Target::Address(to) => match containing(&starts, &functions, to) {
+                        // Into the middle of a function, too: a compiler's cold part of a
+                        // function is reached by a jump into it, and code entered part-way
+                        // through can do no more than the whole function does.
+                        Some(at) => Reached::Function(at),
+                        None => Reached::Unknown(MayUnwind::UnknownTarget(to)),
+                    },
                     Target::Slot(slot) => resolve_slot(Some(slot), &slots, &memory, &functions),
                     Target::Unknown if transfer.call => {
                         Reached::Unknown(MayUnwind::IndirectCall(transfer.at))
@@ -275,9 +330,14 @@ impl UnwindAnalysis {
     }
 
     /// How many of the object's functions (every function, not only instrumented ones) were
-    /// judged each way, for statistics.
+    /// judged.
     pub fn len(&self) -> usize {
         self.verdicts.len()
+    }
+
+    /// Every function judged (start address) and its verdict, in no particular order.
+    pub fn verdicts(&self) -> impl Iterator<Item = (u64, &Verdict)> {
+        self.verdicts.iter().map(|(&a, v)| (a, v))
     }
 
     /// Whether no function was analysed.
@@ -388,6 +448,17 @@ fn functions(
         });
     }
     out
+}
+
+/// The function whose code contains `address`: the closest start at or below it, when its
+/// extent reaches that far.
+fn containing(
+    starts: &std::collections::BTreeSet<u64>,
+    functions: &HashMap<u64, Function>,
+    address: u64,
+) -> Option<u64> {
+    let start = *starts.range(..=address).next_back()?;
+    (address < functions.get(&start)?.end).then_some(start)
 }
 
 /// The name of the personality routine `pointer` designates.
