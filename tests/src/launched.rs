@@ -13,7 +13,7 @@ use xray_fdr::reader::{read, RawRecord, Reader, Trace};
 
 use crate::fixtures::private_copy;
 use crate::run::{assert_success, Finished, Running};
-use crate::tools::{fdr_profiled, run_output, scratch_dir, target_dir, LLVM_XRAY_VERSIONS};
+use crate::tools::{fdr_profiled, scratch_dir, target_dir, LLVM_XRAY_VERSIONS};
 use crate::trace::{convert, read_session, Session};
 use crate::xray_yaml::Converted;
 
@@ -275,25 +275,9 @@ pub fn function_names(bin: &Path) -> BTreeMap<u32, String> {
 /// instrumentation map with typed-event sleds). The `list` tool's ids are checked against
 /// `llvm-xray extract` by the `list` tests.
 pub fn function_names_from_list(bin: &Path) -> BTreeMap<u32, String> {
-    let out = run_output(
-        std::process::Command::new(crate::tools::fdr_profiled())
-            .arg("list")
-            .arg(bin),
-    );
-    assert!(
-        out.status.success(),
-        "fdr-profiled list {}: {}",
-        bin.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // `   id  address  sleds  kinds  function`: the name is the rest of the line.
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut cols = l.split_whitespace();
-            let id = cols.next()?.parse().ok()?;
-            let name: Vec<&str> = cols.skip(3).collect();
-            Some((id, name.join(" ")))
-        })
+    crate::tools::list(bin.as_os_str())
+        .1
+        .into_iter()
+        .map(|f| (f.id, f.name))
         .collect()
 }

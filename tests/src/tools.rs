@@ -87,3 +87,70 @@ pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
     }
     dir
 }
+
+/// One row of `fdr-profiled list`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedFunction {
+    /// The id a trace uses (packed for a shared object).
+    pub id: u32,
+    /// The function's address in its object.
+    pub address: u64,
+    /// Its sleds.
+    pub sleds: usize,
+    /// How `--exits auto` observes its exits: `return` or `sleds`.
+    pub exit: String,
+    /// Its name as the summary shows it.
+    pub name: String,
+    /// Why that exit method.
+    pub why: String,
+}
+
+/// `fdr-profiled list TARGET` (a path or a pid): the header lines of each object, and every
+/// row. Panics if the command fails or a row does not have the documented columns
+/// (`id address sleds kinds exit name  | why`).
+pub fn list(target: &OsStr) -> (Vec<String>, Vec<ListedFunction>) {
+    let out = run_output(
+        std::process::Command::new(fdr_profiled())
+            .arg("list")
+            .arg(target),
+    );
+    assert!(
+        out.status.success(),
+        "fdr-profiled list {}: {}",
+        target.to_string_lossy(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut headers = Vec::new();
+    let mut rows = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some((row, why)) = line.rsplit_once("  | ") else {
+            if !line.is_empty() {
+                headers.push(line.to_owned());
+            }
+            continue;
+        };
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        let Ok(id) = cols[0].parse() else {
+            headers.push(line.to_owned()); // the column titles
+            continue;
+        };
+        assert!(cols.len() >= 6, "a list row has 6 columns: {line:?}");
+        assert!(
+            cols[4] == "return" || cols[4] == "sleds",
+            "exit method of {line:?}"
+        );
+        assert!(!why.trim().is_empty(), "a reason: {line:?}");
+        rows.push(ListedFunction {
+            id,
+            address: u64::from_str_radix(cols[1].trim_start_matches("0x"), 16)
+                .unwrap_or_else(|e| panic!("address of {line:?}: {e}")),
+            sleds: cols[2]
+                .parse()
+                .unwrap_or_else(|e| panic!("sleds of {line:?}: {e}")),
+            exit: cols[4].to_owned(),
+            name: cols[5..].join(" "),
+            why: why.to_owned(),
+        });
+    }
+    (headers, rows)
+}

@@ -23,28 +23,14 @@ use tests::tools::run_output;
 
 const ROUNDS: &str = "3000";
 
-/// `fdr-profiled list` of the fixture: per function name, (exit method, reason).
+/// `fdr-profiled list` of the fixture: its header, and per function name (exit method, reason).
 fn listed() -> (String, BTreeMap<String, (String, String)>) {
-    let out = run_output(
-        Command::new(tests::fdr_profiled())
-            .arg("list")
-            .arg(unwind_cases_fixture()),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = String::from_utf8(out.stdout).unwrap();
-    let header = out.lines().next().unwrap().to_owned();
-    let mut table = BTreeMap::new();
-    for line in out.lines().skip(2) {
-        let (row, why) = line.rsplit_once("  | ").expect("a reason");
-        let cols: Vec<&str> = row.split_whitespace().collect();
-        // id, address, sleds, kinds, exit, name
-        table.insert(cols[5..].join(" "), (cols[4].to_owned(), why.to_owned()));
-    }
-    (header, table)
+    let (headers, rows) = tests::tools::list(unwind_cases_fixture().as_os_str());
+    let table = rows
+        .into_iter()
+        .map(|f| (f.name, (f.exit, f.why)))
+        .collect();
+    (headers[0].clone(), table)
 }
 
 #[test]

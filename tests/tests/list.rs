@@ -4,40 +4,17 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-use tests::tools::run_output;
-use tests::{cpp_fixture, extract_sleds, fdr_profiled, rust_fixture};
+use tests::{cpp_fixture, extract_sleds, rust_fixture};
 
 /// (function address, sled count, name) per function id.
 type Table = BTreeMap<u32, (u64, usize, String)>;
 
 fn listed(target: &str) -> Table {
-    let out = run_output(Command::new(fdr_profiled()).arg("list").arg(target));
-    assert!(
-        out.status.success(),
-        "list {target}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = String::from_utf8(out.stdout).unwrap();
-    let mut table = Table::new();
-    for line in out.lines().skip(2) {
-        // id, address, sleds, kinds, exit method, then the name (which may contain spaces),
-        // then why the exit method.
-        let (line, why) = line
-            .rsplit_once("  | ")
-            .expect("a reason for the exit method");
-        assert!(!why.is_empty(), "{line}");
-        let mut cols = line.split_whitespace();
-        let id: u32 = cols.next().unwrap().parse().unwrap();
-        let address =
-            u64::from_str_radix(cols.next().unwrap().trim_start_matches("0x"), 16).unwrap();
-        let sleds: usize = cols.next().unwrap().parse().unwrap();
-        let _kinds = cols.next().unwrap();
-        let exit = cols.next().unwrap();
-        assert!(exit == "return" || exit == "sleds", "{line}");
-        let name = cols.collect::<Vec<_>>().join(" ");
-        table.insert(id, (address, sleds, name));
-    }
-    table
+    tests::tools::list(target.as_ref())
+        .1
+        .into_iter()
+        .map(|f| (f.id, (f.address, f.sleds, f.name)))
+        .collect()
 }
 
 fn reference(bin: &Path) -> Table {
