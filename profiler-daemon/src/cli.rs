@@ -55,4 +55,8 @@ pub enum Tool {
     /// Benchmark: time finding a running process's objects (`cargo xtask bench attach`).
     #[command(hide = true)]
     BenchRescan(crate::tools::bench_rescan::BenchRescanArgs),
+    /// Benchmark: how much of each file's code the per-function exit analysis proves safe for
+    /// a return probe, by rule (`cargo xtask bench unwinding`).
+    #[command(hide = true)]
+    BenchUnwinding(crate::tools::bench_unwinding::BenchUnwindingArgs),
 }

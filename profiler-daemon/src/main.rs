@@ -18,6 +18,7 @@ fn main() -> ExitCode {
         Some(Tool::Convert(args)) => profiler_daemon::tools::convert::run(args),
         Some(Tool::BenchAttach(args)) => profiler_daemon::tools::bench_attach::run(args),
         Some(Tool::BenchRescan(args)) => profiler_daemon::tools::bench_rescan::run(args),
+        Some(Tool::BenchUnwinding(args)) => profiler_daemon::tools::bench_unwinding::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -1,6 +1,7 @@
 //! Commands that work on binaries and recorded traces rather than recording.
 pub mod bench_attach;
 pub mod bench_rescan;
+pub mod bench_unwinding;
 pub mod convert;
 pub mod dump;
 pub mod list;

@@ -12,6 +12,7 @@ mod attach;
 mod calls;
 mod report;
 mod support;
+mod unwinding;
 
 use crate::{run, setup};
 use anyhow::{bail, Context as _, Result};
@@ -37,6 +38,10 @@ const SECTIONS: &[Section] = &[
     Section {
         name: "report",
         run: report::run,
+    },
+    Section {
+        name: "unwinding",
+        run: unwinding::run,
     },
 ];
 
