@@ -1,16 +1,19 @@
-//! The call benchmark's markdown section: the table of medians and ratios, the issue's target,
+//! The call benchmark's markdown section: the table of medians and ratios, the issues' targets,
 //! failed runs, and the commands of one round.
-use super::{command, Measured, CONFIGS, FLAGS, FUNCTION, TARGET_RATIO};
+use super::{
+    command, Binaries, Measured, Workload, CONFIGS, CPP_BPFTRACE, CPP_DEFAULTS, CPP_THROWS, FLAGS,
+    TARGET_CPP_VS_BPFTRACE, TARGET_RATIO,
+};
 use crate::bench::support::median;
 use crate::run;
 use std::fmt::Write as _;
 use std::path::Path;
 
-/// The markdown section: the table, the issue's target, how to reproduce.
+/// The markdown section: the table, the issues' targets, how to reproduce.
 pub fn render(
     rounds: usize,
     machine: &str,
-    bin: &Path,
+    bins: &Binaries,
     results: &[Vec<Result<Measured, String>>],
 ) -> String {
     let index = |name: &str| CONFIGS.iter().position(|c| c.name == name);
@@ -21,27 +24,46 @@ pub fn render(
             .map(|m| m.ns_per_call)
             .collect()
     };
-    // Per-round ratios to the floor, for rounds where both ran.
-    let ratios = |i: usize| -> Vec<f64> {
-        let Some(f) = CONFIGS[i].floor.and_then(index) else {
-            return Vec::new();
-        };
+    // Per-round ratios of configuration `i` to configuration `f`, for rounds where both ran.
+    let ratios_to = |i: usize, f: usize| -> Vec<f64> {
         results[i]
             .iter()
             .zip(&results[f])
             .filter_map(|(a, b)| Some(a.as_ref().ok()?.ns_per_call / b.as_ref().ok()?.ns_per_call))
             .collect()
     };
+    // Per-round ratios to the floor.
+    let ratios = |i: usize| -> Vec<f64> {
+        CONFIGS[i]
+            .floor
+            .and_then(index)
+            .map_or_else(Vec::new, |f| ratios_to(i, f))
+    };
+    let verdict = |ratios: &[f64], target: f64| match median(ratios) {
+        Some(r) if r <= target => format!("{r:.3}x: met"),
+        Some(r) => format!("{r:.3}x: NOT met"),
+        None => "not measured".to_owned(),
+    };
     let mut s = String::new();
     let _ = writeln!(s, "## Call overhead\n");
     let _ = writeln!(
         s,
-        "One thread calls `{FUNCTION}` (tests/fixtures/calls.c, `clang-19 {}`) in a tight loop and \
+        "One thread calls `{}` (tests/fixtures/calls.c, `clang-19 {flags}`) in a tight loop and \
          times the loop itself. {rounds} rounds; in each round every configuration runs once and a \
          ratio is taken against that round's floor (empty BPF programs on exactly the same probes: \
          `fdr-profiled --floor`); the table shows medians over rounds. bpftrace and uftrace are \
-         compared with the return-probe floor (bpftrace uses the same uprobe + uretprobe pair).\n",
-        FLAGS.join(" ")
+         compared with the return-probe floor (bpftrace uses the same uprobe + uretprobe pair).\n\n\
+         The `C++:` rows run a C++ workload (tests/fixtures/hot_leaf.cpp, `clang++-19 {flags}`): \
+         it first throws {CPP_THROWS} exceptions through two instrumented functions, each caught \
+         in `main`, then times a loop calling the leaf `{}`. Under fdr-profiled's defaults \
+         (`--exits auto`) each function's exits are decided on its own: a return probe where the \
+         machine code proves no exception can leave it (the leaf), exit sleds elsewhere. Its floor \
+         is a return probe on the leaf alone (`--functions {}`: the exceptions must not cross a \
+         return probe); every C++ run must still catch all {CPP_THROWS} exceptions.\n",
+        Workload::C.function(),
+        Workload::Cpp.function(),
+        Workload::Cpp.function(),
+        flags = FLAGS.join(" ")
     );
     let _ = writeln!(s, "{machine}\n");
     let _ = writeln!(s, "| configuration | calls per run | ns/call, median | min - max | ratio to floor, median of per-round ratios | events lost | rounds ok |");
@@ -76,12 +98,27 @@ pub fn render(
     let _ = writeln!(s, "\nTarget (issue 4): fdr-profiled at most {TARGET_RATIO:.2}x its floor in both exit modes.\n");
     for name in ["fdr-profiled --exits sleds", "fdr-profiled --exits return"] {
         if let Some(i) = index(name) {
-            let verdict = match median(&ratios(i)) {
-                Some(r) if r <= TARGET_RATIO => format!("{r:.3}x: met"),
-                Some(r) => format!("{r:.3}x: NOT met"),
-                None => "not measured".to_owned(),
-            };
-            let _ = writeln!(s, "- {name}: {verdict}");
+            let _ = writeln!(s, "- {name}: {}", verdict(&ratios(i), TARGET_RATIO));
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nTarget (issue 14): the C++ hot leaf under fdr-profiled's defaults at most \
+         {TARGET_CPP_VS_BPFTRACE:.2}x bpftrace's uprobe + uretprobe `count()` on it (median of \
+         per-round ratios), with the program's exceptions still caught.\n"
+    );
+    if let Some(i) = index(CPP_DEFAULTS) {
+        let to_floor = median(&ratios(i)).map_or("not measured".to_owned(), |r| format!("{r:.3}x"));
+        let _ = writeln!(
+            s,
+            "- {CPP_DEFAULTS}, ratio to its floor (return probe on the leaf alone): {to_floor}"
+        );
+        if let Some(b) = index(CPP_BPFTRACE) {
+            let _ = writeln!(
+                s,
+                "- {CPP_DEFAULTS}, ratio to {CPP_BPFTRACE}: {}",
+                verdict(&ratios_to(i, b), TARGET_CPP_VS_BPFTRACE)
+            );
         }
     }
     let failures: Vec<String> = CONFIGS
@@ -107,8 +144,12 @@ pub fn render(
             .join("release")
             .join("fdr-profiled"),
     );
+    let bins = Binaries {
+        c: shown(&bins.c),
+        cpp: shown(&bins.cpp),
+    };
     for c in CONFIGS {
-        let (program, args) = command(c, &shown(bin), &daemon, Path::new("WORK"));
+        let (program, args) = command(c, &bins, &daemon, Path::new("WORK"));
         let quoted: Vec<String> = args
             .iter()
             .map(|a| {
