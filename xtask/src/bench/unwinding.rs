@@ -85,7 +85,8 @@ pub fn run() -> Result<String> {
          code proves that no exception can leave it, and exit sleds (a single-stepped `ret`, 10 \
          to 30 µs) elsewhere. Share of all functions of each file (instrumented or not) by the \
          rule that decided; the first three columns get a return probe. Fixtures built with \
-         `clang++-19 {}`; `libstdc++` is GCC's C++ runtime (built with exceptions), \
+         `clang++-19 {}` (most of their functions are compiler-rt's XRay runtime, linked \
+         statically); `libstdc++` is GCC's C++ runtime (built with exceptions), \
          `libclang-cpp` is LLVM code (built without exceptions, but `operator new` can throw).\n",
         FLAGS.join(" ")
     );
@@ -136,8 +137,7 @@ pub fn run() -> Result<String> {
     );
     let _ = writeln!(
         s,
-        "Command: `cargo xtask bench unwinding` (this section), `cargo xtask bench` (all); it runs \
-         `target/release/fdr-profiled bench-unwinding FILE...`."
+        "Measured with `target/release/fdr-profiled bench-unwinding FILE...`."
     );
     Ok(s)
 }
