@@ -136,9 +136,9 @@ pub mod event_kind {
 /// Flags of [`EventHeader::flags`].
 pub mod event_flags {
     /// An entry whose exit will never be reported: the kernel keeps at most
-    /// [`super::MAX_RETURN_PROBE_DEPTH`] return probes pending per thread, so in return-probe
-    /// mode deeper frames get no return probe (the daemon closes the frame at the first event
-    /// that proves it gone, see `session::thread`).
+    /// [`super::MAX_RETURN_PROBE_DEPTH`] return probes pending per thread, so the frames of
+    /// return-probed functions deeper than that get none (the daemon closes the frame at the
+    /// first event that proves it gone, see `session::thread`).
     pub const NO_RETURN: u8 = 1;
     /// A custom/typed event whose payload could not be read from the program's memory (the
     /// payload bytes are absent).
@@ -234,19 +234,19 @@ pub struct ThreadState {
     pub lost: u64,
     /// Lost since the last written event (reported, then reset, by the next written event).
     pub gap_lost: u32,
-    /// Return-probe mode: frames with a pending return probe, as the kernel counts them
+    /// Return-probed functions only: frames with a pending return probe, as the kernel counts them
     /// (including frames a non-local exit left, until the kernel drops them too).
     pub returns_pending: u32,
-    /// Return-probe mode: entered frames beyond [`MAX_RETURN_PROBE_DEPTH`] (no return probe).
+    /// Return-probed functions only: entered frames beyond [`MAX_RETURN_PROBE_DEPTH`] (no return probe).
     pub beyond_return_depth: u32,
     /// 1 when the thread exited but its exit record found the buffer full: the daemon reads
     /// the state (its trailing losses) from the table and deletes it; a new thread reusing the
     /// id before that starts afresh, its predecessor's trailing losses counted unattributed.
     pub exited: u32,
-    /// Return-probe mode: bit `i` set when the frame with pending return probe `i` already left
+    /// Return-probed functions only: bit `i` set when the frame with pending return probe `i` already left
     /// by a tail call (its Tail_Exit was reported, so its return probe must stay silent).
     pub tail_exited: [u64; TAIL_BITS_WORDS],
-    /// Return-probe mode: the return-address slot of each frame with a pending return probe,
+    /// Return-probed functions only: the return-address slot of each frame with a pending return probe,
     /// outermost first. The kernel drops the instances of frames a non-local exit left (their
     /// slot is at or below the stack pointer) without running their handlers; the programs
     /// drop them at the same moments, so that the count and the tail bits stay the kernel's.

@@ -161,7 +161,7 @@ fn submit_flags(ring: *mut c_void, seq: u64) -> u64 {
     BPF_RB_NO_WAKEUP as u64
 }
 
-/// Return-probe mode: forgets the pending return probes of frames that are gone, as the kernel
+/// Return-probed functions: forgets the pending return probes of frames that are gone, as the kernel
 /// does before it hijacks a new frame (`AT_ENTRY`: slots at or below `slot` are dead, except
 /// the top one when a tail call chains the new frame to it) or when a return probe fires
 /// (slots below the returning frame's are dead). The tail bits of forgotten positions need no
