@@ -44,8 +44,10 @@ pub struct RecordArgs {
     /// How function exits are observed: `sleds` probes XRay's exit and tail sleds (exact, safe,
     /// but the kernel single-steps each `ret`: ~15x the cost of an entry probe); `return` uses
     /// return probes (cheap, but a C++ exception or Rust panic unwinding through a probed frame
-    /// kills the program); `auto` uses return probes only when no unwinding personality routine
-    /// exists anywhere in the traced image, exit sleds otherwise, and says which it chose.
+    /// kills the program); `auto` decides each function: return probes everywhere when no
+    /// unwinding personality routine exists in the traced image, else a return probe where the
+    /// function's machine code proves no exception can leave it and exit sleds elsewhere
+    /// (`fdr-profiled list BIN` shows which and why).
     #[arg(long, value_name = "MODE", value_enum, default_value_t = ExitMode::Auto)]
     pub exits: ExitMode,
 
