@@ -49,6 +49,9 @@ pub enum Tool {
     /// Convert a session to a Chrome/Perfetto trace, a speedscope profile, folded stacks or a
     /// flame graph SVG.
     Convert(crate::tools::convert::ConvertArgs),
+    /// The system service (not complete yet: only `--check-config` works).
+    #[command(hide = true)]
+    Service(crate::service::ServiceArgs),
     /// Benchmark: time attaching and detaching every probe of a binary (`cargo xtask bench attach`).
     #[command(hide = true)]
     BenchAttach(crate::tools::bench_attach::BenchAttachArgs),

@@ -17,12 +17,14 @@
 //!
 //! Reading a session back (replay, symbolization, reports, conversions) is the `fdr-analysis`
 //! crate, which needs no BPF. On top of both sit the commands: [`record`] (the default
-//! command) and [`tools`] (`list`, `dump`, `verify`, `report`, `convert`), and [`cli`], which
+//! command), [`service`] (the system service) and [`tools`] (`list`, `dump`, `verify`,
+//! `report`, `convert`), and [`cli`], which
 //! only parses the command line. ARCHITECTURE.md walks one event through these stages.
 pub mod cli;
 pub mod kernel;
 pub mod plan;
 pub mod record;
+pub mod service;
 pub mod session;
 pub mod tools;
 pub mod traced;

@@ -16,6 +16,7 @@ fn main() -> ExitCode {
         Some(Tool::Verify(args)) => profiler_daemon::tools::verify::run(args),
         Some(Tool::Report(args)) => profiler_daemon::tools::report::run(args),
         Some(Tool::Convert(args)) => profiler_daemon::tools::convert::run(args),
+        Some(Tool::Service(args)) => profiler_daemon::service::run(args),
         Some(Tool::BenchAttach(args)) => profiler_daemon::tools::bench_attach::run(args),
         Some(Tool::BenchRescan(args)) => profiler_daemon::tools::bench_rescan::run(args),
         Some(Tool::BenchUnwinding(args)) => profiler_daemon::tools::bench_unwinding::run(args),

@@ -16,6 +16,7 @@ const STAGES: &[(&str, u32)] = &[
     ("session", 4),
     ("record", 5),
     ("tools", 5),
+    ("service", 5),
     ("cli", 6),
 ];
 

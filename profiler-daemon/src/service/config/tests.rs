@@ -1,0 +1,162 @@
+use super::*;
+
+fn parse(text: &str) -> Result<ServiceConfig, ConfigError> {
+    ServiceConfig::parse(Path::new("/etc/fdr.toml"), text)
+}
+
+/// `(line, column, message)` of the error `text` gives.
+fn error(text: &str) -> (usize, usize, String) {
+    let e = parse(text).map(|_| ()).unwrap_err();
+    assert_eq!(e.file, Path::new("/etc/fdr.toml"));
+    (e.line, e.column, e.message)
+}
+
+const GOOD: &str = r#"
+output = "/tmp/fdr-service-test"
+max_disk = "2GiB"
+min_free = "5%"
+
+[[target]]
+binary = "/usr/bin/myserver"
+mode = "flight-recorder"
+window = "30s"
+functions = ["ns::*"]
+exits = "auto"
+
+[[target]]
+name = "workers"
+binary = "/opt/app/bin/worker-*"
+mode = "record"
+segment_size = "64MiB"
+segment_age = "10m"
+trigger_slower_than = "50ms"
+trigger_functions = ["re:^handle_"]
+fdr_version = 5
+args = 2
+"#;
+
+#[test]
+fn the_issue_example_is_read_with_its_values() {
+    let c = parse(GOOD).unwrap();
+    assert_eq!(c.output, Path::new("/tmp/fdr-service-test"));
+    assert_eq!(c.max_disk, 2 << 30);
+    assert_eq!(c.min_free, MinFree::Percent(5.0));
+    assert_eq!(c.targets.len(), 2);
+    let t = &c.targets[0];
+    assert_eq!(
+        (t.name.as_str(), t.mode, t.window, t.exits),
+        (
+            "myserver",
+            Mode::FlightRecorder,
+            Duration::from_secs(30),
+            ExitMode::Auto
+        )
+    );
+    assert_eq!(t.functions, ["ns::*"]);
+    let w = &c.targets[1];
+    assert_eq!((w.name.as_str(), w.mode), ("workers", Mode::Record));
+    assert_eq!(w.segment_bytes, 64 << 20);
+    assert_eq!(w.segment_age, Duration::from_secs(600));
+    assert_eq!(w.trigger_slower_than, Some(Duration::from_millis(50)));
+    assert_eq!((w.fdr_version, w.args), (FdrVersion::V5, 2));
+}
+
+#[test]
+fn an_unknown_key_is_refused_where_it_is() {
+    let text = "output = \"/tmp\"\n[[target]]\nbinary = \"/bin/x\"\nwindw = \"3s\"\n";
+    let (line, column, message) = error(text);
+    assert_eq!((line, column), (4, 1), "{message}");
+    assert!(message.contains("windw"), "{message}");
+}
+
+#[test]
+fn a_bad_glob_or_pattern_points_at_itself() {
+    let (line, column, message) = error("output = \"/tmp\"\n[[target]]\nbinary = \"/bin/[x\"\n");
+    assert_eq!((line, column), (3, 10), "{message}");
+    assert!(message.contains("bad glob"), "{message}");
+    let (line, column, message) = error(
+        "output = \"/tmp\"\n[[target]]\nbinary = \"/bin/x\"\nfunctions = [\"ok\", \"re:(\"]\n",
+    );
+    assert_eq!((line, column), (4, 20), "{message}");
+    assert!(message.contains("regex"), "{message}");
+}
+
+#[test]
+fn values_out_of_range_are_refused() {
+    for (bad, what) in [
+        ("window = \"soon\"", "not a duration"),
+        ("window = \"0s\"", "longer than 0"),
+        ("max_memory = \"lots\"", "not a size"),
+        ("exits = \"maybe\"", "exits must be"),
+        ("args = 7", "args must be between 0 and 6"),
+        ("fdr_version = 3", "fdr_version must be 1 or 5"),
+        ("mode = \"everything\"", "unknown variant"),
+        ("trigger_functions = [\"f\"]", "needs trigger_slower_than"),
+        ("name = \"../etc\"", "use 1 to 64 letters"),
+        ("binary2 = \"/x\"", "unknown field"),
+    ] {
+        let text = format!("output = \"/tmp\"\n[[target]]\nbinary = \"/bin/x\"\n{bad}\n");
+        let (line, _, message) = error(&text);
+        assert_eq!(line, 4, "{bad}: {message}");
+        assert!(message.contains(what), "{bad}: {message}");
+    }
+}
+
+#[test]
+fn the_whole_file_is_checked() {
+    let (_, _, message) = error("output = \"relative/dir\"\n[[target]]\nbinary = \"/bin/x\"\n");
+    assert!(message.contains("absolute"), "{message}");
+    let (line, _, message) = error("output = \"/tmp\"\n");
+    assert!(message.contains("no [[target]]"), "{line} {message}");
+    let (line, _, message) = error("output = \"/tmp\"\n[[target]]\nbinary = \"relative\"\n");
+    assert_eq!(line, 3, "{message}");
+    let (line, _, message) =
+        error("output = \"/tmp\"\n[[target]]\nbinary = \"/a/x\"\n[[target]]\nbinary = \"/b/x\"\n");
+    assert!(
+        message.contains("two targets are named \"x\""),
+        "{line} {message}"
+    );
+    let (_, _, message) =
+        error("output = \"/tmp\"\nmin_free = \"120%\"\n[[target]]\nbinary = \"/x\"\n");
+    assert!(message.contains("percentage"), "{message}");
+    let (line, column, message) = error("output = [\n");
+    assert!(line >= 1 && column >= 1, "{message}");
+}
+
+#[test]
+fn an_output_that_cannot_be_written_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let text = format!(
+        "output = \"{}/sub\"\n[[target]]\nbinary = \"/bin/x\"\n",
+        file.display()
+    );
+    let (line, column, message) = error(&text);
+    assert_eq!((line, column), (1, 10), "{message}");
+    assert!(message.contains("not a directory"), "{message}");
+    // A directory that does not exist yet under a writable one is fine: it is created.
+    let text = format!(
+        "output = \"{}/new/sessions\"\n[[target]]\nbinary = \"/bin/x\"\n",
+        dir.path().display()
+    );
+    parse(&text).unwrap();
+}
+
+#[test]
+fn errors_print_as_file_line_column() {
+    let e = ConfigError {
+        file: PathBuf::from("/etc/f.toml"),
+        line: 3,
+        column: 7,
+        message: "bad".into(),
+    };
+    assert_eq!(e.to_string(), "/etc/f.toml:3:7: bad");
+}
+
+#[test]
+fn line_and_column_count_characters() {
+    assert_eq!(line_column("a\nbé c", 6), (2, 4));
+    assert_eq!(line_column("abc", 99), (1, 4));
+    assert_eq!(line_column("é", 1), (1, 1));
+}

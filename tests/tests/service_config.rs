@@ -1,0 +1,60 @@
+//! `fdr-profiled service --check-config FILE`: a configuration the service would accept exits
+//! 0 and lists its targets; a bad one exits non-zero with one line naming file, line and column.
+use std::process::Command;
+use tests::tools::run_output;
+
+fn check(text: &str) -> (bool, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &path,
+        text.replace("@OUT@", &dir.path().join("out").display().to_string()),
+    )
+    .unwrap();
+    let out = run_output(
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--check-config"])
+            .arg(&path),
+    );
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).replace(&path.display().to_string(), "FILE"),
+        String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "FILE"),
+    )
+}
+
+#[test]
+fn a_good_configuration_is_accepted_and_listed() {
+    let (ok, stdout, stderr) = check(
+        "output = \"@OUT@\"\n[[target]]\nbinary = \"/usr/bin/myserver\"\nwindow = \"10s\"\n\
+         [[target]]\nname = \"batch\"\nbinary = \"/opt/*/batch\"\nmode = \"record\"\n",
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("FILE: ok: "), "{stdout}");
+    assert!(stdout.contains("2 targets"), "{stdout}");
+    assert!(stdout.contains("myserver: /usr/bin/myserver (flight recorder, window 10s)"));
+    assert!(stdout.contains("batch: /opt/*/batch (record)"), "{stdout}");
+}
+
+#[test]
+fn a_bad_configuration_is_refused_in_one_line_naming_where() {
+    for (text, want) in [
+        (
+            "output = \"@OUT@\"\n[[target]]\nbinary = \"/x\"\nwindw = \"3s\"\n",
+            "fdr-profiled: error: FILE:4:1: unknown field `windw`",
+        ),
+        (
+            "output = \"@OUT@\"\n[[target]]\nbinary = \"/bin/[x\"\n",
+            "fdr-profiled: error: FILE:3:10: bad glob",
+        ),
+        (
+            "output = \"/proc/version/out\"\n[[target]]\nbinary = \"/x\"\n",
+            "fdr-profiled: error: FILE:1:10: output /proc/version/out is not writable",
+        ),
+    ] {
+        let (ok, _, stderr) = check(text);
+        assert!(!ok, "accepted: {text}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with(want), "{stderr:?}, want {want:?}");
+    }
+}
