@@ -8,6 +8,7 @@
 //! Stage 4 of the pipeline: [`order`] puts each thread's events back in program order, this
 //! module writes them (through the `xray-fdr` crate) into the directory [`output`] creates
 //! safely, and [`summary`] is what the session reports at its end.
+pub mod flight;
 pub mod order;
 pub mod output;
 pub mod summary;
