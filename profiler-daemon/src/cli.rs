@@ -49,8 +49,8 @@ pub enum Tool {
     /// Convert a session to a Chrome/Perfetto trace, a speedscope profile, folded stacks or a
     /// flame graph SVG.
     Convert(crate::tools::convert::ConvertArgs),
-    /// The system service (not complete yet: only `--check-config` works).
-    #[command(hide = true)]
+    /// Run as a service tracing the programs a configuration file names (preview: flight
+    /// recorder mode, a snapshot of every target on SIGUSR1), or check such a file.
     Service(crate::service::ServiceArgs),
     /// Benchmark: time attaching and detaching every probe of a binary (`cargo xtask bench attach`).
     #[command(hide = true)]

@@ -43,7 +43,7 @@ pub fn packed_id(object_id: u32, function_id: u32) -> u32 {
 }
 
 /// Everything needed to trace one object.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct AttachPlan {
     /// The file, as an absolute path (uprobes attach to its inode). For a process given by
     /// pid this is `/proc/PID/exe` or a `/proc/PID/map_files` link.
@@ -152,7 +152,7 @@ impl AttachPlan {
 }
 
 /// Function names by XRay function id.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct FunctionNames(HashMap<u32, String>);
 
 impl FunctionNames {

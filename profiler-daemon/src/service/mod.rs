@@ -1,8 +1,10 @@
 //! `fdr-profiled service`: fdr-profiled as an always-on system service that traces the
-//! programs its configuration names. Built so far: the configuration ([`config`]) and
-//! `service --check-config FILE`, which validates a configuration the way the service will
-//! read it.
+//! programs its configuration names. Built so far: the configuration ([`config`]),
+//! `service --check-config FILE`, which validates a configuration the way the service reads
+//! it, and the flight recorder ([`runtime`]): every process of every target traced, the last
+//! `window` of each thread held in memory, a snapshot of every target on `SIGUSR1`.
 pub mod config;
+pub mod runtime;
 
 use anyhow::Result;
 use std::path::PathBuf;
@@ -10,15 +12,32 @@ use std::path::PathBuf;
 /// Options of `service`.
 #[derive(Debug, clap::Args)]
 pub struct ServiceArgs {
+    /// Run the service with this configuration until SIGTERM.
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "check_config",
+        conflicts_with = "check_config"
+    )]
+    pub config: Option<PathBuf>,
     /// Validate this configuration file and exit: 0 when the service would accept it, else one
     /// line naming the file, line and column of the first problem.
     #[arg(long, value_name = "FILE")]
-    pub check_config: PathBuf,
+    pub check_config: Option<PathBuf>,
 }
 
 /// Runs `service`.
 pub fn run(args: &ServiceArgs) -> Result<u8> {
-    let config = config::ServiceConfig::load(&args.check_config)?;
+    match (&args.config, &args.check_config) {
+        (Some(config), _) => runtime::run(config),
+        (None, Some(path)) => check(path),
+        (None, None) => anyhow::bail!("give --config FILE or --check-config FILE"),
+    }
+}
+
+/// `--check-config`: validates and lists the targets.
+fn check(path: &std::path::Path) -> Result<u8> {
+    let config = config::ServiceConfig::load(path)?;
     println!(
         "{}: ok: output {}, {} target{}",
         config.path.display(),

@@ -87,6 +87,8 @@ pub struct Session {
     unattributed_lost: u64,
     version: FdrVersion,
     exits: ExitsChoice,
+    /// For a flight-recorder snapshot: what the recorder held and let go of.
+    window: Option<flight::FlightStats>,
 }
 
 impl Session {
@@ -114,7 +116,13 @@ impl Session {
             unattributed_lost: 0,
             version,
             exits,
+            window: None,
         }
+    }
+
+    /// Marks the session as a flight-recorder snapshot: `stats` go into its manifest.
+    pub fn set_window(&mut self, stats: flight::FlightStats) {
+        self.window = Some(stats);
     }
 
     /// Records that `plan`'s object was probed with `probes` probes, `attached_ns`
@@ -252,6 +260,7 @@ impl Session {
             exits: self.exits.mode.to_owned(),
             exits_reason: self.exits.reason.clone(),
             exit_methods: self.exit_methods(),
+            window: self.window,
             events: self.events,
             events_lost: 0,
             events_lost_unattributed: self.unattributed_lost + losses.unattributed_lost,

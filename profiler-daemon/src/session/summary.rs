@@ -224,6 +224,9 @@ pub struct SessionReport {
     pub exits_reason: String,
     /// Functions and calls by exit method.
     pub exit_methods: ExitMethods,
+    /// A flight-recorder snapshot: the window and what the recorder held and let go of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<crate::session::flight::FlightStats>,
     /// Events received from the kernel.
     pub events: u64,
     /// Events the kernel could not deliver (ring buffer full), in total: the threads' counts

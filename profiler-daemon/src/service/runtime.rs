@@ -1,0 +1,364 @@
+//! The running service: every configured target attached (every process that runs its binary,
+//! now or later), each target's events held by a flight recorder, and a snapshot of every
+//! target written on `SIGUSR1`.
+//!
+//! One eBPF tracer serves all targets. Every target's executable is XRay object 0 in its
+//! files, so the probes of each binary carry a tag of their own in the top bits of the
+//! function id (1 to 255): an event says which binary it comes from, even when its process has
+//! exited by the time the event is read, and the tag is taken off before it is held. A thread's
+//! end and its catches carry no function id: they go where the thread's last event went. A
+//! target whose pattern matches several binaries keeps one recorder per binary, and its
+//! snapshots one directory per binary.
+use crate::kernel::bpf::{LoadOptions, Scope, Tracer};
+use crate::kernel::intake::{Event, Intake};
+use crate::plan::exits::{self, ExitsChoice};
+use crate::plan::select::FunctionFilter;
+use crate::plan::AttachPlan;
+use crate::service::config::{Mode, ServiceConfig, TargetConfig};
+use crate::session::flight::FlightRecorder;
+use crate::session::order::{Gap, Sequencer};
+use crate::session::output::OutputDir;
+use crate::session::{Executable, IntakeLosses, Session};
+use anyhow::{bail, Context as _, Result};
+use fdr_analysis::symbolize::Symbolizer;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How often the ring buffers are drained (as a recording does).
+const DRAIN_INTERVAL: Duration = Duration::from_millis(10);
+/// How often every thread's window is aged, not only the threads that run.
+const EXPIRE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// One configured target, attached.
+struct Target {
+    config: TargetConfig,
+    /// The binaries its pattern matched.
+    binaries: Vec<Watched>,
+}
+
+/// One binary of a target, attached.
+struct Watched {
+    /// The plan its probes came from (for the snapshots' manifests), the probes placed, and
+    /// when they were in place.
+    plan: AttachPlan,
+    probes: usize,
+    attached_ns: u64,
+    /// The tag in its probes' function ids.
+    tag: u32,
+    exits: ExitsChoice,
+    recorder: FlightRecorder,
+}
+
+/// Runs the service until SIGTERM or SIGINT.
+pub fn run(config_path: &Path) -> Result<u8> {
+    let config = ServiceConfig::load(config_path)?;
+    if let Some(t) = config.targets.iter().find(|t| t.mode == Mode::Record) {
+        bail!(
+            "{}: target {}: mode \"record\" is not supported yet; use \"flight-recorder\"",
+            config.path.display(),
+            t.name
+        );
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
+    }
+    let mut tracer = Tracer::load(LoadOptions {
+        ring_bytes: profiler_common::DEFAULT_RING_BYTES,
+        nargs: config.targets.iter().map(|t| t.args).max().unwrap_or(1),
+        max_event_bytes: config
+            .targets
+            .iter()
+            .map(|t| t.max_event_bytes)
+            .max()
+            .unwrap_or(0),
+        floor: false,
+        ablate: 0,
+        perf_events_only: false,
+    })?;
+    let mut targets = Vec::new();
+    let mut tags = 0;
+    for t in &config.targets {
+        targets.push(attach_target(&mut tracer, t, &mut tags)?);
+    }
+    if targets.iter().all(|t| t.binaries.is_empty()) {
+        bail!("no target's binary exists: nothing to trace");
+    }
+    tracer.set_armed(true)?;
+    eprintln!(
+        "fdr-profiled: service: ready: {} target{}, output {}",
+        targets.len(),
+        if targets.len() == 1 { "" } else { "s" },
+        config.output.display()
+    );
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+    let rings = tracer.take_rings();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the event loop")?;
+    let result = runtime.block_on(async {
+        let intake = Intake::new(rings)?;
+        serve(&config, &mut targets, intake).await
+    });
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    if let Err(err) = tracer.set_armed(false) {
+        eprintln!("fdr-profiled: warning: {err:#}");
+    }
+    drop(tracer);
+    result.map(|()| 0)
+}
+
+/// Bits of a probe's function id that hold its binary's tag.
+const TAG_SHIFT: u32 = 24;
+/// Most binaries the service traces at once (tags 1 to 255).
+const MAX_TAGS: u32 = 255;
+
+/// Plans and attaches every binary `config`'s pattern matches now; `tags` counts the tags
+/// given so far.
+fn attach_target(tracer: &mut Tracer, config: &TargetConfig, tags: &mut u32) -> Result<Target> {
+    let filter = FunctionFilter::new(&config.functions, &config.exclude)?;
+    let mut binaries = Vec::new();
+    for path in matching_files(&config.binary) {
+        let mut plan = AttachPlan::for_binary(&path)
+            .with_context(|| format!("target {}: {}", config.name, path.display()))?;
+        if filter.retain(&mut plan) == 0 {
+            eprintln!(
+                "fdr-profiled: warning: target {}: {}: no function selected",
+                config.name,
+                path.display()
+            );
+            continue;
+        }
+        if *tags == MAX_TAGS {
+            bail!("more than {MAX_TAGS} binaries to trace");
+        }
+        *tags += 1;
+        let (policy, choice) = exits::choose(config.exits, &exits::static_image(&plan.binary));
+        exits::decide(&mut plan, policy);
+        let mut tagged = plan.clone();
+        for probe in &mut tagged.probes {
+            probe.cookie.function_id |= *tags << TAG_SHIFT;
+        }
+        let probes = tracer.attach(&tagged, Scope::AllProcesses)?;
+        for point in crate::plan::catches::catch_points(&plan.binary) {
+            if let Err(err) =
+                tracer.attach_catch(&plan.binary, point.file_offset, Scope::AllProcesses)
+            {
+                eprintln!(
+                    "fdr-profiled: warning: {}: catches not probed ({err:#})",
+                    plan.binary.display()
+                );
+            }
+        }
+        eprintln!(
+            "fdr-profiled: service: target {}: attached {probes} probes to {} functions in {}",
+            config.name, plan.functions, plan.display_path
+        );
+        binaries.push(Watched {
+            plan,
+            probes,
+            attached_ns: crate::session::monotonic_ns(),
+            tag: *tags,
+            exits: choice,
+            recorder: FlightRecorder::new(config.window, config.max_memory),
+        });
+    }
+    if binaries.is_empty() {
+        eprintln!(
+            "fdr-profiled: warning: target {}: no instrumented file matches {}",
+            config.name, config.binary
+        );
+    }
+    Ok(Target {
+        config: config.clone(),
+        binaries,
+    })
+}
+
+/// The regular files a target's pattern names: the path itself, or every match of a glob.
+fn matching_files(pattern: &str) -> Vec<PathBuf> {
+    let is_glob = pattern.contains(['*', '?', '[', '{']);
+    if !is_glob {
+        return vec![PathBuf::from(pattern)]
+            .into_iter()
+            .filter(|p| p.is_file())
+            .collect();
+    }
+    let Ok(glob) = globset::Glob::new(pattern) else {
+        return Vec::new();
+    };
+    let matcher = glob.compile_matcher();
+    // Walk from the longest directory prefix without a wildcard, a few levels deep.
+    let fixed: PathBuf = Path::new(pattern)
+        .components()
+        .take_while(|c| {
+            !c.as_os_str()
+                .to_string_lossy()
+                .contains(['*', '?', '[', '{'])
+        })
+        .collect();
+    let mut found = Vec::new();
+    let mut dirs = vec![(fixed, 0)];
+    while let Some((dir, depth)) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() && depth < 8 {
+                dirs.push((path.clone(), depth + 1));
+            }
+            if kind.is_file() && matcher.is_match(&path) {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The event loop: drain, route to the targets' recorders, snapshot on SIGUSR1.
+async fn serve(config: &ServiceConfig, targets: &mut [Target], mut intake: Intake) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigusr1 =
+        signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;
+    let mut drain = tokio::time::interval(DRAIN_INTERVAL);
+    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut expire = tokio::time::interval(EXPIRE_INTERVAL);
+    let mut order = Sequencer::default();
+    let mut router = Router::new(targets);
+    loop {
+        tokio::select! {
+            _ = drain.tick() => {
+                intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+            }
+            woken = intake.wakeup() => {
+                woken?;
+                intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+            }
+            _ = expire.tick() => {
+                for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+                    w.recorder.expire();
+                }
+            }
+            _ = sigusr1.recv() => {
+                intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+                for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+                    w.recorder.expire();
+                }
+                snapshot_all(config, targets, "sigusr1");
+            }
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+        }
+    }
+    Ok(())
+}
+
+/// Where each event goes.
+#[derive(Default)]
+struct Router {
+    /// By tag: the (target, binary) it marks.
+    of_tag: HashMap<u32, (usize, usize)>,
+    /// By thread: where its last function event went, and its pid.
+    of_tid: HashMap<u32, (usize, usize, u32)>,
+    /// Events of no known binary (never expected).
+    unrouted: u64,
+}
+
+impl Router {
+    fn new(targets: &[Target]) -> Router {
+        let mut router = Router::default();
+        for (t, target) in targets.iter().enumerate() {
+            for (b, w) in target.binaries.iter().enumerate() {
+                router.of_tag.insert(w.tag, (t, b));
+            }
+        }
+        router
+    }
+
+    fn route(&mut self, targets: &mut [Target], mut event: Event, gap: Option<Gap>) {
+        let h = &mut event.header;
+        let function_event = profiler_common::SledKind::from_u8(h.kind).is_some();
+        let (t, b) = if function_event {
+            let Some(&(t, b)) = self.of_tag.get(&(h.function_id >> TAG_SHIFT)) else {
+                self.unrouted += 1;
+                return;
+            };
+            h.function_id &= (1 << TAG_SHIFT) - 1;
+            self.of_tid.insert(h.tid, (t, b, h.pid));
+            (t, b)
+        } else {
+            let Some(&(t, b, pid)) = self.of_tid.get(&h.tid) else {
+                self.unrouted += 1;
+                return;
+            };
+            if h.pid == 0 {
+                h.pid = pid;
+            }
+            if h.kind == profiler_common::event_kind::THREAD_EXIT {
+                self.of_tid.remove(&h.tid);
+            }
+            (t, b)
+        };
+        targets[t].binaries[b].recorder.push(&event, gap);
+    }
+}
+
+/// Writes a snapshot of every target, saying where.
+fn snapshot_all(config: &ServiceConfig, targets: &[Target], trigger: &str) {
+    let stamp = humantime::format_rfc3339_millis(std::time::SystemTime::now())
+        .to_string()
+        .replace([':', '-'], "");
+    for target in targets {
+        let several = target.binaries.len() > 1;
+        for w in &target.binaries {
+            let mut name = format!("{stamp}-{trigger}");
+            if several {
+                name = format!("{name}-{}", w.plan.exe_name);
+            }
+            let dir = config.output.join(&target.config.name).join(name);
+            match snapshot(&dir, target, w) {
+                Ok(()) => eprintln!(
+                    "fdr-profiled: service: target {}: snapshot {}",
+                    target.config.name,
+                    dir.display()
+                ),
+                Err(err) => eprintln!(
+                    "fdr-profiled: error: target {}: snapshot {} failed: {err:#}",
+                    target.config.name,
+                    dir.display()
+                ),
+            }
+        }
+    }
+}
+
+/// Writes one binary's window as a session into `dir` (created; must not exist or be empty).
+fn snapshot(dir: &Path, target: &Target, w: &Watched) -> Result<()> {
+    let out = OutputDir::create_root(dir)?;
+    let executable = Executable {
+        name: w.plan.exe_name.clone(),
+        path: w.plan.display_path.clone(),
+        deleted: false,
+    };
+    let mut session = Session::new(out, executable, target.config.fdr_version, w.exits.clone());
+    session.add_object(w.plan.clone(), w.probes, w.attached_ns);
+    w.recorder.replay(|event, gap| session.record(event, gap));
+    session.set_window(w.recorder.stats());
+    session.finish(IntakeLosses::default())?;
+    if let Err(err) = fdr_analysis::outputs::write_report(dir, &Symbolizer::default()) {
+        eprintln!(
+            "fdr-profiled: warning: {}: no report: {err:#}",
+            dir.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! `fdr-profiled service --config FILE` in flight-recorder mode, with real BPF and real
+//! processes: every process that runs the target's binary is traced from its first call; the
+//! last `window` of every thread is held in memory; `SIGUSR1` writes it as a session.
+//!
+//! One process runs, then, after more than the window, a second one with two threads; the
+//! snapshot taken then holds exactly the second one: per thread and function, entries and exits
+//! equal what it counted, llvm-xray 14 and 19 read every file, and `session.json` says that
+//! exactly the first process's events aged out.
+//!
+//! Needs root, BPF, llvm-xray 14/19, clang-19 and a built daemon.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tests::counts::{expected_calls, parse_count_lines};
+use tests::fixtures::private_copy;
+use tests::fixtures::workloads::{calls_fixture, CALLS_FUNCTIONS};
+use tests::run::Running;
+use tests::tools::run_output;
+use tests::trace::{assert_process_calls, check_trace_dir, MainCall, ProcessExpectation};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The snapshot directories under `OUTPUT/<target>/`.
+fn snapshots(output: &Path, target: &str) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(output.join(target))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn a_snapshot_holds_the_last_window_of_every_process_of_the_target() {
+    let scratch = tests::scratch_dir("service-flight");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"calls\"\nbinary = \"{}\"\nwindow = \"2s\"\n",
+            output.display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let mut service = Running::spawn(
+        "fdr-profiled service",
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--config"])
+            .arg(&config),
+    );
+    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+
+    // The first process: its events age out of the 2 s window before the snapshot.
+    let first = run_output(Command::new(&bin).args(["--iterations", "1000"]));
+    assert!(first.status.success());
+    std::thread::sleep(Duration::from_millis(2_600));
+    // The second: two threads, all within the window.
+    let second = Running::spawn(
+        "calls",
+        Command::new(&bin).args(["--threads", "2", "--iterations", "700"]),
+    );
+    let second_pid = second.pid();
+    let second = second.finish(TIMEOUT);
+    assert!(second.status.success(), "{}", second.stderr);
+    // Its events are read within a drain period or two.
+    std::thread::sleep(Duration::from_millis(300));
+    service.signal(libc::SIGUSR1);
+    service.wait_for_stderr_line("fdr-profiled: service: target calls: snapshot ", TIMEOUT);
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+
+    let dirs = snapshots(&output, "calls");
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let name = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.ends_with("Z-sigusr1"), "{name}");
+    let trace = check_trace_dir(&dirs[0], &bin);
+    assert_eq!(
+        trace.pids().into_iter().collect::<Vec<_>>(),
+        vec![second_pid],
+        "only the second process is in the window"
+    );
+    let calls = expected_calls(&parse_count_lines(&second.stdout));
+    assert_process_calls(
+        &trace,
+        &ProcessExpectation {
+            pid: second_pid,
+            calls: &calls,
+            known: CALLS_FUNCTIONS,
+            main_fn: "main",
+            main: MainCall::Traced,
+            only_known: true,
+        },
+    );
+    tests::assert_every_event_accounted(&trace.session);
+    // The first process's events all aged out: main, cx_loop, 1000 calls of cx_tiny and
+    // cx_report (entry and exit each), and its thread's end.
+    let window = &trace.session.json["window"];
+    assert_eq!(window["window_ns"], 2_000_000_000u64, "{window}");
+    assert_eq!(window["expired"], 2 * 1003 + 1, "{window}");
+    assert_eq!(window["evicted"], 0, "{window}");
+    assert!(dirs[0].join("report.txt").is_file());
+}
+
+#[test]
+fn a_bad_configuration_refuses_to_start() {
+    let scratch = tests::scratch_dir("service-bad-config");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        "output = \"/tmp\"\n[[target]]\nbinary = \"/bin/x\"\nwindow = \"soon\"\n",
+    )
+    .unwrap();
+    let out = run_output(
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--config"])
+            .arg(&config),
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "fdr-profiled: error: {}:4:10: \"soon\" is not a duration",
+            config.display()
+        )),
+        "{stderr}"
+    );
+}
