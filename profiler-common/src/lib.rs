@@ -125,7 +125,9 @@ impl Cookie {
 /// [`SledKind`]s (the sled that fired; EXIT also for a return probe); the rest are not sleds.
 pub mod event_kind {
     /// The thread exited; `seq` is the number of events it produced in all, and the gap fields
-    /// describe events lost at its very end. Written by the `sched_process_exit` program.
+    /// describe events lost at its very end. Written by the `sched_process_exit` program. With
+    /// [`super::event_flags::EXIT_CODE`], `function_id` holds the task's `exit_code` as
+    /// `wait(2)` would report it (a fatal signal in the low 7 bits, an exit status above).
     pub const THREAD_EXIT: u8 = 16;
     /// An exception was caught: the thread entered the C++ runtime's `__cxa_begin_catch`, which
     /// every catch handler calls first. Every traced frame whose return-address slot is at or
@@ -143,6 +145,9 @@ pub mod event_flags {
     /// A custom/typed event whose payload could not be read from the program's memory (the
     /// payload bytes are absent).
     pub const UNREADABLE: u8 = 2;
+    /// A thread's end whose `function_id` holds its exit code (see
+    /// [`super::event_kind::THREAD_EXIT`]).
+    pub const EXIT_CODE: u8 = 4;
 }
 
 /// The fixed part of every record the eBPF programs write into the per-CPU ring buffers.
@@ -340,6 +345,9 @@ pub mod globals {
     pub const MAX_EVENT_BYTES: &str = "CFG_MAX_EVENT_BYTES";
     /// u64: bytes waiting in a ring buffer above which a write wakes the reader.
     pub const WAKEUP_BYTES: &str = "CFG_WAKEUP_BYTES";
+    /// u32: byte offset of `exit_code` in the kernel's `struct task_struct` (from its BTF);
+    /// 0 when unknown, and then a thread's end carries no exit code.
+    pub const EXIT_CODE_OFFSET: &str = "CFG_EXIT_CODE_OFFSET";
 }
 
 #[cfg(test)]

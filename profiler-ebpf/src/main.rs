@@ -24,9 +24,9 @@ use aya_ebpf::{
     },
     btf_maps::{ArrayOfMaps, RingBuf},
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
-        bpf_ktime_get_ns, bpf_ringbuf_output, bpf_ringbuf_query, bpf_ringbuf_reserve,
-        bpf_ringbuf_submit, generated::bpf_probe_read_user,
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_ringbuf_output,
+        bpf_ringbuf_query, bpf_ringbuf_reserve, bpf_ringbuf_submit, generated::bpf_probe_read_user,
     },
     macros::{btf_map, map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray},
@@ -77,6 +77,10 @@ static CFG_NARGS: u32 = 1;
 static CFG_MAX_EVENT_BYTES: u32 = 4096;
 #[unsafe(no_mangle)]
 static CFG_WAKEUP_BYTES: u64 = 4 << 20;
+/// Offset of `exit_code` in `struct task_struct`, found by the daemon in the kernel's BTF; 0
+/// when unknown.
+#[unsafe(no_mangle)]
+static CFG_EXIT_CODE_OFFSET: u32 = 0;
 /// Benchmark only (`profiler_common::ablate`): parts of the work to skip, to measure what
 /// each costs. Zero in every real session.
 #[unsafe(no_mangle)]
@@ -442,7 +446,20 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
         regs: [0; 3],
         flags: 0,
     };
-    let h = header(state, pid_tgid, &cookie, cpu, 0);
+    let mut h = header(state, pid_tgid, &cookie, cpu, 0);
+    // The exit code is set before this tracepoint fires (do_exit): how the thread died.
+    let offset = setting(&CFG_EXIT_CODE_OFFSET);
+    if offset != 0 && offset < 65536 {
+        // SAFETY: plain helper calls; the read is checked by the helper.
+        let code = unsafe {
+            let task = bpf_get_current_task() as *const u8;
+            bpf_probe_read_kernel(task.add(offset as usize) as *const u32)
+        };
+        if let Ok(code) = code {
+            h.function_id = code;
+            h.flags |= event_flags::EXIT_CODE;
+        }
+    }
     let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));
     if written {
         let _ = THREADS.remove(&tid);

@@ -7,6 +7,9 @@
 //! equal what it counted, llvm-xray 14 and 19 read every file, and `session.json` says that
 //! exactly the first process's events aged out.
 //!
+//! A process that dies of SIGSEGV gets a snapshot of its own, named after the signal and the
+//! process, whose trace ends with its last calls: the faulting function's entry.
+//!
 //! Needs root, BPF, llvm-xray 14/19, clang-19 and a built daemon.
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 use tests::counts::{expected_calls, parse_count_lines};
 use tests::fixtures::private_copy;
-use tests::fixtures::workloads::{calls_fixture, CALLS_FUNCTIONS};
+use tests::fixtures::workloads::{calls_fixture, crash_fixture, CALLS_FUNCTIONS};
 use tests::run::Running;
 use tests::tools::run_output;
 use tests::trace::{assert_process_calls, check_trace_dir, MainCall, ProcessExpectation};
@@ -30,16 +33,15 @@ fn snapshots(output: &Path, target: &str) -> Vec<PathBuf> {
     dirs
 }
 
-#[test]
-fn a_snapshot_holds_the_last_window_of_every_process_of_the_target() {
-    let scratch = tests::scratch_dir("service-flight");
-    let bin = private_copy(&calls_fixture(), scratch.path());
-    let output = scratch.path().join("out");
-    let config = scratch.path().join("fdr-profiled.toml");
+/// Starts the service on one target, `name`, tracing `bin` with `window`; returns it ready,
+/// and the output root.
+fn start_service(scratch: &Path, name: &str, bin: &Path, window: &str) -> (Running, PathBuf) {
+    let output = scratch.join("out");
+    let config = scratch.join("fdr-profiled.toml");
     std::fs::write(
         &config,
         format!(
-            "output = \"{}\"\n[[target]]\nname = \"calls\"\nbinary = \"{}\"\nwindow = \"2s\"\n",
+            "output = \"{}\"\n[[target]]\nname = \"{name}\"\nbinary = \"{}\"\nwindow = \"{window}\"\n",
             output.display(),
             bin.display()
         ),
@@ -52,6 +54,14 @@ fn a_snapshot_holds_the_last_window_of_every_process_of_the_target() {
             .arg(&config),
     );
     service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    (service, output)
+}
+
+#[test]
+fn a_snapshot_holds_the_last_window_of_every_process_of_the_target() {
+    let scratch = tests::scratch_dir("service-flight");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let (mut service, output) = start_service(scratch.path(), "calls", &bin, "2s");
 
     // The first process: its events age out of the 2 s window before the snapshot.
     let first = run_output(Command::new(&bin).args(["--iterations", "1000"]));
@@ -103,6 +113,57 @@ fn a_snapshot_holds_the_last_window_of_every_process_of_the_target() {
     assert_eq!(window["expired"], 2 * 1003 + 1, "{window}");
     assert_eq!(window["evicted"], 0, "{window}");
     assert!(dirs[0].join("report.txt").is_file());
+}
+
+#[test]
+fn a_process_dying_of_a_signal_gets_a_snapshot_ending_with_its_last_calls() {
+    let scratch = tests::scratch_dir("service-crash");
+    let bin = private_copy(&crash_fixture(), scratch.path());
+    let (mut service, output) = start_service(scratch.path(), "crash", &bin, "30s");
+    let crashed = Running::spawn("crash", Command::new(&bin).args(["--iterations", "300"]));
+    let pid = crashed.pid();
+    let crashed = crashed.finish(TIMEOUT);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&crashed.status),
+        Some(libc::SIGSEGV),
+        "{:?}",
+        crashed.status
+    );
+    service.wait_for_stderr_line(
+        &format!("fdr-profiled: service: target crash: process {pid} died of SIGSEGV"),
+        TIMEOUT,
+    );
+    service.wait_for_stderr_line("fdr-profiled: service: target crash: snapshot ", TIMEOUT);
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+
+    let dirs = snapshots(&output, "crash");
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let name = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.ends_with(&format!("Z-sigsegv-{pid}")), "{name}");
+    let trace = check_trace_dir(&dirs[0], &bin);
+    let thread = trace.thread(pid, pid).expect("the crashed thread's file");
+    let calls = thread.calls();
+    let work = calls.get("cr_work").copied().unwrap_or_default();
+    assert_eq!((work.entries(), work.exits()), (300, 300));
+    let fault = calls.get("cr_fault").copied().unwrap_or_default();
+    assert_eq!(
+        (fault.entries(), fault.exits()),
+        (1, 0),
+        "it died inside cr_fault"
+    );
+    let last = thread
+        .records
+        .iter()
+        .rev()
+        .find(|r| r.kind.is_function())
+        .expect("function records");
+    assert_eq!(
+        (last.function.as_str(), last.kind.is_entry()),
+        ("cr_fault", true),
+        "the trace ends with the faulting call"
+    );
 }
 
 #[test]

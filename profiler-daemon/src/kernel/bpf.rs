@@ -86,10 +86,12 @@ impl Tracer {
         // Wake the reader when a buffer is half full: the 10 ms timer keeps up with ordinary
         // rates, this covers bursts.
         let wakeup = u64::from(ring_bytes / 2);
+        let exit_code_offset = crate::kernel::btf::task_exit_code_offset().unwrap_or(0);
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::NARGS, &nargs, true)
             .override_global(globals::MAX_EVENT_BYTES, &options.max_event_bytes, true)
             .override_global(globals::WAKEUP_BYTES, &wakeup, true)
+            .override_global(globals::EXIT_CODE_OFFSET, &exit_code_offset, true)
             .override_global(globals::ABLATE, &options.ablate, true)
             .map_max_entries(RINGS_MAP, cpus)
             .load(EBPF_OBJECT)

@@ -1,9 +1,11 @@
 //! Stage 3, the kernel side: the eBPF programs (crate `profiler-ebpf`) loaded with their
 //! per-CPU ring buffers and attached where an [`crate::plan::AttachPlan`] says ([`bpf`], with
 //! [`uprobe_multi`] placing one link per program and file, [`rlimit`] making room for the
-//! descriptors the fallback needs), and the events drained from the buffers ([`intake`]).
+//! descriptors the fallback needs, [`btf`] reading the kernel's own type layout), and the
+//! events drained from the buffers ([`intake`]).
 //! This is the only stage that makes BPF system calls.
 pub mod bpf;
+pub mod btf;
 pub mod intake;
 pub mod rlimit;
 pub mod uprobe_multi;

@@ -238,6 +238,9 @@ async fn serve(config: &ServiceConfig, targets: &mut [Target], mut intake: Intak
         tokio::select! {
             _ = drain.tick() => {
                 intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+                for crash in router.crashes_due() {
+                    snapshot_crash(config, targets, &crash);
+                }
             }
             woken = intake.wakeup() => {
                 woken?;
@@ -271,7 +274,39 @@ struct Router {
     of_tid: HashMap<u32, (usize, usize, u32)>,
     /// Events of no known binary (never expected).
     unrouted: u64,
+    /// Processes that died of a signal, waiting for their other threads' ends before their
+    /// snapshot is written.
+    crashes: Vec<Crash>,
+    /// Processes whose crash was seen (each gets one snapshot).
+    crashed: std::collections::HashSet<u32>,
 }
+
+/// A traced process that died of a signal.
+#[derive(Clone, Debug)]
+struct Crash {
+    target: usize,
+    binary: usize,
+    pid: u32,
+    signal: u32,
+    seen: std::time::Instant,
+}
+
+/// Signals whose deaths trigger a snapshot: faults, aborts, and SIGKILL (the OOM killer's).
+/// SIGTERM and SIGINT are how services are stopped, not crashes.
+const CRASH_SIGNALS: &[(u32, &str)] = &[
+    (4, "sigill"),
+    (5, "sigtrap"),
+    (6, "sigabrt"),
+    (7, "sigbus"),
+    (8, "sigfpe"),
+    (9, "sigkill"),
+    (11, "sigsegv"),
+    (31, "sigsys"),
+];
+
+/// How long after a crash's first thread end its snapshot waits for the process's other
+/// threads' last events (they die together, but their events may sit in other CPUs' buffers).
+const CRASH_SETTLE: Duration = Duration::from_millis(100);
 
 impl Router {
     fn new(targets: &[Target]) -> Router {
@@ -282,6 +317,16 @@ impl Router {
             }
         }
         router
+    }
+
+    /// The crashes whose snapshot is due.
+    fn crashes_due(&mut self) -> Vec<Crash> {
+        let (due, wait) = self
+            .crashes
+            .drain(..)
+            .partition(|c| c.seen.elapsed() >= CRASH_SETTLE);
+        self.crashes = wait;
+        due
     }
 
     fn route(&mut self, targets: &mut [Target], mut event: Event, gap: Option<Gap>) {
@@ -305,6 +350,19 @@ impl Router {
             }
             if h.kind == profiler_common::event_kind::THREAD_EXIT {
                 self.of_tid.remove(&h.tid);
+                let signal = h.function_id & 0x7f;
+                if h.flags & profiler_common::event_flags::EXIT_CODE != 0
+                    && CRASH_SIGNALS.iter().any(|(s, _)| *s == signal)
+                    && self.crashed.insert(h.pid)
+                {
+                    self.crashes.push(Crash {
+                        target: t,
+                        binary: b,
+                        pid: h.pid,
+                        signal,
+                        seen: std::time::Instant::now(),
+                    });
+                }
             }
             (t, b)
         };
@@ -314,30 +372,70 @@ impl Router {
 
 /// Writes a snapshot of every target, saying where.
 fn snapshot_all(config: &ServiceConfig, targets: &[Target], trigger: &str) {
-    let stamp = humantime::format_rfc3339_millis(std::time::SystemTime::now())
-        .to_string()
-        .replace([':', '-'], "");
+    let stamp = utc_stamp();
     for target in targets {
-        let several = target.binaries.len() > 1;
         for w in &target.binaries {
-            let mut name = format!("{stamp}-{trigger}");
-            if several {
-                name = format!("{name}-{}", w.plan.exe_name);
-            }
-            let dir = config.output.join(&target.config.name).join(name);
-            match snapshot(&dir, target, w) {
-                Ok(()) => eprintln!(
-                    "fdr-profiled: service: target {}: snapshot {}",
-                    target.config.name,
-                    dir.display()
-                ),
-                Err(err) => eprintln!(
-                    "fdr-profiled: error: target {}: snapshot {} failed: {err:#}",
-                    target.config.name,
-                    dir.display()
-                ),
-            }
+            snapshot_binary(config, target, w, &stamp, trigger);
         }
+    }
+}
+
+/// Writes the snapshot of the binary whose process died of a signal; the trigger names the
+/// signal and the process.
+fn snapshot_crash(config: &ServiceConfig, targets: &mut [Target], crash: &Crash) {
+    let target = &mut targets[crash.target];
+    target.binaries[crash.binary].recorder.expire();
+    let name = CRASH_SIGNALS
+        .iter()
+        .find(|(s, _)| *s == crash.signal)
+        .map_or("signal", |(_, n)| n);
+    eprintln!(
+        "fdr-profiled: service: target {}: process {} died of {}",
+        target.config.name,
+        crash.pid,
+        name.to_uppercase()
+    );
+    let w = &target.binaries[crash.binary];
+    snapshot_binary(
+        config,
+        target,
+        w,
+        &utc_stamp(),
+        &format!("{name}-{}", crash.pid),
+    );
+}
+
+/// Now in UTC, for directory names: `20261124T132237.514Z`.
+fn utc_stamp() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now())
+        .to_string()
+        .replace([':', '-'], "")
+}
+
+/// Writes `w`'s window into `OUTPUT/<target>/<stamp>-<trigger>[-<binary>]/`, saying where.
+fn snapshot_binary(
+    config: &ServiceConfig,
+    target: &Target,
+    w: &Watched,
+    stamp: &str,
+    trigger: &str,
+) {
+    let mut name = format!("{stamp}-{trigger}");
+    if target.binaries.len() > 1 {
+        name = format!("{name}-{}", w.plan.exe_name);
+    }
+    let dir = config.output.join(&target.config.name).join(name);
+    match snapshot(&dir, target, w) {
+        Ok(()) => eprintln!(
+            "fdr-profiled: service: target {}: snapshot {}",
+            target.config.name,
+            dir.display()
+        ),
+        Err(err) => eprintln!(
+            "fdr-profiled: error: target {}: snapshot {} failed: {err:#}",
+            target.config.name,
+            dir.display()
+        ),
     }
 }
 
