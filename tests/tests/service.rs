@@ -166,6 +166,98 @@ fn a_process_dying_of_a_signal_gets_a_snapshot_ending_with_its_last_calls() {
     );
 }
 
+/// systemd's notify protocol, as a test that owns `NOTIFY_SOCKET` sees it: `READY=1` once the
+/// service is ready, `STATUS=` lines with its counts, `WATCHDOG=1` pings at half of
+/// `WATCHDOG_USEC`, and `STOPPING=1` last.
+#[test]
+fn the_notify_protocol_is_spoken_in_order() {
+    use std::os::unix::net::UnixDatagram;
+    let scratch = tests::scratch_dir("service-notify");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let socket_path = scratch.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"calls\"\nbinary = \"{}\"\n",
+            scratch.path().join("out").display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    // systemd names the pid the watchdog is for: the shell's, which exec keeps.
+    let mut service = Running::spawn(
+        "fdr-profiled service",
+        Command::new("sh")
+            .arg("-c")
+            .arg("WATCHDOG_PID=$$ exec \"$0\" service --config \"$1\"")
+            .arg(tests::fdr_profiled())
+            .arg(&config)
+            .env("NOTIFY_SOCKET", &socket_path)
+            .env("WATCHDOG_USEC", "400000"),
+    );
+    let mut messages: Vec<String> = Vec::new();
+    let mut receive_for = |d: Duration, messages: &mut Vec<String>| {
+        let end = std::time::Instant::now() + d;
+        let mut buf = [0u8; 4096];
+        while std::time::Instant::now() < end {
+            if let Ok(n) = socket.recv(&mut buf) {
+                messages.extend(
+                    String::from_utf8_lossy(&buf[..n])
+                        .lines()
+                        .map(str::to_owned),
+                );
+            }
+        }
+    };
+    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    receive_for(Duration::from_millis(300), &mut messages);
+    let run = run_output(Command::new(&bin).args(["--iterations", "1000"]));
+    assert!(run.status.success());
+    receive_for(Duration::from_millis(2_500), &mut messages);
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    receive_for(Duration::from_millis(300), &mut messages);
+
+    assert_eq!(
+        messages.first().map(String::as_str),
+        Some("READY=1"),
+        "{messages:?}"
+    );
+    assert_eq!(
+        messages.last().map(String::as_str),
+        Some("STOPPING=1"),
+        "{messages:?}"
+    );
+    let pings = messages.iter().filter(|m| *m == "WATCHDOG=1").count();
+    assert!(pings >= 5, "a ping every 200 ms for 2.8 s: {messages:?}");
+    let statuses: Vec<&String> = messages
+        .iter()
+        .filter(|m| m.starts_with("STATUS="))
+        .collect();
+    assert!(statuses.len() >= 2, "{messages:?}");
+    assert!(
+        statuses
+            .iter()
+            .all(|s| s.starts_with("STATUS=1 targets (1 binaries); ")),
+        "{statuses:?}"
+    );
+    // The last status has seen the run: 1000 calls of cx_tiny, entry and exit, and more.
+    let last = statuses.last().unwrap();
+    let events: u64 = last
+        .split("; ")
+        .nth(1)
+        .and_then(|p| p.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{last}"));
+    assert!(events >= 2_000, "{last}");
+}
+
 #[test]
 fn a_bad_configuration_refuses_to_start() {
     let scratch = tests::scratch_dir("service-bad-config");

@@ -234,6 +234,12 @@ async fn serve(config: &ServiceConfig, targets: &mut [Target], mut intake: Intak
     let mut expire = tokio::time::interval(EXPIRE_INTERVAL);
     let mut order = Sequencer::default();
     let mut router = Router::new(targets);
+    // systemd's watchdog, when the unit sets WatchdogSec: a ping at half its period.
+    let mut watchdog_usec = 0;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
+    let mut ping = tokio::time::interval(Duration::from_micros(watchdog_usec.max(2) / 2));
+    let mut status = tokio::time::interval(STATUS_INTERVAL);
+    let mut last_status = (std::time::Instant::now(), 0u64);
     loop {
         tokio::select! {
             _ = drain.tick() => {
@@ -258,11 +264,43 @@ async fn serve(config: &ServiceConfig, targets: &mut [Target], mut intake: Intak
                 }
                 snapshot_all(config, targets, "sigusr1");
             }
+            _ = ping.tick(), if watchdog => {
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+            }
+            _ = status.tick() => {
+                let (at, events) = last_status;
+                let rate = (router.events - events) as f64 / at.elapsed().as_secs_f64().max(1e-3);
+                last_status = (std::time::Instant::now(), router.events);
+                let text = status_line(targets, &router, rate);
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&text)]);
+            }
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
         }
     }
     Ok(())
+}
+
+/// How often the service tells systemd how it is doing.
+const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The `STATUS=` line: targets, events, what the recorders hold, losses.
+fn status_line(targets: &[Target], router: &Router, rate: f64) -> String {
+    let binaries: usize = targets.iter().map(|t| t.binaries.len()).sum();
+    let (mut held, mut bytes, mut evicted) = (0, 0, 0);
+    for w in targets.iter().flat_map(|t| &t.binaries) {
+        let s = w.recorder.stats();
+        held += s.events;
+        bytes += s.bytes;
+        evicted += s.evicted;
+    }
+    format!(
+        "{} targets ({binaries} binaries); {} events, {rate:.0}/s; holding {held} events in {:.1} MiB; lost {}, evicted {evicted}",
+        targets.len(),
+        router.events,
+        bytes as f64 / f64::from(1 << 20),
+        router.lost + router.unrouted,
+    )
 }
 
 /// Where each event goes.
@@ -274,6 +312,9 @@ struct Router {
     of_tid: HashMap<u32, (usize, usize, u32)>,
     /// Events of no known binary (never expected).
     unrouted: u64,
+    /// Events routed, and events the kernel lost (the threads' gaps).
+    events: u64,
+    lost: u64,
     /// Processes that died of a signal, waiting for their other threads' ends before their
     /// snapshot is written.
     crashes: Vec<Crash>,
@@ -330,6 +371,7 @@ impl Router {
     }
 
     fn route(&mut self, targets: &mut [Target], mut event: Event, gap: Option<Gap>) {
+        self.lost += gap.map_or(0, |g| g.lost);
         let h = &mut event.header;
         let function_event = profiler_common::SledKind::from_u8(h.kind).is_some();
         let (t, b) = if function_event {
@@ -366,6 +408,7 @@ impl Router {
             }
             (t, b)
         };
+        self.events += 1;
         targets[t].binaries[b].recorder.push(&event, gap);
     }
 }
