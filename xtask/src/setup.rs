@@ -19,6 +19,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "uftrace",
     // Headless browser the viewer tests load speedscope (and our SVGs) in.
     "chromium",
+    // `systemd-analyze verify` checks the service's unit; `setpriv` (util-linux) runs the
+    // service with the unit's capability bounding set.
+    "systemd",
+    "util-linux",
 ];
 
 /// bpf-linker release line that works with aya-ebpf 0.2 (platform.md).

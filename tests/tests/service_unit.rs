@@ -1,0 +1,167 @@
+//! The service's unit file and example configuration (`dist/`):
+//! - `systemd-analyze verify` accepts the unit without a warning (its paths pointed at this
+//!   build);
+//! - the example configuration passes `service --check-config`;
+//! - the unit's capability bounding set is exactly what the service needs: with those
+//!   capabilities (and root) it starts, records and writes a snapshot; without any one of
+//!   them it refuses to start, saying why.
+//!
+//! Needs root, BPF, systemd-analyze, setpriv, clang-19 and a built daemon.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tests::fixtures::private_copy;
+use tests::fixtures::workloads::calls_fixture;
+use tests::run::Running;
+use tests::tools::run_output;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn dist(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("dist")
+        .join(file)
+}
+
+/// The example configuration, tracing `bin` and writing under `output`.
+fn example_config(dir: &Path, bin: &Path, output: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(dist("fdr-profiled.toml")).unwrap();
+    assert!(text.contains("/usr/local/bin/myserver") && text.contains("/var/lib/fdr-profiled"));
+    let path = dir.join("fdr-profiled.toml");
+    std::fs::write(
+        &path,
+        text.replace("/usr/local/bin/myserver", &bin.display().to_string())
+            .replace("/var/lib/fdr-profiled", &output.display().to_string()),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn the_unit_passes_systemd_analyze_verify() {
+    let scratch = tests::scratch_dir("service-unit-verify");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let config = example_config(scratch.path(), &bin, &scratch.path().join("out"));
+    let unit = std::fs::read_to_string(dist("fdr-profiled.service")).unwrap();
+    assert!(unit.contains(
+        "ExecStart=/usr/bin/fdr-profiled service --config /etc/fdr-profiled/fdr-profiled.toml"
+    ));
+    let path = scratch.path().join("fdr-profiled.service");
+    std::fs::write(
+        &path,
+        unit.replace(
+            "/usr/bin/fdr-profiled",
+            &tests::fdr_profiled().display().to_string(),
+        )
+        .replace(
+            "/etc/fdr-profiled/fdr-profiled.toml",
+            &config.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let out = run_output(Command::new("systemd-analyze").arg("verify").arg(&path));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "systemd-analyze verify: {stderr}");
+    assert!(
+        stderr.trim().is_empty(),
+        "systemd-analyze verify warns: {stderr}"
+    );
+}
+
+#[test]
+fn the_example_configuration_is_valid() {
+    let scratch = tests::scratch_dir("service-unit-example");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let config = example_config(scratch.path(), &bin, &scratch.path().join("out"));
+    let out = run_output(
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--check-config"])
+            .arg(&config),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("1 target"), "{stdout}");
+    assert!(stdout.contains("(flight recorder, window 30s)"), "{stdout}");
+}
+
+/// The capabilities the unit leaves the service (`CapabilityBoundingSet=`), as setpriv names them.
+fn unit_capabilities() -> Vec<String> {
+    let unit = std::fs::read_to_string(dist("fdr-profiled.service")).unwrap();
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit sets CapabilityBoundingSet");
+    line.split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_lowercase())
+        .collect()
+}
+
+/// Runs the service with bounding set `caps` on the example configuration, runs the fixture,
+/// asks for a snapshot; returns the service's exit and stderr, and the events the snapshot holds.
+fn run_with(caps: &[String], label: &str) -> (bool, String, Option<u64>) {
+    let scratch = tests::scratch_dir(label);
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let output = scratch.path().join("out");
+    let config = example_config(scratch.path(), &bin, &output);
+    let set: Vec<String> = caps.iter().map(|c| format!("+{c}")).collect();
+    let mut service = Running::spawn(
+        "fdr-profiled service",
+        Command::new("setpriv")
+            .arg(format!("--bounding-set=-all,{}", set.join(",")))
+            .arg("--inh-caps=-all")
+            .arg("--")
+            .arg(tests::fdr_profiled())
+            .args(["service", "--config"])
+            .arg(&config),
+    );
+    let ready = service.wait_for_stderr_match("ready or an error", TIMEOUT, |l| {
+        l.starts_with("fdr-profiled: service: ready") || l.starts_with("fdr-profiled: error")
+    });
+    if ready.starts_with("fdr-profiled: error") {
+        let done = service.finish(TIMEOUT);
+        return (done.status.success(), done.stderr, None);
+    }
+    let run = run_output(Command::new(&bin).args(["--iterations", "100"]));
+    assert!(run.status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    service.signal(libc::SIGUSR1);
+    service.wait_for_stderr_line("fdr-profiled: service: target ", TIMEOUT);
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    let snapshot = std::fs::read_dir(output.join("calls-c"))
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| tests::trace::read_session(&e.path()).events);
+    (done.status.success(), done.stderr, snapshot)
+}
+
+#[test]
+fn the_units_capabilities_are_exactly_what_the_service_needs() {
+    let caps = unit_capabilities();
+    assert_eq!(caps, ["bpf", "perfmon"]);
+    let (ok, stderr, events) = run_with(&caps, "service-unit-caps");
+    assert!(ok, "{stderr}");
+    // main, cx_loop, 100 calls of cx_tiny and cx_report: entry and exit each.
+    assert_eq!(events, Some(2 * 103), "{stderr}");
+    for dropped in &caps {
+        let fewer: Vec<String> = caps.iter().filter(|c| *c != dropped).cloned().collect();
+        let (ok, stderr, _) = run_with(&fewer, &format!("service-unit-no-{dropped}"));
+        assert!(
+            !ok,
+            "started without CAP_{}: {stderr}",
+            dropped.to_uppercase()
+        );
+        assert!(
+            stderr.contains("fdr-profiled: error: ") && stderr.contains("not permitted"),
+            "without CAP_{}: {stderr}",
+            dropped.to_uppercase()
+        );
+    }
+}
