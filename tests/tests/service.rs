@@ -36,12 +36,23 @@ fn snapshots(output: &Path, target: &str) -> Vec<PathBuf> {
 /// Starts the service on one target, `name`, tracing `bin` with `window`; returns it ready,
 /// and the output root.
 fn start_service(scratch: &Path, name: &str, bin: &Path, window: &str) -> (Running, PathBuf) {
+    start_service_with(scratch, name, bin, window, "")
+}
+
+/// [`start_service`] with more top-level settings (`max_disk = ...`).
+fn start_service_with(
+    scratch: &Path,
+    name: &str,
+    bin: &Path,
+    window: &str,
+    settings: &str,
+) -> (Running, PathBuf) {
     let output = scratch.join("out");
     let config = scratch.join("fdr-profiled.toml");
     std::fs::write(
         &config,
         format!(
-            "output = \"{}\"\n[[target]]\nname = \"{name}\"\nbinary = \"{}\"\nwindow = \"{window}\"\n",
+            "output = \"{}\"\n{settings}\n[[target]]\nname = \"{name}\"\nbinary = \"{}\"\nwindow = \"{window}\"\n",
             output.display(),
             bin.display()
         ),
@@ -256,6 +267,71 @@ fn the_notify_protocol_is_spoken_in_order() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{last}"));
     assert!(events >= 2_000, "{last}");
+}
+
+/// Bytes of the regular files under `dir`.
+fn tree_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            total += tree_bytes(&e.path());
+        } else if t.is_file() {
+            total += e.metadata().unwrap().len();
+        }
+    }
+    total
+}
+
+/// With a tiny `max_disk`, the oldest snapshots are deleted as new ones are written: what is
+/// left is at most the cap plus the newest snapshot, every file of it valid, and the newest
+/// is never the one deleted.
+#[test]
+fn snapshots_stay_under_max_disk_oldest_deleted_first() {
+    let scratch = tests::scratch_dir("service-retention");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let (mut service, output) =
+        start_service_with(scratch.path(), "calls", &bin, "60s", "max_disk = \"40KB\"");
+    let mut sizes = Vec::new();
+    for round in 0..5 {
+        let run = run_output(Command::new(&bin).args(["--iterations", "500"]));
+        assert!(run.status.success());
+        std::thread::sleep(Duration::from_millis(300));
+        service.signal(libc::SIGUSR1);
+        // Each snapshot names its directory; wait for this round's.
+        let want = round + 1;
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        loop {
+            let (_, stderr) = service.output_so_far();
+            if stderr.matches("target calls: snapshot ").count() >= want {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{stderr}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let dirs = snapshots(&output, "calls");
+        let newest = dirs.last().unwrap().clone();
+        sizes.push(tree_bytes(&newest));
+        let total: u64 = dirs.iter().map(|d| tree_bytes(d)).sum();
+        assert!(
+            total <= 40_000 + tree_bytes(&newest),
+            "round {round}: {total} bytes in {dirs:?}"
+        );
+    }
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    // The window grows by a run each round, so snapshots grow: some were deleted.
+    assert!(
+        done.stderr.contains("to stay under max_disk"),
+        "sizes {sizes:?}: {}",
+        done.stderr
+    );
+    let dirs = snapshots(&output, "calls");
+    assert!(!dirs.is_empty() && dirs.len() < 5, "{dirs:?}");
+    for d in &dirs {
+        check_trace_dir(d, &bin);
+    }
 }
 
 #[test]

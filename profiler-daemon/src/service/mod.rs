@@ -4,6 +4,7 @@
 //! it, and the flight recorder ([`runtime`]): every process of every target traced, the last
 //! `window` of each thread held in memory, a snapshot of every target on `SIGUSR1`.
 pub mod config;
+pub mod retention;
 pub mod runtime;
 
 use anyhow::Result;

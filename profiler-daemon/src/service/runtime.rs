@@ -15,6 +15,7 @@ use crate::plan::exits::{self, ExitsChoice};
 use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
 use crate::service::config::{Mode, ServiceConfig, TargetConfig};
+use crate::service::retention::Retention;
 use crate::session::flight::FlightRecorder;
 use crate::session::order::{Gap, Sequencer};
 use crate::session::output::OutputDir;
@@ -468,12 +469,29 @@ fn snapshot_binary(
         name = format!("{name}-{}", w.plan.exe_name);
     }
     let dir = config.output.join(&target.config.name).join(name);
+    let retention = Retention::new(&config.output, config.max_disk, config.min_free);
+    if let Err(why) = retention.room() {
+        eprintln!(
+            "fdr-profiled: error: target {}: snapshot not written: {why}",
+            target.config.name
+        );
+        return;
+    }
     match snapshot(&dir, target, w) {
-        Ok(()) => eprintln!(
-            "fdr-profiled: service: target {}: snapshot {}",
-            target.config.name,
-            dir.display()
-        ),
+        Ok(()) => {
+            eprintln!(
+                "fdr-profiled: service: target {}: snapshot {}",
+                target.config.name,
+                dir.display()
+            );
+            for gone in retention.enforce(&dir) {
+                eprintln!(
+                    "fdr-profiled: service: deleted {} ({} bytes) to stay under max_disk",
+                    gone.dir.display(),
+                    gone.bytes
+                );
+            }
+        }
         Err(err) => eprintln!(
             "fdr-profiled: error: target {}: snapshot {} failed: {err:#}",
             target.config.name,
