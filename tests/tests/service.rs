@@ -212,7 +212,7 @@ fn the_notify_protocol_is_spoken_in_order() {
             .env("WATCHDOG_USEC", "400000"),
     );
     let mut messages: Vec<String> = Vec::new();
-    let mut receive_for = |d: Duration, messages: &mut Vec<String>| {
+    let receive_for = |d: Duration, messages: &mut Vec<String>| {
         let end = std::time::Instant::now() + d;
         let mut buf = [0u8; 4096];
         while std::time::Instant::now() < end {
@@ -290,7 +290,7 @@ fn tree_bytes(dir: &Path) -> u64 {
 fn snapshots_stay_under_max_disk_oldest_deleted_first() {
     let scratch = tests::scratch_dir("service-retention");
     let bin = private_copy(&calls_fixture(), scratch.path());
-    let (mut service, output) =
+    let (service, output) =
         start_service_with(scratch.path(), "calls", &bin, "60s", "max_disk = \"40KB\"");
     let mut sizes = Vec::new();
     for round in 0..5 {
