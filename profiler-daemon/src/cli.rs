@@ -52,6 +52,18 @@ pub enum Tool {
     /// Run as a service tracing the programs a configuration file names (preview: flight
     /// recorder mode, a snapshot of every target on SIGUSR1), or check such a file.
     Service(crate::service::ServiceArgs),
+    /// Ask the running service for a snapshot of every target (or of TARGET) now; prints the
+    /// directories written.
+    Snapshot(crate::service::control::SnapshotArgs),
+    /// The running service's state: targets, binaries, threads, events held, losses, last
+    /// snapshot.
+    Status {
+        #[command(flatten)]
+        socket: crate::service::control::SocketArg,
+        /// Print the service's JSON reply as it is.
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmark: time attaching and detaching every probe of a binary (`cargo xtask bench attach`).
     #[command(hide = true)]
     BenchAttach(crate::tools::bench_attach::BenchAttachArgs),

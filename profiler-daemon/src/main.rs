@@ -17,6 +17,10 @@ fn main() -> ExitCode {
         Some(Tool::Report(args)) => profiler_daemon::tools::report::run(args),
         Some(Tool::Convert(args)) => profiler_daemon::tools::convert::run(args),
         Some(Tool::Service(args)) => profiler_daemon::service::run(args),
+        Some(Tool::Snapshot(args)) => profiler_daemon::service::control::snapshot(args),
+        Some(Tool::Status { socket, json }) => {
+            profiler_daemon::service::control::status(socket, *json)
+        }
         Some(Tool::BenchAttach(args)) => profiler_daemon::tools::bench_attach::run(args),
         Some(Tool::BenchRescan(args)) => profiler_daemon::tools::bench_rescan::run(args),
         Some(Tool::BenchUnwinding(args)) => profiler_daemon::tools::bench_unwinding::run(args),

@@ -62,7 +62,9 @@ fn start_service_with(
         "fdr-profiled service",
         Command::new(tests::fdr_profiled())
             .args(["service", "--config"])
-            .arg(&config),
+            .arg(&config)
+            .arg("--socket")
+            .arg(scratch.join("control.sock")),
     );
     service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
     (service, output)
@@ -205,9 +207,10 @@ fn the_notify_protocol_is_spoken_in_order() {
         "fdr-profiled service",
         Command::new("sh")
             .arg("-c")
-            .arg("WATCHDOG_PID=$$ exec \"$0\" service --config \"$1\"")
+            .arg("WATCHDOG_PID=$$ exec \"$0\" service --config \"$1\" --socket \"$2\"")
             .arg(tests::fdr_profiled())
             .arg(&config)
+            .arg(scratch.path().join("control.sock"))
             .env("NOTIFY_SOCKET", &socket_path)
             .env("WATCHDOG_USEC", "400000"),
     );
@@ -332,6 +335,89 @@ fn snapshots_stay_under_max_disk_oldest_deleted_first() {
     for d in &dirs {
         check_trace_dir(d, &bin);
     }
+}
+
+/// `fdr-profiled status` and `fdr-profiled snapshot [TARGET]` over the control socket: the
+/// status counts what the service holds, a requested snapshot is written and named, an unknown
+/// target is refused, and only root gets in.
+#[test]
+fn status_and_snapshot_requests_over_the_control_socket() {
+    let scratch = tests::scratch_dir("service-control");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let (service, output) = start_service(scratch.path(), "calls", &bin, "60s");
+    let socket = scratch.path().join("control.sock");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    let run = run_output(Command::new(&bin).args(["--iterations", "1000"]));
+    assert!(run.status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    let client = |args: &[&str]| {
+        run_output(
+            Command::new(tests::fdr_profiled())
+                .args(args)
+                .arg("--socket")
+                .arg(&socket),
+        )
+    };
+    let status = client(&["status", "--json"]);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let b = &json["targets"][0]["binaries"][0];
+    assert_eq!(json["targets"][0]["name"], "calls", "{json}");
+    // main, cx_loop, 1000 cx_tiny, cx_report: entries and exits, and the thread's end.
+    assert_eq!(b["events"], 2 * 1003 + 1, "{json}");
+    assert_eq!(json["events"], 2 * 1003 + 1, "{json}");
+    let human = client(&["status"]);
+    assert!(String::from_utf8_lossy(&human.stdout).contains("  calls ("));
+
+    let snap = client(&["snapshot", "calls"]);
+    assert!(
+        snap.status.success(),
+        "{}",
+        String::from_utf8_lossy(&snap.stderr)
+    );
+    let printed = String::from_utf8_lossy(&snap.stdout).trim().to_owned();
+    let dirs = snapshots(&output, "calls");
+    assert_eq!(dirs.len(), 1);
+    assert_eq!(printed, dirs[0].display().to_string());
+    assert!(printed.ends_with("Z-request"), "{printed}");
+    let trace = check_trace_dir(&dirs[0], &bin);
+    // (A session counts a thread's end apart from its events.)
+    assert_eq!(trace.session.events, 2 * 1003);
+    let status = client(&["status", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["last_snapshot"], printed.as_str(), "{json}");
+
+    let unknown = client(&["snapshot", "nope"]);
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no target named \"nope\""),
+        "{}",
+        String::from_utf8_lossy(&unknown.stderr)
+    );
+    // Not root: the socket is closed to it.
+    let nobody = run_output(
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(tests::fdr_profiled())
+            .args(["status", "--socket"])
+            .arg(&socket),
+    );
+    assert!(!nobody.status.success());
+    assert!(
+        String::from_utf8_lossy(&nobody.stderr).contains("cannot reach the service"),
+        "{}",
+        String::from_utf8_lossy(&nobody.stderr)
+    );
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(!socket.exists(), "the socket is removed at the end");
 }
 
 #[test]

@@ -118,7 +118,9 @@ fn run_with(caps: &[String], label: &str) -> (bool, String, Option<u64>) {
             .arg("--")
             .arg(tests::fdr_profiled())
             .args(["service", "--config"])
-            .arg(&config),
+            .arg(&config)
+            .arg("--socket")
+            .arg(scratch.path().join("control.sock")),
     );
     let ready = service.wait_for_stderr_match("ready or an error", TIMEOUT, |l| {
         l.starts_with("fdr-profiled: service: ready") || l.starts_with("fdr-profiled: error")

@@ -4,6 +4,7 @@
 //! it, and the flight recorder ([`runtime`]): every process of every target traced, the last
 //! `window` of each thread held in memory, a snapshot of every target on `SIGUSR1`.
 pub mod config;
+pub mod control;
 pub mod retention;
 pub mod runtime;
 
@@ -25,12 +26,15 @@ pub struct ServiceArgs {
     /// line naming the file, line and column of the first problem.
     #[arg(long, value_name = "FILE")]
     pub check_config: Option<PathBuf>,
+    /// Where to listen for `fdr-profiled status` and `fdr-profiled snapshot`.
+    #[arg(long, value_name = "PATH", default_value = control::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
 }
 
 /// Runs `service`.
 pub fn run(args: &ServiceArgs) -> Result<u8> {
     match (&args.config, &args.check_config) {
-        (Some(config), _) => runtime::run(config),
+        (Some(config), _) => runtime::run(config, &args.socket),
         (None, Some(path)) => check(path),
         (None, None) => anyhow::bail!("give --config FILE or --check-config FILE"),
     }

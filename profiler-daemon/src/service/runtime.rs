@@ -15,6 +15,7 @@ use crate::plan::exits::{self, ExitsChoice};
 use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
 use crate::service::config::{Mode, ServiceConfig, TargetConfig};
+use crate::service::control;
 use crate::service::retention::Retention;
 use crate::session::flight::FlightRecorder;
 use crate::session::order::{Gap, Sequencer};
@@ -51,8 +52,9 @@ struct Watched {
     recorder: FlightRecorder,
 }
 
-/// Runs the service until SIGTERM or SIGINT.
-pub fn run(config_path: &Path) -> Result<u8> {
+/// Runs the service until SIGTERM or SIGINT, listening for `status` and `snapshot` requests on
+/// `socket`.
+pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
     let config = ServiceConfig::load(config_path)?;
     if let Some(t) = config.targets.iter().find(|t| t.mode == Mode::Record) {
         bail!(
@@ -86,6 +88,16 @@ pub fn run(config_path: &Path) -> Result<u8> {
     if targets.iter().all(|t| t.binaries.is_empty()) {
         bail!("no target's binary exists: nothing to trace");
     }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the event loop")?;
+    // The socket and the ring buffers are registered with the runtime; both are in place
+    // before the service says it is ready.
+    let (intake, listener) = {
+        let _context = runtime.enter();
+        (Intake::new(tracer.take_rings())?, control::bind(socket)?)
+    };
     tracer.set_armed(true)?;
     eprintln!(
         "fdr-profiled: service: ready: {} target{}, output {}",
@@ -94,15 +106,8 @@ pub fn run(config_path: &Path) -> Result<u8> {
         config.output.display()
     );
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
-    let rings = tracer.take_rings();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the event loop")?;
-    let result = runtime.block_on(async {
-        let intake = Intake::new(rings)?;
-        serve(&config, &mut targets, intake).await
-    });
+    let result = runtime.block_on(serve(&config, &mut targets, intake, listener));
+    let _ = std::fs::remove_file(socket);
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     if let Err(err) = tracer.set_armed(false) {
         eprintln!("fdr-profiled: warning: {err:#}");
@@ -224,7 +229,12 @@ fn matching_files(pattern: &str) -> Vec<PathBuf> {
 }
 
 /// The event loop: drain, route to the targets' recorders, snapshot on SIGUSR1.
-async fn serve(config: &ServiceConfig, targets: &mut [Target], mut intake: Intake) -> Result<()> {
+async fn serve(
+    config: &ServiceConfig,
+    targets: &mut [Target],
+    mut intake: Intake,
+    listener: tokio::net::UnixListener,
+) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -241,6 +251,7 @@ async fn serve(config: &ServiceConfig, targets: &mut [Target], mut intake: Intak
     let mut ping = tokio::time::interval(Duration::from_micros(watchdog_usec.max(2) / 2));
     let mut status = tokio::time::interval(STATUS_INTERVAL);
     let mut last_status = (std::time::Instant::now(), 0u64);
+    let mut last_snapshot: Option<PathBuf> = None;
     loop {
         tokio::select! {
             _ = drain.tick() => {
@@ -263,7 +274,30 @@ async fn serve(config: &ServiceConfig, targets: &mut [Target], mut intake: Intak
                 for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     w.recorder.expire();
                 }
-                snapshot_all(config, targets, "sigusr1");
+                last_snapshot = snapshot_all(config, targets, None, "sigusr1").pop().or(last_snapshot);
+            }
+            accepted = listener.accept() => {
+                let Ok((mut stream, _)) = accepted else { continue };
+                let answer = match control::read_request(&mut stream).await {
+                    Err(why) => serde_json::json!({ "error": why }),
+                    Ok(control::Request::Status) => {
+                        status_json(config, targets, &router, last_snapshot.as_deref())
+                    }
+                    Ok(control::Request::Snapshot(name)) => {
+                        if name.as_ref().is_some_and(|n| !targets.iter().any(|t| &t.config.name == n)) {
+                            serde_json::json!({ "error": format!("no target named {:?}", name.unwrap_or_default()) })
+                        } else {
+                            intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+                            for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+                                w.recorder.expire();
+                            }
+                            let written = snapshot_all(config, targets, name.as_deref(), "request");
+                            last_snapshot = written.last().cloned().or(last_snapshot);
+                            serde_json::json!({ "snapshots": written })
+                        }
+                    }
+                };
+                control::reply(&mut stream, &answer).await;
             }
             _ = ping.tick(), if watchdog => {
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
@@ -414,14 +448,68 @@ impl Router {
     }
 }
 
-/// Writes a snapshot of every target, saying where.
-fn snapshot_all(config: &ServiceConfig, targets: &[Target], trigger: &str) {
+/// Writes a snapshot of every target (or of the one named), saying where; returns the
+/// directories written.
+fn snapshot_all(
+    config: &ServiceConfig,
+    targets: &[Target],
+    only: Option<&str>,
+    trigger: &str,
+) -> Vec<PathBuf> {
     let stamp = utc_stamp();
-    for target in targets {
-        for w in &target.binaries {
-            snapshot_binary(config, target, w, &stamp, trigger);
-        }
-    }
+    targets
+        .iter()
+        .filter(|t| only.is_none_or(|n| n == t.config.name))
+        .flat_map(|target| {
+            target
+                .binaries
+                .iter()
+                .filter_map(|w| snapshot_binary(config, target, w, &stamp, trigger))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The service's state for `fdr-profiled status`.
+fn status_json(
+    config: &ServiceConfig,
+    targets: &[Target],
+    router: &Router,
+    last_snapshot: Option<&Path>,
+) -> serde_json::Value {
+    let targets: Vec<serde_json::Value> = targets
+        .iter()
+        .map(|t| {
+            let binaries: Vec<serde_json::Value> = t
+                .binaries
+                .iter()
+                .map(|w| {
+                    let s = w.recorder.stats();
+                    serde_json::json!({
+                        "path": w.plan.display_path,
+                        "threads": s.threads,
+                        "events": s.events,
+                        "bytes": s.bytes,
+                        "expired": s.expired,
+                        "evicted": s.evicted,
+                        "window_ns": s.window_ns,
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "name": t.config.name,
+                "pattern": t.config.binary,
+                "binaries": binaries,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "output": config.output,
+        "events": router.events,
+        "lost": router.lost + router.unrouted,
+        "last_snapshot": last_snapshot,
+        "targets": targets,
+    })
 }
 
 /// Writes the snapshot of the binary whose process died of a signal; the trigger names the
@@ -456,14 +544,15 @@ fn utc_stamp() -> String {
         .replace([':', '-'], "")
 }
 
-/// Writes `w`'s window into `OUTPUT/<target>/<stamp>-<trigger>[-<binary>]/`, saying where.
+/// Writes `w`'s window into `OUTPUT/<target>/<stamp>-<trigger>[-<binary>]/`, saying where;
+/// returns that directory when it was written.
 fn snapshot_binary(
     config: &ServiceConfig,
     target: &Target,
     w: &Watched,
     stamp: &str,
     trigger: &str,
-) {
+) -> Option<PathBuf> {
     let mut name = format!("{stamp}-{trigger}");
     if target.binaries.len() > 1 {
         name = format!("{name}-{}", w.plan.exe_name);
@@ -475,7 +564,7 @@ fn snapshot_binary(
             "fdr-profiled: error: target {}: snapshot not written: {why}",
             target.config.name
         );
-        return;
+        return None;
     }
     match snapshot(&dir, target, w) {
         Ok(()) => {
@@ -491,12 +580,16 @@ fn snapshot_binary(
                     gone.bytes
                 );
             }
+            Some(dir)
         }
-        Err(err) => eprintln!(
-            "fdr-profiled: error: target {}: snapshot {} failed: {err:#}",
-            target.config.name,
-            dir.display()
-        ),
+        Err(err) => {
+            eprintln!(
+                "fdr-profiled: error: target {}: snapshot {} failed: {err:#}",
+                target.config.name,
+                dir.display()
+            );
+            None
+        }
     }
 }
 

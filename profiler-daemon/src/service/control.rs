@@ -1,0 +1,217 @@
+//! The service's control socket: `fdr-profiled status` and `fdr-profiled snapshot [TARGET]`
+//! talk to the running service over a unix socket only root can use.
+//!
+//! One request line (`status`, `snapshot`, `snapshot NAME`), one JSON reply line. The socket's
+//! directory is made mode 0700 and the socket 0600, and the service also checks that the peer
+//! is root (`SO_PEERCRED`), so a permissive umask or a moved socket lets no one else in.
+use anyhow::{bail, Context as _, Result};
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where the service listens unless told otherwise (`RuntimeDirectory=fdr-profiled`).
+pub const DEFAULT_SOCKET: &str = "/run/fdr-profiled/control.sock";
+
+/// Longest request line read.
+const MAX_REQUEST: usize = 256;
+
+/// What a client asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// The service's state, as JSON.
+    Status,
+    /// A snapshot of every target, or of the one named.
+    Snapshot(Option<String>),
+}
+
+impl Request {
+    /// Parses one request line.
+    pub fn parse(line: &str) -> Result<Request, String> {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("status"), None, _) => Ok(Request::Status),
+            (Some("snapshot"), None, _) => Ok(Request::Snapshot(None)),
+            (Some("snapshot"), Some(name), None) => Ok(Request::Snapshot(Some(name.to_owned()))),
+            _ => Err(format!(
+                "unknown request {:?} (status, snapshot [TARGET])",
+                line.chars().take(64).collect::<String>()
+            )),
+        }
+    }
+
+    fn line(&self) -> String {
+        match self {
+            Request::Status => "status".into(),
+            Request::Snapshot(None) => "snapshot".into(),
+            Request::Snapshot(Some(name)) => format!("snapshot {name}"),
+        }
+    }
+}
+
+/// Binds the control socket at `path`: its directory created 0700 if missing, a stale socket
+/// (and only a socket) replaced, the socket made 0600.
+pub fn bind(path: &Path) -> Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("creating {}", dir.display()))?;
+        }
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?
+        }
+        Ok(_) => bail!(
+            "{} exists and is not a socket: not replacing it",
+            path.display()
+        ),
+        Err(_) => {}
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("listening on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("making {} private", path.display()))?;
+    Ok(listener)
+}
+
+/// Reads a connection's request, if the peer is root and sends one line in time.
+pub async fn read_request(stream: &mut tokio::net::UnixStream) -> Result<Request, String> {
+    use tokio::io::AsyncReadExt as _;
+    let peer = stream
+        .peer_cred()
+        .map_err(|e| format!("no peer credentials: {e}"))?;
+    if peer.uid() != 0 {
+        return Err(format!("uid {} is not root", peer.uid()));
+    }
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    let read = async {
+        while buf.len() < MAX_REQUEST {
+            match stream.read(&mut byte).await {
+                Ok(0) => break,
+                Ok(_) if byte[0] == b'\n' => break,
+                Ok(_) => buf.push(byte[0]),
+                Err(e) => return Err(format!("reading the request: {e}")),
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(2), read)
+        .await
+        .map_err(|_| "no request within 2 s".to_owned())??;
+    Request::parse(&String::from_utf8_lossy(&buf))
+}
+
+/// Sends `reply` (one JSON line) on the connection.
+pub async fn reply(stream: &mut tokio::net::UnixStream, reply: &serde_json::Value) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut line = reply.to_string();
+    line.push('\n');
+    let _ = tokio::time::timeout(Duration::from_secs(2), stream.write_all(line.as_bytes())).await;
+}
+
+/// Client side: sends `request` to the service at `socket` and returns its reply.
+pub fn ask(socket: &Path, request: &Request) -> Result<serde_json::Value> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).with_context(|| {
+        format!(
+            "cannot reach the service at {} (is it running? are you root?)",
+            socket.display()
+        )
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    writeln!(stream, "{}", request.line())?;
+    let mut line = String::new();
+    BufReader::new(std::io::Read::take(&stream, 16 << 20))
+        .read_line(&mut line)
+        .with_context(|| format!("reading the service's reply on {}", socket.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&line).context("the service's reply is not JSON")?;
+    if let Some(err) = value.get("error").and_then(|e| e.as_str()) {
+        bail!("the service says: {err}");
+    }
+    Ok(value)
+}
+
+/// Options of `status` and `snapshot`: where the service listens.
+#[derive(Debug, clap::Args)]
+pub struct SocketArg {
+    /// The service's control socket.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+}
+
+/// Options of `snapshot`.
+#[derive(Debug, clap::Args)]
+pub struct SnapshotArgs {
+    /// The target to snapshot (default: every target).
+    pub target: Option<String>,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+/// `fdr-profiled snapshot [TARGET]`: prints the directory of each snapshot written.
+pub fn snapshot(args: &SnapshotArgs) -> Result<u8> {
+    let reply = ask(&args.socket.socket, &Request::Snapshot(args.target.clone()))?;
+    for dir in reply["snapshots"].as_array().into_iter().flatten() {
+        println!("{}", dir.as_str().unwrap_or_default());
+    }
+    Ok(0)
+}
+
+/// `fdr-profiled status`: the service's state.
+pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
+    let reply = ask(&args.socket, &Request::Status)?;
+    if json {
+        println!("{reply}");
+        return Ok(0);
+    }
+    println!(
+        "fdr-profiled service: {} events, {} lost; output {}; last snapshot {}",
+        reply["events"],
+        reply["lost"],
+        reply["output"].as_str().unwrap_or("?"),
+        reply["last_snapshot"].as_str().unwrap_or("none"),
+    );
+    for t in reply["targets"].as_array().into_iter().flatten() {
+        println!(
+            "  {} ({})",
+            t["name"].as_str().unwrap_or("?"),
+            t["pattern"].as_str().unwrap_or("?")
+        );
+        for b in t["binaries"].as_array().into_iter().flatten() {
+            println!(
+                "    {}: {} threads, {} events held in {} bytes, {} aged out, {} evicted",
+                b["path"].as_str().unwrap_or("?"),
+                b["threads"],
+                b["events"],
+                b["bytes"],
+                b["expired"],
+                b["evicted"]
+            );
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_and_print_back() {
+        for r in [
+            Request::Status,
+            Request::Snapshot(None),
+            Request::Snapshot(Some("web".into())),
+        ] {
+            assert_eq!(Request::parse(&r.line()), Ok(r.clone()));
+        }
+        assert!(Request::parse("snapshot a b").is_err());
+        assert!(Request::parse("rm -rf /").is_err());
+        assert!(Request::parse("").is_err());
+    }
+}
