@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tests::counts::{expected_calls, parse_count_lines};
 use tests::fixtures::private_copy;
-use tests::fixtures::workloads::{calls_fixture, crash_fixture, CALLS_FUNCTIONS};
+use tests::fixtures::workloads::{calls_fixture, crash_fixture, slow_fixture, CALLS_FUNCTIONS};
 use tests::run::Running;
 use tests::tools::run_output;
 use tests::trace::{assert_process_calls, check_trace_dir, MainCall, ProcessExpectation};
@@ -418,6 +418,74 @@ fn status_and_snapshot_requests_over_the_control_socket() {
     let done = service.finish(TIMEOUT);
     assert!(done.status.success(), "{}", done.stderr);
     assert!(!socket.exists(), "the socket is removed at the end");
+}
+
+/// `trigger_slower_than` on `trigger_functions`: the one call over the threshold writes a
+/// snapshot named after its function, holding that call with its duration; the thousands of
+/// fast calls of another function trigger nothing.
+#[test]
+fn a_slow_call_triggers_a_snapshot() {
+    let scratch = tests::scratch_dir("service-slow");
+    let bin = private_copy(&slow_fixture(), scratch.path());
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"slow\"\nbinary = \"{}\"\n\
+             trigger_slower_than = \"50ms\"\ntrigger_functions = [\"sl_*\"]\n",
+            output.display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let mut service = Running::spawn(
+        "fdr-profiled service",
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(scratch.path().join("control.sock")),
+    );
+    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    let run = run_output(Command::new(&bin).args(["--slow-ms", "80"]));
+    assert!(run.status.success());
+    service.wait_for_stderr_line("fdr-profiled: service: target slow: snapshot ", TIMEOUT);
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    let took: Vec<&str> = done
+        .stderr
+        .lines()
+        .filter(|l| l.contains(" took "))
+        .collect();
+    assert_eq!(took.len(), 1, "only sl_slow is slow: {took:?}");
+    assert!(took[0].contains("target slow: sl_slow took "), "{took:?}");
+
+    let dirs = snapshots(&output, "slow");
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let name = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.ends_with("Z-slow-sl_slow"), "{name}");
+    let trace = check_trace_dir(&dirs[0], &bin);
+    let thread = &trace.threads[0];
+    let calls = thread.calls();
+    let slow = calls.get("sl_slow").copied().unwrap_or_default();
+    assert_eq!((slow.entries(), slow.exits()), (1, 1));
+    let fast = calls.get("sl_fast").copied().unwrap_or_default();
+    // The calls before the slow one, and those after it that were read before the snapshot.
+    assert!((1000..=2000).contains(&fast.entries()), "{fast:?}");
+    let enter = thread
+        .records
+        .iter()
+        .find(|r| r.function == "sl_slow")
+        .unwrap();
+    let exit = thread
+        .records
+        .iter()
+        .rev()
+        .find(|r| r.function == "sl_slow")
+        .unwrap();
+    assert!(exit.tsc - enter.tsc >= 80_000_000, "{enter:?} {exit:?}");
 }
 
 #[test]

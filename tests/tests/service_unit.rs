@@ -133,7 +133,9 @@ fn run_with(caps: &[String], label: &str) -> (bool, String, Option<u64>) {
     assert!(run.status.success());
     std::thread::sleep(Duration::from_millis(300));
     service.signal(libc::SIGUSR1);
-    service.wait_for_stderr_line("fdr-profiled: service: target ", TIMEOUT);
+    service.wait_for_stderr_match("a snapshot", TIMEOUT, |l| {
+        l.starts_with("fdr-profiled: service: target ") && l.contains(": snapshot ")
+    });
     service.signal(libc::SIGTERM);
     let done = service.finish(TIMEOUT);
     let snapshot = std::fs::read_dir(output.join("calls-c"))

@@ -17,6 +17,7 @@ use crate::plan::AttachPlan;
 use crate::service::config::{Mode, ServiceConfig, TargetConfig};
 use crate::service::control;
 use crate::service::retention::Retention;
+use crate::service::slow::{SlowCall, SlowCalls};
 use crate::session::flight::FlightRecorder;
 use crate::session::order::{Gap, Sequencer};
 use crate::session::output::OutputDir;
@@ -50,6 +51,10 @@ struct Watched {
     tag: u32,
     exits: ExitsChoice,
     recorder: FlightRecorder,
+    /// The slow-call trigger, when the target has one.
+    slow: Option<SlowCalls>,
+    /// When its last slow-call snapshot was written: one per window at most.
+    last_slow: Option<std::time::Instant>,
 }
 
 /// Runs the service until SIGTERM or SIGINT, listening for `status` and `snapshot` requests on
@@ -162,7 +167,20 @@ fn attach_target(tracer: &mut Tracer, config: &TargetConfig, tags: &mut u32) -> 
             "fdr-profiled: service: target {}: attached {probes} probes to {} functions in {}",
             config.name, plan.functions, plan.display_path
         );
+        let slow = config.trigger_slower_than.map(|threshold| {
+            let chosen = FunctionFilter::new(&config.trigger_functions, &[])
+                .expect("patterns checked with the configuration");
+            let ids: std::collections::HashSet<u32> = plan
+                .probes
+                .iter()
+                .map(|p| p.cookie.function_id)
+                .filter(|&id| chosen.selects(&plan.names.name(id)))
+                .collect();
+            SlowCalls::new(u64::try_from(threshold.as_nanos()).unwrap_or(u64::MAX), ids)
+        });
         binaries.push(Watched {
+            slow,
+            last_slow: None,
             plan,
             probes,
             attached_ns: crate::session::monotonic_ns(),
@@ -258,6 +276,9 @@ async fn serve(
                 intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
                 for crash in router.crashes_due() {
                     snapshot_crash(config, targets, &crash);
+                }
+                for (t, b, slow) in std::mem::take(&mut router.slow) {
+                    snapshot_slow(config, targets, t, b, &slow);
                 }
             }
             woken = intake.wakeup() => {
@@ -355,6 +376,8 @@ struct Router {
     crashes: Vec<Crash>,
     /// Processes whose crash was seen (each gets one snapshot).
     crashed: std::collections::HashSet<u32>,
+    /// Slow calls seen since the last drain.
+    slow: Vec<(usize, usize, SlowCall)>,
 }
 
 /// A traced process that died of a signal.
@@ -444,7 +467,11 @@ impl Router {
             (t, b)
         };
         self.events += 1;
-        targets[t].binaries[b].recorder.push(&event, gap);
+        let w = &mut targets[t].binaries[b];
+        if let Some(slow) = w.slow.as_mut().and_then(|s| s.observe(&event.header)) {
+            self.slow.push((t, b, slow));
+        }
+        w.recorder.push(&event, gap);
     }
 }
 
@@ -534,6 +561,52 @@ fn snapshot_crash(config: &ServiceConfig, targets: &mut [Target], crash: &Crash)
         w,
         &utc_stamp(),
         &format!("{name}-{}", crash.pid),
+    );
+}
+
+/// Writes the snapshot a slow call triggered, unless one was written less than a window ago
+/// for the same binary (a storm of slow calls writes one snapshot per window, not thousands).
+fn snapshot_slow(
+    config: &ServiceConfig,
+    targets: &mut [Target],
+    t: usize,
+    b: usize,
+    slow: &SlowCall,
+) {
+    let target = &mut targets[t];
+    let window = target.config.window;
+    let w = &mut target.binaries[b];
+    let name = w.plan.names.name(slow.function_id);
+    eprintln!(
+        "fdr-profiled: service: target {}: {name} took {:.3} ms in thread {} of process {}",
+        target.config.name,
+        slow.duration_ns as f64 / 1e6,
+        slow.tid,
+        slow.pid
+    );
+    if w.last_slow.is_some_and(|at| at.elapsed() < window) {
+        return;
+    }
+    w.last_slow = Some(std::time::Instant::now());
+    w.recorder.expire();
+    let short: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(48)
+        .collect();
+    let target = &targets[t];
+    snapshot_binary(
+        config,
+        target,
+        &target.binaries[b],
+        &utc_stamp(),
+        &format!("slow-{short}"),
     );
 }
 
