@@ -11,6 +11,7 @@
 mod attach;
 mod calls;
 mod report;
+mod service;
 mod support;
 mod unwinding;
 
@@ -42,6 +43,10 @@ const SECTIONS: &[Section] = &[
     Section {
         name: "unwinding",
         run: unwinding::run,
+    },
+    Section {
+        name: "service",
+        run: service::run,
     },
 ];
 
