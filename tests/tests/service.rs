@@ -488,6 +488,71 @@ fn a_slow_call_triggers_a_snapshot() {
     assert!(exit.tsc - enter.tsc >= 80_000_000, "{enter:?} {exit:?}");
 }
 
+/// Record mode: every call written, in segments closed past their age; each segment a valid
+/// session, and over all of them every call of every run has its entry exactly once (and its
+/// exit, or, for a call a rotation cut, an exit counted as without entry in the next one).
+#[test]
+fn record_mode_writes_every_call_into_rotated_segments() {
+    let scratch = tests::scratch_dir("service-record");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"rec\"\nbinary = \"{}\"\n\
+             mode = \"record\"\nsegment_age = \"1s\"\nsegment_size = \"1MB\"\n",
+            output.display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let mut service = Running::spawn(
+        "fdr-profiled service",
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(scratch.path().join("control.sock")),
+    );
+    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let run = Running::spawn("calls", Command::new(&bin).args(["--iterations", "700"]));
+        pids.push(run.pid());
+        assert!(run.finish(TIMEOUT).status.success());
+        std::thread::sleep(Duration::from_millis(1_300));
+    }
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    let dirs = snapshots(&output, "rec");
+    assert!(dirs.len() >= 2, "rotated by age: {dirs:?}\n{}", done.stderr);
+    let (mut entries, mut exits, mut unmatched) = (0, 0, 0);
+    let mut seen_pids = std::collections::BTreeSet::new();
+    for d in &dirs {
+        assert!(d.to_string_lossy().ends_with("-segment"), "{d:?}");
+        let trace = check_trace_dir(d, &bin);
+        seen_pids.extend(trace.pids());
+        for t in &trace.threads {
+            let c = t.calls().get("cx_tiny").copied().unwrap_or_default();
+            entries += c.entries();
+            exits += c.exits();
+        }
+        unmatched += trace.session.dropped_unmatched_exits;
+    }
+    assert_eq!(
+        seen_pids,
+        pids.iter().copied().collect(),
+        "every run is recorded"
+    );
+    assert_eq!(entries, 3 * 700, "every call's entry, exactly once");
+    assert!(
+        exits <= entries && exits + unmatched >= entries,
+        "{exits} exits, {unmatched} unmatched"
+    );
+}
+
 #[test]
 fn a_bad_configuration_refuses_to_start() {
     let scratch = tests::scratch_dir("service-bad-config");

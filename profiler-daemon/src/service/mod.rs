@@ -7,6 +7,7 @@ pub mod config;
 pub mod control;
 pub mod retention;
 pub mod runtime;
+pub mod segments;
 pub mod slow;
 
 use anyhow::Result;

@@ -1,6 +1,7 @@
 //! The running service: every configured target attached (every process that runs its binary,
-//! now or later), each target's events held by a flight recorder, and a snapshot of every
-//! target written on `SIGUSR1`.
+//! now or later), each target's events held by a flight recorder (and a snapshot written on
+//! `SIGUSR1`, a request, a crash or a slow call), or, in record mode, written into rotated
+//! segments ([`crate::service::segments`]).
 //!
 //! One eBPF tracer serves all targets. Every target's executable is XRay object 0 in its
 //! files, so the probes of each binary carry a tag of their own in the top bits of the
@@ -17,6 +18,7 @@ use crate::plan::AttachPlan;
 use crate::service::config::{Mode, ServiceConfig, TargetConfig};
 use crate::service::control;
 use crate::service::retention::Retention;
+use crate::service::segments::{SegmentSpec, Segments};
 use crate::service::slow::{SlowCall, SlowCalls};
 use crate::session::flight::FlightRecorder;
 use crate::session::order::{Gap, Sequencer};
@@ -55,19 +57,14 @@ struct Watched {
     slow: Option<SlowCalls>,
     /// When its last slow-call snapshot was written: one per window at most.
     last_slow: Option<std::time::Instant>,
+    /// Record mode: where its events are written instead of held.
+    segments: Option<Segments>,
 }
 
 /// Runs the service until SIGTERM or SIGINT, listening for `status` and `snapshot` requests on
 /// `socket`.
 pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
     let config = ServiceConfig::load(config_path)?;
-    if let Some(t) = config.targets.iter().find(|t| t.mode == Mode::Record) {
-        bail!(
-            "{}: target {}: mode \"record\" is not supported yet; use \"flight-recorder\"",
-            config.path.display(),
-            t.name
-        );
-    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
@@ -88,7 +85,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
     let mut targets = Vec::new();
     let mut tags = 0;
     for t in &config.targets {
-        targets.push(attach_target(&mut tracer, t, &mut tags)?);
+        targets.push(attach_target(&mut tracer, &config, t, &mut tags)?);
     }
     if targets.iter().all(|t| t.binaries.is_empty()) {
         bail!("no target's binary exists: nothing to trace");
@@ -128,7 +125,12 @@ const MAX_TAGS: u32 = 255;
 
 /// Plans and attaches every binary `config`'s pattern matches now; `tags` counts the tags
 /// given so far.
-fn attach_target(tracer: &mut Tracer, config: &TargetConfig, tags: &mut u32) -> Result<Target> {
+fn attach_target(
+    tracer: &mut Tracer,
+    service: &ServiceConfig,
+    config: &TargetConfig,
+    tags: &mut u32,
+) -> Result<Target> {
     let filter = FunctionFilter::new(&config.functions, &config.exclude)?;
     let mut binaries = Vec::new();
     for path in matching_files(&config.binary) {
@@ -178,16 +180,41 @@ fn attach_target(tracer: &mut Tracer, config: &TargetConfig, tags: &mut u32) -> 
                 .collect();
             SlowCalls::new(u64::try_from(threshold.as_nanos()).unwrap_or(u64::MAX), ids)
         });
+        let attached_ns = crate::session::monotonic_ns();
+        let segments = (config.mode == Mode::Record).then(|| {
+            Segments::new(
+                SegmentSpec {
+                    root: service.output.join(&config.name),
+                    suffix: String::new(),
+                    plan: plan.clone(),
+                    probes,
+                    attached_ns,
+                    exits: choice.clone(),
+                    version: config.fdr_version,
+                    max_bytes: config.segment_bytes,
+                    max_age: config.segment_age,
+                },
+                Retention::new(&service.output, service.max_disk, service.min_free),
+            )
+        });
         binaries.push(Watched {
             slow,
             last_slow: None,
+            segments,
             plan,
             probes,
-            attached_ns: crate::session::monotonic_ns(),
+            attached_ns,
             tag: *tags,
             exits: choice,
             recorder: FlightRecorder::new(config.window, config.max_memory),
         });
+    }
+    if binaries.len() > 1 {
+        for w in &mut binaries {
+            if let Some(segments) = &mut w.segments {
+                segments.set_suffix(format!("-{}", w.plan.exe_name));
+            }
+        }
     }
     if binaries.is_empty() {
         eprintln!(
@@ -324,6 +351,11 @@ async fn serve(
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
             }
             _ = status.tick() => {
+                for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+                    if let Some(segments) = &mut w.segments {
+                        segments.tick();
+                    }
+                }
                 let (at, events) = last_status;
                 let rate = (router.events - events) as f64 / at.elapsed().as_secs_f64().max(1e-3);
                 last_status = (std::time::Instant::now(), router.events);
@@ -332,6 +364,13 @@ async fn serve(
             }
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
+        }
+    }
+    // Every event before now is in the buffers: the open segments get them, then close.
+    intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+    for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+        if let Some(segments) = &mut w.segments {
+            segments.close();
         }
     }
     Ok(())
@@ -452,6 +491,7 @@ impl Router {
                 self.of_tid.remove(&h.tid);
                 let signal = h.function_id & 0x7f;
                 if h.flags & profiler_common::event_flags::EXIT_CODE != 0
+                    && targets[t].binaries[b].segments.is_none()
                     && CRASH_SIGNALS.iter().any(|(s, _)| *s == signal)
                     && self.crashed.insert(h.pid)
                 {
@@ -468,6 +508,10 @@ impl Router {
         };
         self.events += 1;
         let w = &mut targets[t].binaries[b];
+        if let Some(segments) = &mut w.segments {
+            segments.record(event, gap);
+            return;
+        }
         if let Some(slow) = w.slow.as_mut().and_then(|s| s.observe(&event.header)) {
             self.slow.push((t, b, slow));
         }
@@ -491,6 +535,7 @@ fn snapshot_all(
             target
                 .binaries
                 .iter()
+                .filter(|w| w.segments.is_none())
                 .filter_map(|w| snapshot_binary(config, target, w, &stamp, trigger))
                 .collect::<Vec<_>>()
         })
@@ -514,6 +559,10 @@ fn status_json(
                     let s = w.recorder.stats();
                     serde_json::json!({
                         "path": w.plan.display_path,
+                        "mode": if w.segments.is_some() { "record" } else { "flight-recorder" },
+                        "segment": w.segments.as_ref().and_then(|g| g.current()),
+                        "segments_closed": w.segments.as_ref().map_or(0, |g| g.closed),
+                        "not_written": w.segments.as_ref().map_or(0, |g| g.not_written),
                         "threads": s.threads,
                         "events": s.events,
                         "bytes": s.bytes,

@@ -1,0 +1,200 @@
+//! Record mode: every event of a binary written, as a recording writes it, into sessions that
+//! are closed and replaced by a new one past a size or an age: *segments*, each a complete
+//! session directory (`OUTPUT/<target>/<UTC time>-segment[-<binary>]/`, its FDR files valid on
+//! their own, with `session.json` and `report.txt`).
+//!
+//! A call that spans a segment boundary has its entry in one segment and its exit in the next,
+//! where it is counted as an exit without entry, as in any session that starts mid-call. The
+//! oldest segments and snapshots are deleted to stay under `max_disk` (never the segment being
+//! written); no segment is opened while the filesystem has less than `min_free` left, and the
+//! events that arrive meanwhile are counted as not written.
+use crate::kernel::intake::Event;
+use crate::plan::exits::ExitsChoice;
+use crate::plan::AttachPlan;
+use crate::service::retention::Retention;
+use crate::session::order::Gap;
+use crate::session::output::OutputDir;
+use crate::session::{Executable, IntakeLosses, Session};
+use anyhow::Result;
+use fdr_analysis::symbolize::Symbolizer;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use xray_fdr::FdrVersion;
+
+/// What one binary's segments are made of.
+pub struct SegmentSpec {
+    /// `OUTPUT/<target>`.
+    pub root: PathBuf,
+    /// Appended to each segment's name (`-<binary>` when a target has several).
+    pub suffix: String,
+    pub plan: AttachPlan,
+    pub probes: usize,
+    pub attached_ns: u64,
+    pub exits: ExitsChoice,
+    pub version: FdrVersion,
+    /// A segment is closed once its files take this much ...
+    pub max_bytes: u64,
+    /// ... or it is this old.
+    pub max_age: Duration,
+}
+
+/// The segment being written and what was done so far.
+pub struct Segments {
+    spec: SegmentSpec,
+    retention: Retention,
+    current: Option<Open>,
+    /// Segments closed.
+    pub closed: u64,
+    /// Events not written because the filesystem was too full.
+    pub not_written: u64,
+}
+
+struct Open {
+    session: Session,
+    dir: PathBuf,
+    opened: Instant,
+}
+
+impl Segments {
+    pub fn new(spec: SegmentSpec, retention: Retention) -> Segments {
+        Segments {
+            spec,
+            retention,
+            current: None,
+            closed: 0,
+            not_written: 0,
+        }
+    }
+
+    /// Writes a thread's next event into the current segment, opening one if needed.
+    pub fn record(&mut self, event: Event, gap: Option<Gap>) {
+        if self.current.is_none() {
+            if let Err(why) = self.retention.room() {
+                if self.not_written == 0 {
+                    eprintln!(
+                        "fdr-profiled: error: {}: not writing: {why}",
+                        self.spec.root.display()
+                    );
+                }
+                self.not_written += 1;
+                return;
+            }
+            match self.open() {
+                Ok(open) => self.current = Some(open),
+                Err(err) => {
+                    if self.not_written == 0 {
+                        eprintln!(
+                            "fdr-profiled: error: {}: cannot open a segment: {err:#}",
+                            self.spec.root.display()
+                        );
+                    }
+                    self.not_written += 1;
+                    return;
+                }
+            }
+        }
+        if let Some(open) = &mut self.current {
+            open.session.record(event, gap);
+        }
+    }
+
+    /// Makes the files complete on disk, and closes the segment when it is too big or too old.
+    pub fn tick(&mut self) {
+        let Some(open) = &mut self.current else {
+            return;
+        };
+        open.session.flush();
+        let full = tree_bytes(&open.dir) >= self.spec.max_bytes;
+        if full || open.opened.elapsed() >= self.spec.max_age {
+            self.close();
+        }
+    }
+
+    /// Closes the current segment: its files final, `session.json` and `report.txt` written;
+    /// then the oldest output is deleted past `max_disk`.
+    pub fn close(&mut self) {
+        let Some(open) = self.current.take() else {
+            return;
+        };
+        let dir = open.dir.clone();
+        match open.session.finish(IntakeLosses::default()) {
+            Ok(_) => {
+                if let Err(err) = fdr_analysis::outputs::write_report(&dir, &Symbolizer::default())
+                {
+                    eprintln!(
+                        "fdr-profiled: warning: {}: no report: {err:#}",
+                        dir.display()
+                    );
+                }
+                self.closed += 1;
+                eprintln!("fdr-profiled: service: segment {}", dir.display());
+            }
+            Err(err) => eprintln!(
+                "fdr-profiled: error: closing segment {}: {err:#}",
+                dir.display()
+            ),
+        }
+        for gone in self.retention.enforce(&dir) {
+            eprintln!(
+                "fdr-profiled: service: deleted {} ({} bytes) to stay under max_disk",
+                gone.dir.display(),
+                gone.bytes
+            );
+        }
+    }
+
+    /// Names this binary's segments `...-segment<suffix>` (a target with several binaries).
+    pub fn set_suffix(&mut self, suffix: String) {
+        self.spec.suffix = suffix;
+    }
+
+    /// The directory being written, if any.
+    pub fn current(&self) -> Option<&Path> {
+        self.current.as_ref().map(|o| o.dir.as_path())
+    }
+
+    fn open(&self) -> Result<Open> {
+        let stamp = humantime::format_rfc3339_millis(std::time::SystemTime::now())
+            .to_string()
+            .replace([':', '-'], "");
+        let dir = self
+            .spec
+            .root
+            .join(format!("{stamp}-segment{}", self.spec.suffix));
+        let out = OutputDir::create_root(&dir)?;
+        let plan = &self.spec.plan;
+        let mut session = Session::new(
+            out,
+            Executable {
+                name: plan.exe_name.clone(),
+                path: plan.display_path.clone(),
+                deleted: false,
+            },
+            self.spec.version,
+            self.spec.exits.clone(),
+        );
+        session.add_object(plan.clone(), self.spec.probes, self.spec.attached_ns);
+        Ok(Open {
+            session,
+            dir,
+            opened: Instant::now(),
+        })
+    }
+}
+
+/// Bytes of the regular files under `dir` (its process directories, one level down).
+fn tree_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in entries.flatten() {
+        let Ok(t) = e.file_type() else { continue };
+        if t.is_dir() {
+            total += tree_bytes(&e.path());
+        } else if t.is_file() {
+            total += e.metadata().map_or(0, |m| m.len());
+        }
+    }
+    total
+}
