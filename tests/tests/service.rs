@@ -553,6 +553,115 @@ fn record_mode_writes_every_call_into_rotated_segments() {
     );
 }
 
+/// SIGHUP with one target removed and one added: the kept target records on with no gap,
+/// the removed one has exactly its processes from before the reload, the added one those from
+/// after; a reload with a bad file changes nothing. Record mode, so every call is counted.
+#[test]
+fn a_reload_adds_and_removes_targets_and_keeps_the_others_running() {
+    let scratch = tests::scratch_dir("service-reload");
+    let copy = |name: &str| {
+        let dir = scratch.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        private_copy(&calls_fixture(), &dir)
+    };
+    let (a, b, c) = (copy("a"), copy("b"), copy("c"));
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    let write = |targets: &[(&str, &Path)]| {
+        let mut text = format!("output = \"{}\"\n", output.display());
+        for (name, bin) in targets {
+            text.push_str(&format!(
+                "[[target]]\nname = \"{name}\"\nbinary = \"{}\"\nmode = \"record\"\n",
+                bin.display()
+            ));
+        }
+        std::fs::write(&config, text).unwrap();
+    };
+    write(&[("a", &a), ("b", &b)]);
+    let mut service = Running::spawn(
+        "fdr-profiled service",
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(scratch.path().join("control.sock")),
+    );
+    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    let run = |bin: &Path, n: u32| {
+        let r = Running::spawn(
+            "calls",
+            Command::new(bin).args(["--iterations", &n.to_string()]),
+        );
+        let pid = r.pid();
+        let done = r.finish(TIMEOUT);
+        assert!(done.status.success());
+        (pid, done.stdout)
+    };
+    let before: Vec<_> = vec![run(&a, 300), run(&b, 400), run(&a, 500), run(&b, 600)];
+
+    // A bad file changes nothing.
+    std::fs::write(&config, "output = 3\n").unwrap();
+    service.signal(libc::SIGHUP);
+    service.wait_for_stderr_line("fdr-profiled: error: reload refused", TIMEOUT);
+    write(&[("a", &a), ("c", &c)]);
+    service.signal(libc::SIGHUP);
+    service.wait_for_stderr_line("fdr-profiled: service: reloaded ", TIMEOUT);
+    let after: Vec<_> = vec![run(&a, 700), run(&b, 800), run(&c, 900)];
+    std::thread::sleep(Duration::from_millis(300));
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("1 targets kept, 1 added, 1 removed"),
+        "{}",
+        done.stderr
+    );
+
+    // Per target: the processes recorded, with exact counts.
+    let recorded = |target: &str, bin: &Path| {
+        let mut pids = std::collections::BTreeSet::new();
+        for d in snapshots(&output, target) {
+            let trace = check_trace_dir(&d, bin);
+            for pid in trace.pids() {
+                pids.insert(pid);
+                let stdout = before
+                    .iter()
+                    .chain(&after)
+                    .find(|(p, _)| *p == pid)
+                    .map(|(_, o)| o.clone())
+                    .unwrap_or_else(|| panic!("{target}: unknown process {pid}"));
+                assert_process_calls(
+                    &trace,
+                    &ProcessExpectation {
+                        pid,
+                        calls: &expected_calls(&parse_count_lines(&stdout)),
+                        known: CALLS_FUNCTIONS,
+                        main_fn: "main",
+                        main: MainCall::Traced,
+                        only_known: true,
+                    },
+                );
+            }
+        }
+        pids.into_iter().collect::<Vec<u32>>()
+    };
+    let sorted = |mut v: Vec<u32>| {
+        v.sort();
+        v
+    };
+    assert_eq!(
+        recorded("a", &a),
+        sorted(vec![before[0].0, before[2].0, after[0].0]),
+        "a is kept: every run"
+    );
+    assert_eq!(
+        recorded("b", &b),
+        sorted(vec![before[1].0, before[3].0]),
+        "b is removed: nothing after the reload"
+    );
+    assert_eq!(recorded("c", &c), vec![after[2].0], "c is added");
+}
+
 #[test]
 fn a_bad_configuration_refuses_to_start() {
     let scratch = tests::scratch_dir("service-bad-config");

@@ -42,12 +42,25 @@ pub struct LoadOptions {
 
 /// The loaded programs and maps. Dropping it detaches every probe.
 pub struct Tracer {
-    // Field order is drop order: links go before the programs they run.
-    links: Vec<MultiLink>,
+    // Field order is drop order: links go before the programs they run. A slot is emptied
+    // when its link is detached ([`Tracer::detach`]), so that the others keep their places.
+    links: Vec<Option<MultiLink>>,
     multi: Vec<(&'static str, MultiProgram)>,
     ebpf: Ebpf,
     options: LoadOptions,
     rings: Vec<RingBuf<MapData>>,
+    /// What was placed since the last [`Tracer::take_attachment`].
+    attachment: Attachment,
+}
+
+/// A set of placed probes that can be removed again on their own (a service target that a
+/// reload removes): its `uprobe_multi` links, or its perf-event links.
+#[derive(Debug, Default)]
+pub struct Attachment {
+    /// Slots in the tracer's list of `uprobe_multi` links.
+    multi: Vec<usize>,
+    /// Perf-event links, with the program they run.
+    perf: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>,
 }
 
 /// Which processes the probes fire for.
@@ -159,6 +172,7 @@ impl Tracer {
             })?;
         }
         Ok(Tracer {
+            attachment: Attachment::default(),
             links: Vec::new(),
             multi,
             ebpf,
@@ -229,7 +243,7 @@ impl Tracer {
 
     fn place(
         &mut self,
-        program: &str,
+        program: &'static str,
         probes: &[Probe],
         binary: &Path,
         scope: UProbeScope,
@@ -259,17 +273,19 @@ impl Tracer {
                     binary.display()
                 )
             })?;
-            self.links.push(link);
+            self.attachment.multi.push(self.links.len());
+            self.links.push(Some(link));
             return Ok(());
         }
         crate::kernel::rlimit::reserve_open_files(probes.len())?;
+        let program_name = program;
         let program = uprobe(&mut self.ebpf, program)?;
         for probe in probes {
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
                 cookie: Some(probe.cookie.encode()),
             };
-            program.attach(point, binary, scope).map_err(|e| {
+            let id = program.attach(point, binary, scope).map_err(|e| {
                 anyhow!(
                     "cannot place a uprobe at offset {:#x} of {}: {}",
                     probe.file_offset,
@@ -277,8 +293,29 @@ impl Tracer {
                     one_line(&e)
                 )
             })?;
+            self.attachment.perf.push((program_name, id));
         }
         Ok(())
+    }
+
+    /// Everything placed since the last call (by [`Tracer::attach`] and
+    /// [`Tracer::attach_catch`]): what [`Tracer::detach`] removes.
+    pub fn take_attachment(&mut self) -> Attachment {
+        std::mem::take(&mut self.attachment)
+    }
+
+    /// Removes the probes of `attachment`, leaving every other probe in place.
+    pub fn detach(&mut self, attachment: Attachment) {
+        for slot in attachment.multi {
+            if let Some(link) = self.links.get_mut(slot) {
+                drop(link.take());
+            }
+        }
+        for (program, id) in attachment.perf {
+            if let Ok(p) = uprobe(&mut self.ebpf, program) {
+                let _ = p.detach(id);
+            }
+        }
     }
 
     /// Starts (`true`) or stops recording: the programs ignore every hit while disarmed (see

@@ -97,7 +97,7 @@ pub struct ServiceConfig {
 }
 
 /// One `[[target]]`, validated.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TargetConfig {
     /// Its name: directory names, logs, `fdr-profiled snapshot NAME`. Defaults to the binary's
     /// file name.

@@ -10,7 +10,7 @@
 //! end and its catches carry no function id: they go where the thread's last event went. A
 //! target whose pattern matches several binaries keeps one recorder per binary, and its
 //! snapshots one directory per binary.
-use crate::kernel::bpf::{LoadOptions, Scope, Tracer};
+use crate::kernel::bpf::{Attachment, LoadOptions, Scope, Tracer};
 use crate::kernel::intake::{Event, Intake};
 use crate::plan::exits::{self, ExitsChoice};
 use crate::plan::select::FunctionFilter;
@@ -40,6 +40,8 @@ struct Target {
     config: TargetConfig,
     /// The binaries its pattern matched.
     binaries: Vec<Watched>,
+    /// Its probes, to remove them when a reload removes the target.
+    attachment: Attachment,
 }
 
 /// One binary of a target, attached.
@@ -64,7 +66,7 @@ struct Watched {
 /// Runs the service until SIGTERM or SIGINT, listening for `status` and `snapshot` requests on
 /// `socket`.
 pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
-    let config = ServiceConfig::load(config_path)?;
+    let mut config = ServiceConfig::load(config_path)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
@@ -83,7 +85,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         perf_events_only: false,
     })?;
     let mut targets = Vec::new();
-    let mut tags = 0;
+    let mut tags = Tags::default();
     for t in &config.targets {
         targets.push(attach_target(&mut tracer, &config, t, &mut tags)?);
     }
@@ -108,7 +110,14 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         config.output.display()
     );
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
-    let result = runtime.block_on(serve(&config, &mut targets, intake, listener));
+    let mut service = Service {
+        path: config_path.to_path_buf(),
+        config: &mut config,
+        tracer: &mut tracer,
+        targets: &mut targets,
+        tags: &mut tags,
+    };
+    let result = runtime.block_on(serve(&mut service, intake, listener));
     let _ = std::fs::remove_file(socket);
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     if let Err(err) = tracer.set_armed(false) {
@@ -123,14 +132,49 @@ const TAG_SHIFT: u32 = 24;
 /// Most binaries the service traces at once (tags 1 to 255).
 const MAX_TAGS: u32 = 255;
 
-/// Plans and attaches every binary `config`'s pattern matches now; `tags` counts the tags
-/// given so far.
+/// The binaries' tags: 1 to [`MAX_TAGS`], those of removed targets given out again.
+#[derive(Debug, Default)]
+struct Tags {
+    next: u32,
+    free: Vec<u32>,
+}
+
+impl Tags {
+    fn take(&mut self) -> Result<u32> {
+        if let Some(tag) = self.free.pop() {
+            return Ok(tag);
+        }
+        if self.next == MAX_TAGS {
+            bail!("more than {MAX_TAGS} binaries to trace");
+        }
+        self.next += 1;
+        Ok(self.next)
+    }
+
+    fn give_back(&mut self, tag: u32) {
+        self.free.push(tag);
+    }
+}
+
+/// What the event loop works on, and what a reload changes.
+struct Service<'a> {
+    /// The configuration file, read again on SIGHUP.
+    path: PathBuf,
+    config: &'a mut ServiceConfig,
+    tracer: &'a mut Tracer,
+    targets: &'a mut Vec<Target>,
+    tags: &'a mut Tags,
+}
+
+/// Plans and attaches every binary `config`'s pattern matches now.
 fn attach_target(
     tracer: &mut Tracer,
     service: &ServiceConfig,
     config: &TargetConfig,
-    tags: &mut u32,
+    tags: &mut Tags,
 ) -> Result<Target> {
+    // What an earlier target left unclaimed is not this one's.
+    drop(tracer.take_attachment());
     let filter = FunctionFilter::new(&config.functions, &config.exclude)?;
     let mut binaries = Vec::new();
     for path in matching_files(&config.binary) {
@@ -144,15 +188,12 @@ fn attach_target(
             );
             continue;
         }
-        if *tags == MAX_TAGS {
-            bail!("more than {MAX_TAGS} binaries to trace");
-        }
-        *tags += 1;
+        let tag = tags.take()?;
         let (policy, choice) = exits::choose(config.exits, &exits::static_image(&plan.binary));
         exits::decide(&mut plan, policy);
         let mut tagged = plan.clone();
         for probe in &mut tagged.probes {
-            probe.cookie.function_id |= *tags << TAG_SHIFT;
+            probe.cookie.function_id |= tag << TAG_SHIFT;
         }
         let probes = tracer.attach(&tagged, Scope::AllProcesses)?;
         for point in crate::plan::catches::catch_points(&plan.binary) {
@@ -204,7 +245,7 @@ fn attach_target(
             plan,
             probes,
             attached_ns,
-            tag: *tags,
+            tag,
             exits: choice,
             recorder: FlightRecorder::new(config.window, config.max_memory),
         });
@@ -225,6 +266,7 @@ fn attach_target(
     Ok(Target {
         config: config.clone(),
         binaries,
+        attachment: tracer.take_attachment(),
     })
 }
 
@@ -273,10 +315,10 @@ fn matching_files(pattern: &str) -> Vec<PathBuf> {
     found
 }
 
-/// The event loop: drain, route to the targets' recorders, snapshot on SIGUSR1.
+/// The event loop: drain, route to the targets' recorders, snapshot on SIGUSR1, reload on
+/// SIGHUP.
 async fn serve(
-    config: &ServiceConfig,
-    targets: &mut [Target],
+    svc: &mut Service<'_>,
     mut intake: Intake,
     listener: tokio::net::UnixListener,
 ) -> Result<()> {
@@ -289,7 +331,8 @@ async fn serve(
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut expire = tokio::time::interval(EXPIRE_INTERVAL);
     let mut order = Sequencer::default();
-    let mut router = Router::new(targets);
+    let mut router = Router::new(svc.targets);
+    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     // systemd's watchdog, when the unit sets WatchdogSec: a ping at half its period.
     let mut watchdog_usec = 0;
     let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
@@ -300,46 +343,46 @@ async fn serve(
     loop {
         tokio::select! {
             _ = drain.tick() => {
-                intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+                intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
                 for crash in router.crashes_due() {
-                    snapshot_crash(config, targets, &crash);
+                    snapshot_crash(svc.config, svc.targets, &crash);
                 }
                 for (t, b, slow) in std::mem::take(&mut router.slow) {
-                    snapshot_slow(config, targets, t, b, &slow);
+                    snapshot_slow(svc.config, svc.targets, t, b, &slow);
                 }
             }
             woken = intake.wakeup() => {
                 woken?;
-                intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+                intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
             }
             _ = expire.tick() => {
-                for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+                for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     w.recorder.expire();
                 }
             }
             _ = sigusr1.recv() => {
-                intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
-                for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+                intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     w.recorder.expire();
                 }
-                last_snapshot = snapshot_all(config, targets, None, "sigusr1").pop().or(last_snapshot);
+                last_snapshot = snapshot_all(svc.config, svc.targets, None, "sigusr1").pop().or(last_snapshot);
             }
             accepted = listener.accept() => {
                 let Ok((mut stream, _)) = accepted else { continue };
                 let answer = match control::read_request(&mut stream).await {
                     Err(why) => serde_json::json!({ "error": why }),
                     Ok(control::Request::Status) => {
-                        status_json(config, targets, &router, last_snapshot.as_deref())
+                        status_json(svc.config, svc.targets, &router, last_snapshot.as_deref())
                     }
                     Ok(control::Request::Snapshot(name)) => {
-                        if name.as_ref().is_some_and(|n| !targets.iter().any(|t| &t.config.name == n)) {
+                        if name.as_ref().is_some_and(|n| !svc.targets.iter().any(|t| &t.config.name == n)) {
                             serde_json::json!({ "error": format!("no target named {:?}", name.unwrap_or_default()) })
                         } else {
-                            intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
-                            for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+                            intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                            for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                                 w.recorder.expire();
                             }
-                            let written = snapshot_all(config, targets, name.as_deref(), "request");
+                            let written = snapshot_all(svc.config, svc.targets, name.as_deref(), "request");
                             last_snapshot = written.last().cloned().or(last_snapshot);
                             serde_json::json!({ "snapshots": written })
                         }
@@ -351,7 +394,7 @@ async fn serve(
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
             }
             _ = status.tick() => {
-                for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+                for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     if let Some(segments) = &mut w.segments {
                         segments.tick();
                     }
@@ -359,21 +402,107 @@ async fn serve(
                 let (at, events) = last_status;
                 let rate = (router.events - events) as f64 / at.elapsed().as_secs_f64().max(1e-3);
                 last_status = (std::time::Instant::now(), router.events);
-                let text = status_line(targets, &router, rate);
+                let text = status_line(svc.targets, &router, rate);
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&text)]);
+            }
+            _ = sighup.recv() => {
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Reloading]);
+                // What is due is written with the targets as they are.
+                intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                for crash in router.crashes_due_all() {
+                    snapshot_crash(svc.config, svc.targets, &crash);
+                }
+                for (t, b, slow) in std::mem::take(&mut router.slow) {
+                    snapshot_slow(svc.config, svc.targets, t, b, &slow);
+                }
+                let removed = reload(svc);
+                // The removed targets' last events, routed while their tags still say where.
+                intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                finish_removed(svc, removed);
+                router.retarget(svc.targets);
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
             }
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
         }
     }
     // Every event before now is in the buffers: the open segments get them, then close.
-    intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
-    for w in targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+    intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+    for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
         if let Some(segments) = &mut w.segments {
             segments.close();
         }
     }
     Ok(())
+}
+
+/// Reads the configuration again: targets whose settings did not change keep running (no
+/// gap), removed and changed ones have their probes removed (their last events are then
+/// drained and [`finish_removed`] closes them), added and changed ones are attached. A file
+/// with an error changes nothing. Returns the removed targets.
+fn reload(svc: &mut Service<'_>) -> Vec<Target> {
+    let new = match ServiceConfig::load(&svc.path) {
+        Ok(new) => new,
+        Err(err) => {
+            eprintln!(
+                "fdr-profiled: error: reload refused, the running configuration stays: {err}"
+            );
+            return Vec::new();
+        }
+    };
+    let mut removed = Vec::new();
+    let mut kept = Vec::new();
+    for target in std::mem::take(svc.targets) {
+        if new.targets.contains(&target.config) {
+            kept.push(target);
+        } else {
+            removed.push(target);
+        }
+    }
+    for target in &mut removed {
+        svc.tracer.detach(std::mem::take(&mut target.attachment));
+    }
+    let mut added = 0;
+    for t in &new.targets {
+        if kept.iter().any(|k| &k.config == t) {
+            continue;
+        }
+        match attach_target(svc.tracer, &new, t, svc.tags) {
+            Ok(target) => {
+                kept.push(target);
+                added += 1;
+            }
+            Err(err) => {
+                let partial = svc.tracer.take_attachment();
+                svc.tracer.detach(partial);
+                eprintln!(
+                    "fdr-profiled: error: reload: target {}: not traced: {err:#}",
+                    t.name
+                );
+            }
+        }
+    }
+    eprintln!(
+        "fdr-profiled: service: reloaded {}: {} targets kept, {added} added, {} removed",
+        svc.path.display(),
+        kept.len() - added,
+        removed.len()
+    );
+    *svc.targets = kept;
+    *svc.config = new;
+    removed
+}
+
+/// Closes what removed targets were writing, and frees their tags.
+fn finish_removed(svc: &mut Service<'_>, removed: Vec<Target>) {
+    for mut target in removed {
+        for w in &mut target.binaries {
+            if let Some(segments) = &mut w.segments {
+                segments.close();
+            }
+            svc.tags.give_back(w.tag);
+        }
+    }
 }
 
 /// How often the service tells systemd how it is doing.
@@ -403,8 +532,8 @@ fn status_line(targets: &[Target], router: &Router, rate: f64) -> String {
 struct Router {
     /// By tag: the (target, binary) it marks.
     of_tag: HashMap<u32, (usize, usize)>,
-    /// By thread: where its last function event went, and its pid.
-    of_tid: HashMap<u32, (usize, usize, u32)>,
+    /// By thread: the tag of its last function event, and its pid.
+    of_tid: HashMap<u32, (u32, u32)>,
     /// Events of no known binary (never expected).
     unrouted: u64,
     /// Events routed, and events the kernel lost (the threads' gaps).
@@ -449,12 +578,23 @@ const CRASH_SETTLE: Duration = Duration::from_millis(100);
 impl Router {
     fn new(targets: &[Target]) -> Router {
         let mut router = Router::default();
+        router.retarget(targets);
+        router
+    }
+
+    /// Where each tag goes now (after a reload added or removed targets).
+    fn retarget(&mut self, targets: &[Target]) {
+        self.of_tag.clear();
         for (t, target) in targets.iter().enumerate() {
             for (b, w) in target.binaries.iter().enumerate() {
-                router.of_tag.insert(w.tag, (t, b));
+                self.of_tag.insert(w.tag, (t, b));
             }
         }
-        router
+    }
+
+    /// Every pending crash, due or not (before a reload changes the targets' places).
+    fn crashes_due_all(&mut self) -> Vec<Crash> {
+        std::mem::take(&mut self.crashes)
     }
 
     /// The crashes whose snapshot is due.
@@ -472,15 +612,20 @@ impl Router {
         let h = &mut event.header;
         let function_event = profiler_common::SledKind::from_u8(h.kind).is_some();
         let (t, b) = if function_event {
-            let Some(&(t, b)) = self.of_tag.get(&(h.function_id >> TAG_SHIFT)) else {
+            let tag = h.function_id >> TAG_SHIFT;
+            let Some(&(t, b)) = self.of_tag.get(&tag) else {
                 self.unrouted += 1;
                 return;
             };
             h.function_id &= (1 << TAG_SHIFT) - 1;
-            self.of_tid.insert(h.tid, (t, b, h.pid));
+            self.of_tid.insert(h.tid, (tag, h.pid));
             (t, b)
         } else {
-            let Some(&(t, b, pid)) = self.of_tid.get(&h.tid) else {
+            let Some((&(t, b), pid)) = self
+                .of_tid
+                .get(&h.tid)
+                .and_then(|&(tag, pid)| Some((self.of_tag.get(&tag)?, pid)))
+            else {
                 self.unrouted += 1;
                 return;
             };
