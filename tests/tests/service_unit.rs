@@ -6,7 +6,13 @@
 //!   capabilities (and root) it starts, records and writes a snapshot; without any one of
 //!   them it refuses to start, saying why.
 //!
-//! Needs root, BPF, systemd-analyze, setpriv, clang-19 and a built daemon.
+//! - the Debian package (cargo-deb, from the release build) holds the binary, the unit and the
+//!   example configuration (a conffile) where the unit expects them, and no maintainer script:
+//!   installing it starts nothing. Unpacked into a scratch root with `dpkg-deb -x`, the unit
+//!   found there passes `systemd-analyze verify` and its binary checks the configuration.
+//!
+//! Needs root, BPF, systemd-analyze, setpriv, cargo-deb, dpkg-deb, clang-19 and built daemons
+//! (`cargo xtask test` builds both profiles).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -168,4 +174,107 @@ fn the_units_capabilities_are_exactly_what_the_service_needs() {
             dropped.to_uppercase()
         );
     }
+}
+
+#[test]
+fn the_debian_package_holds_the_binary_unit_and_configuration() {
+    let scratch = tests::scratch_dir("service-package");
+    let release = tests::tools::target_dir()
+        .join("release")
+        .join("fdr-profiled");
+    assert!(
+        release.is_file(),
+        "{} missing: `cargo xtask test` builds it",
+        release.display()
+    );
+    let out = run_output(
+        Command::new("cargo")
+            .args([
+                "deb",
+                "--package",
+                "profiler-daemon",
+                "--no-build",
+                "--output",
+            ])
+            .arg(scratch.path())
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("..")),
+    );
+    assert!(
+        out.status.success(),
+        "cargo deb (install it with `cargo xtask setup`): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deb = std::fs::read_dir(scratch.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .expect("a .deb");
+    let root = scratch.path().join("root");
+    let x = run_output(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
+    assert!(x.status.success(), "{}", String::from_utf8_lossy(&x.stderr));
+    let control = scratch.path().join("control");
+    let e = run_output(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(&control));
+    assert!(e.status.success());
+    let mut scripts: Vec<String> = std::fs::read_dir(&control)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    scripts.sort();
+    for script in ["preinst", "postinst", "prerm", "postrm"] {
+        assert!(
+            !scripts.iter().any(|s| s == script),
+            "{script}: {scripts:?}"
+        );
+    }
+    assert!(scripts.iter().any(|s| s == "conffiles"), "{scripts:?}");
+    let conffiles = std::fs::read_to_string(control.join("conffiles")).unwrap();
+    assert_eq!(conffiles.trim(), "/etc/fdr-profiled/fdr-profiled.toml");
+
+    let binary = root.join("usr/bin/fdr-profiled");
+    let unit = root.join("lib/systemd/system/fdr-profiled.service");
+    let example = root.join("etc/fdr-profiled/fdr-profiled.toml");
+    // The release build, stripped by cargo-deb: it runs and knows the service.
+    let help = run_output(Command::new(&binary).arg("--help"));
+    assert!(help.status.success(), "the packaged binary runs");
+    assert!(String::from_utf8_lossy(&help.stdout).contains("service"));
+    // The unit as packaged, its paths pointed into the unpacked root.
+    let text = std::fs::read_to_string(&unit).unwrap();
+    assert_eq!(
+        text,
+        std::fs::read_to_string(dist("fdr-profiled.service")).unwrap()
+    );
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let config = example_config(scratch.path(), &bin, &scratch.path().join("out"));
+    assert_eq!(
+        std::fs::read_to_string(&example).unwrap(),
+        std::fs::read_to_string(dist("fdr-profiled.toml")).unwrap()
+    );
+    let local = scratch.path().join("fdr-profiled.service");
+    std::fs::write(
+        &local,
+        text.replace("/usr/bin/fdr-profiled", &binary.display().to_string())
+            .replace(
+                "/etc/fdr-profiled/fdr-profiled.toml",
+                &config.display().to_string(),
+            ),
+    )
+    .unwrap();
+    let verify = run_output(Command::new("systemd-analyze").arg("verify").arg(&local));
+    let stderr = String::from_utf8_lossy(&verify.stderr);
+    assert!(
+        verify.status.success() && stderr.trim().is_empty(),
+        "{stderr}"
+    );
+    let check = run_output(
+        Command::new(&binary)
+            .args(["service", "--check-config"])
+            .arg(&config),
+    );
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
 }

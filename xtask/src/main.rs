@@ -5,6 +5,7 @@
 //! `setup` first so that a fresh machine needs nothing else.
 mod bench;
 mod demo;
+mod install;
 mod run;
 mod setup;
 mod viewers;
@@ -36,6 +37,18 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Set up, build (release) and install the binary, the systemd unit and the example
+    /// configuration (kept if one exists); starts nothing.
+    Install {
+        /// Where the binary goes: PREFIX/bin/fdr-profiled.
+        #[arg(long, default_value = "/usr/local")]
+        prefix: std::path::PathBuf,
+        /// Install under this directory instead of / (to stage or inspect).
+        #[arg(long, default_value = "/")]
+        root: std::path::PathBuf,
+    },
+    /// Set up, build (release) and make the Debian package (cargo-deb) in target/debian/.
+    Package,
     /// Set up, build (release), run benchmarks and write BENCHMARKS.md at the repository root.
     Bench {
         /// Which benchmark: a section name (calls, ...) or `all`.
@@ -52,6 +65,8 @@ fn main() {
         Command::Demo => demo::demo(),
         Command::Test { args } => test(&args),
         Command::Bench { which } => bench::bench(&which),
+        Command::Install { prefix, root } => install::install(&prefix, &root),
+        Command::Package => install::package(),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

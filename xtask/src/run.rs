@@ -90,3 +90,19 @@ fn describe(cmd: &Command) -> String {
     }
     s
 }
+
+/// The cargo target directory: `$CARGO_TARGET_DIR` if set (cargo builds there), else
+/// `<workspace>/target`.
+pub fn target_dir() -> std::path::PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => {
+            let dir = std::path::PathBuf::from(dir);
+            if dir.is_absolute() {
+                dir
+            } else {
+                workspace_root().join(dir)
+            }
+        }
+        None => workspace_root().join("target"),
+    }
+}

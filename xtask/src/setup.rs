@@ -33,8 +33,29 @@ pub fn setup() -> Result<()> {
     nightly_rust_src()?;
     debian_packages()?;
     bpf_linker()?;
+    cargo_deb()?;
     crate::viewers::install()?;
     Ok(())
+}
+
+/// cargo-deb release line `cargo xtask package` builds the Debian package with.
+const CARGO_DEB_VERSION: &str = "^3";
+
+/// cargo-deb, which builds the Debian package (`cargo xtask package`, and its test).
+fn cargo_deb() -> Result<()> {
+    if run::output(Command::new("cargo").args(["deb", "--version"])).is_some() {
+        say("cargo-deb: present");
+        return Ok(());
+    }
+    say("cargo-deb: missing, installing from crates.io (about half a minute)");
+    run::status(Command::new("cargo").args([
+        "install",
+        "cargo-deb",
+        "--locked",
+        "--version",
+        CARGO_DEB_VERSION,
+    ]))
+    .context("could not install cargo-deb (cargo install cargo-deb)")
 }
 
 fn say(msg: &str) {

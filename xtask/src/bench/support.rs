@@ -5,20 +5,9 @@ use anyhow::{bail, Context as _, Result};
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The cargo target directory: `$CARGO_TARGET_DIR` if set (cargo builds there), else
-/// `<workspace>/target`.
+/// The cargo target directory (see [`run::target_dir`]).
 pub fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => {
-            let dir = PathBuf::from(dir);
-            if dir.is_absolute() {
-                dir
-            } else {
-                run::workspace_root().join(dir)
-            }
-        }
-        None => run::workspace_root().join("target"),
-    }
+    run::target_dir()
 }
 
 /// The release daemon that `cargo xtask bench` built before running any section.
