@@ -275,7 +275,10 @@ fn the_notify_protocol_is_spoken_in_order() {
 /// Bytes of the regular files under `dir`.
 fn tree_bytes(dir: &Path) -> u64 {
     let mut total = 0;
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
+    for e in std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+    {
         let t = e.file_type().unwrap();
         if t.is_dir() {
             total += tree_bytes(&e.path());

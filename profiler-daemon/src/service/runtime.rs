@@ -835,11 +835,7 @@ fn snapshot_binary(
     }
     match snapshot(&dir, target, w) {
         Ok(()) => {
-            eprintln!(
-                "fdr-profiled: service: target {}: snapshot {}",
-                target.config.name,
-                dir.display()
-            );
+            // Retention first: the snapshot line says everything is done.
             for gone in retention.enforce(&dir) {
                 eprintln!(
                     "fdr-profiled: service: deleted {} ({} bytes) to stay under max_disk",
@@ -847,6 +843,11 @@ fn snapshot_binary(
                     gone.bytes
                 );
             }
+            eprintln!(
+                "fdr-profiled: service: target {}: snapshot {}",
+                target.config.name,
+                dir.display()
+            );
             Some(dir)
         }
         Err(err) => {
