@@ -580,7 +580,8 @@ fn a_reload_adds_and_removes_targets_and_keeps_the_others_running() {
         }
         std::fs::write(&config, text).unwrap();
     };
-    write(&[("a", &a), ("b", &b)]);
+    // The removed target comes first: the kept one's place in the service's list changes.
+    write(&[("b", &b), ("a", &a)]);
     let mut service = Running::spawn(
         "fdr-profiled service",
         Command::new(tests::fdr_profiled())

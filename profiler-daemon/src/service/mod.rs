@@ -5,6 +5,7 @@
 //! `window` of each thread held in memory, a snapshot of every target on `SIGUSR1`.
 pub mod config;
 pub mod control;
+pub mod libraries;
 pub mod retention;
 pub mod runtime;
 pub mod segments;

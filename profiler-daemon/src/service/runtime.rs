@@ -12,11 +12,12 @@
 //! snapshots one directory per binary.
 use crate::kernel::bpf::{Attachment, LoadOptions, Scope, Tracer};
 use crate::kernel::intake::{Event, Intake};
-use crate::plan::exits::{self, ExitsChoice};
+use crate::plan::exits::{self, ExitMode, ExitPolicy, Exits, ExitsChoice};
 use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
 use crate::service::config::{Mode, ServiceConfig, TargetConfig};
 use crate::service::control;
+use crate::service::libraries::{self, Libraries, TAG_SHIFT};
 use crate::service::retention::Retention;
 use crate::service::segments::{SegmentSpec, Segments};
 use crate::service::slow::{SlowCall, SlowCalls};
@@ -38,6 +39,8 @@ const EXPIRE_INTERVAL: Duration = Duration::from_millis(500);
 /// One configured target, attached.
 struct Target {
     config: TargetConfig,
+    /// A reload removed it: its probes are gone, its last events are being drained.
+    removed: bool,
     /// The binaries its pattern matched.
     binaries: Vec<Watched>,
     /// Its probes, to remove them when a reload removes the target.
@@ -61,6 +64,8 @@ struct Watched {
     last_slow: Option<std::time::Instant>,
     /// Record mode: where its events are written instead of held.
     segments: Option<Segments>,
+    /// The instrumented shared objects its processes map, probed per process.
+    libraries: Libraries,
 }
 
 /// Runs the service until SIGTERM or SIGINT, listening for `status` and `snapshot` requests on
@@ -127,8 +132,6 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
     result.map(|()| 0)
 }
 
-/// Bits of a probe's function id that hold its binary's tag.
-const TAG_SHIFT: u32 = 24;
 /// Most binaries the service traces at once (tags 1 to 255).
 const MAX_TAGS: u32 = 255;
 
@@ -140,6 +143,11 @@ struct Tags {
 }
 
 impl Tags {
+    /// A tag, or `None` when all are taken.
+    fn next(&mut self) -> Option<u32> {
+        self.take().ok()
+    }
+
     fn take(&mut self) -> Result<u32> {
         if let Some(tag) = self.free.pop() {
             return Ok(tag);
@@ -230,6 +238,7 @@ fn attach_target(
                     plan: plan.clone(),
                     probes,
                     attached_ns,
+                    libraries: Vec::new(),
                     exits: choice.clone(),
                     version: config.fdr_version,
                     max_bytes: config.segment_bytes,
@@ -238,7 +247,15 @@ fn attach_target(
                 Retention::new(&service.output, service.max_disk, service.min_free),
             )
         });
+        let libraries = Libraries::new(
+            format!("target {} ({})", config.name, plan.display_path),
+            crate::traced::mappings::file_id(&path),
+            FunctionFilter::new(&config.functions, &config.exclude)?,
+            policy,
+            config.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return),
+        );
         binaries.push(Watched {
+            libraries,
             slow,
             last_slow: None,
             segments,
@@ -263,11 +280,79 @@ fn attach_target(
             config.name, config.binary
         );
     }
+    let attachment = tracer.take_attachment();
+    // The processes already running: their libraries are probed now (later ones are looked
+    // at when their first event arrives).
+    for w in &mut binaries {
+        let Some(executable) = w.libraries.executable() else {
+            continue;
+        };
+        for pid in crate::traced::process::running(executable) {
+            let changes = w.libraries.watch(pid, tracer, &mut || tags.next());
+            w.take_libraries(config, &changes);
+        }
+    }
     Ok(Target {
         config: config.clone(),
+        removed: false,
         binaries,
-        attachment: tracer.take_attachment(),
+        attachment,
     })
+}
+
+impl Watched {
+    /// Makes the libraries `changes` registered part of what this binary writes and watches.
+    fn take_libraries(&mut self, config: &TargetConfig, changes: &libraries::Changes) {
+        for &i in &changes.new_libraries {
+            let library = &self.libraries.objects[i];
+            let plan = &library.plan;
+            if let Some(segments) = &mut self.segments {
+                segments.add_library(plan.clone(), library.probes, library.attached_ns);
+            }
+            if let Some(slow) = &mut self.slow {
+                let chosen = FunctionFilter::new(&config.trigger_functions, &[])
+                    .expect("patterns checked with the configuration");
+                slow.watch_more(
+                    plan.probes
+                        .iter()
+                        .map(|p| p.cookie.function_id)
+                        .filter(|&id| chosen.selects(&plan.names.name(id))),
+                );
+            }
+        }
+    }
+}
+
+/// Looks at the processes the router saw for the first time (their libraries probed), or at
+/// every process again (`rescan`: libraries loaded since, processes gone); routes the tags of
+/// libraries found.
+fn look_at_processes(svc: &mut Service<'_>, router: &mut Router, rescan: bool) {
+    let new = std::mem::take(&mut router.new_processes);
+    if new.is_empty() && !rescan {
+        return;
+    }
+    let mut found = false;
+    let tags = &mut *svc.tags;
+    for (t, target) in svc.targets.iter_mut().enumerate() {
+        if target.removed {
+            continue;
+        }
+        for (b, w) in target.binaries.iter_mut().enumerate() {
+            let mut changes = libraries::Changes::default();
+            if rescan {
+                changes = w.libraries.rescan(svc.tracer, &mut || tags.next());
+            }
+            for &(_, _, pid) in new.iter().filter(|&&(nt, nb, _)| (nt, nb) == (t, b)) {
+                let more = w.libraries.watch(pid, svc.tracer, &mut || tags.next());
+                changes.new_libraries.extend(more.new_libraries);
+            }
+            found |= !changes.new_libraries.is_empty();
+            w.take_libraries(&target.config, &changes);
+        }
+    }
+    if found {
+        router.retarget(svc.targets);
+    }
 }
 
 /// The regular files a target's pattern names: the path itself, or every match of a glob.
@@ -330,6 +415,8 @@ async fn serve(
     let mut drain = tokio::time::interval(DRAIN_INTERVAL);
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut expire = tokio::time::interval(EXPIRE_INTERVAL);
+    let mut rescan = tokio::time::interval(libraries::RESCAN_INTERVAL);
+    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut order = Sequencer::default();
     let mut router = Router::new(svc.targets);
     let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
@@ -344,6 +431,7 @@ async fn serve(
         tokio::select! {
             _ = drain.tick() => {
                 intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                look_at_processes(svc, &mut router, false);
                 for crash in router.crashes_due() {
                     snapshot_crash(svc.config, svc.targets, &crash);
                 }
@@ -354,7 +442,9 @@ async fn serve(
             woken = intake.wakeup() => {
                 woken?;
                 intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                look_at_processes(svc, &mut router, false);
             }
+            _ = rescan.tick() => look_at_processes(svc, &mut router, true),
             _ = expire.tick() => {
                 for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     w.recorder.expire();
@@ -415,10 +505,13 @@ async fn serve(
                 for (t, b, slow) in std::mem::take(&mut router.slow) {
                     snapshot_slow(svc.config, svc.targets, t, b, &slow);
                 }
-                let removed = reload(svc);
-                // The removed targets' last events, routed while their tags still say where.
+                // Removed targets stay in place (marked) until their last events are in, so
+                // that every tag still routes where it did; added ones come after them.
+                reload(svc);
+                router.retarget(svc.targets);
                 intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
-                finish_removed(svc, removed);
+                std::mem::take(&mut router.new_processes);
+                finish_removed(svc);
                 router.retarget(svc.targets);
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
             }
@@ -437,39 +530,39 @@ async fn serve(
 }
 
 /// Reads the configuration again: targets whose settings did not change keep running (no
-/// gap), removed and changed ones have their probes removed (their last events are then
-/// drained and [`finish_removed`] closes them), added and changed ones are attached. A file
-/// with an error changes nothing. Returns the removed targets.
-fn reload(svc: &mut Service<'_>) -> Vec<Target> {
+/// gap), removed and changed ones have their probes removed and are marked `removed` (their
+/// last events are then drained and [`finish_removed`] closes them), added and changed ones
+/// are attached after them. A file with an error changes nothing.
+fn reload(svc: &mut Service<'_>) {
     let new = match ServiceConfig::load(&svc.path) {
         Ok(new) => new,
         Err(err) => {
             eprintln!(
                 "fdr-profiled: error: reload refused, the running configuration stays: {err}"
             );
-            return Vec::new();
+            return;
         }
     };
-    let mut removed = Vec::new();
-    let mut kept = Vec::new();
-    for target in std::mem::take(svc.targets) {
-        if new.targets.contains(&target.config) {
-            kept.push(target);
-        } else {
-            removed.push(target);
+    let mut removed = 0;
+    for target in svc.targets.iter_mut() {
+        if !new.targets.contains(&target.config) {
+            target.removed = true;
+            removed += 1;
+            svc.tracer.detach(std::mem::take(&mut target.attachment));
+            for w in &mut target.binaries {
+                w.libraries.detach_all(svc.tracer);
+            }
         }
     }
-    for target in &mut removed {
-        svc.tracer.detach(std::mem::take(&mut target.attachment));
-    }
+    let kept = svc.targets.len() - removed;
     let mut added = 0;
     for t in &new.targets {
-        if kept.iter().any(|k| &k.config == t) {
+        if svc.targets.iter().any(|k| !k.removed && &k.config == t) {
             continue;
         }
         match attach_target(svc.tracer, &new, t, svc.tags) {
             Ok(target) => {
-                kept.push(target);
+                svc.targets.push(target);
                 added += 1;
             }
             Err(err) => {
@@ -483,24 +576,25 @@ fn reload(svc: &mut Service<'_>) -> Vec<Target> {
         }
     }
     eprintln!(
-        "fdr-profiled: service: reloaded {}: {} targets kept, {added} added, {} removed",
+        "fdr-profiled: service: reloaded {}: {kept} targets kept, {added} added, {removed} removed",
         svc.path.display(),
-        kept.len() - added,
-        removed.len()
     );
-    *svc.targets = kept;
     *svc.config = new;
-    removed
 }
 
-/// Closes what removed targets were writing, and frees their tags.
-fn finish_removed(svc: &mut Service<'_>, removed: Vec<Target>) {
-    for mut target in removed {
+/// Closes what removed targets were writing, frees their tags and drops them.
+fn finish_removed(svc: &mut Service<'_>) {
+    for mut target in std::mem::take(svc.targets) {
+        if !target.removed {
+            svc.targets.push(target);
+            continue;
+        }
         for w in &mut target.binaries {
             if let Some(segments) = &mut w.segments {
                 segments.close();
             }
             svc.tags.give_back(w.tag);
+            w.libraries.tags().for_each(|tag| svc.tags.give_back(tag));
         }
     }
 }
@@ -530,8 +624,8 @@ fn status_line(targets: &[Target], router: &Router, rate: f64) -> String {
 /// Where each event goes.
 #[derive(Default)]
 struct Router {
-    /// By tag: the (target, binary) it marks.
-    of_tag: HashMap<u32, (usize, usize)>,
+    /// By tag: the (target, binary, object id) it marks.
+    of_tag: HashMap<u32, (usize, usize, u32)>,
     /// By thread: the tag of its last function event, and its pid.
     of_tid: HashMap<u32, (u32, u32)>,
     /// Events of no known binary (never expected).
@@ -546,6 +640,9 @@ struct Router {
     crashed: std::collections::HashSet<u32>,
     /// Slow calls seen since the last drain.
     slow: Vec<(usize, usize, SlowCall)>,
+    /// (target, binary, pid) of the processes whose threads were seen for the first time
+    /// since the last drain: their libraries are looked at (see [`look_at_processes`]).
+    new_processes: Vec<(usize, usize, u32)>,
 }
 
 /// A traced process that died of a signal.
@@ -587,7 +684,10 @@ impl Router {
         self.of_tag.clear();
         for (t, target) in targets.iter().enumerate() {
             for (b, w) in target.binaries.iter().enumerate() {
-                self.of_tag.insert(w.tag, (t, b));
+                self.of_tag.insert(w.tag, (t, b, 0));
+                for library in &w.libraries.objects {
+                    self.of_tag.insert(library.tag, (t, b, library.object_id));
+                }
             }
         }
     }
@@ -613,19 +713,22 @@ impl Router {
         let function_event = profiler_common::SledKind::from_u8(h.kind).is_some();
         let (t, b) = if function_event {
             let tag = h.function_id >> TAG_SHIFT;
-            let Some(&(t, b)) = self.of_tag.get(&tag) else {
+            let Some(&(t, b, object_id)) = self.of_tag.get(&tag) else {
                 self.unrouted += 1;
                 return;
             };
-            h.function_id &= (1 << TAG_SHIFT) - 1;
-            self.of_tid.insert(h.tid, (tag, h.pid));
+            h.function_id = crate::plan::packed_id(object_id, libraries::untagged(h.function_id));
+            if self.of_tid.insert(h.tid, (tag, h.pid)).is_none()
+                && !self.new_processes.contains(&(t, b, h.pid))
+            {
+                self.new_processes.push((t, b, h.pid));
+            }
             (t, b)
         } else {
-            let Some((&(t, b), pid)) = self
-                .of_tid
-                .get(&h.tid)
-                .and_then(|&(tag, pid)| Some((self.of_tag.get(&tag)?, pid)))
-            else {
+            let Some((t, b, pid)) = self.of_tid.get(&h.tid).and_then(|&(tag, pid)| {
+                let &(t, b, _) = self.of_tag.get(&tag)?;
+                Some((t, b, pid))
+            }) else {
                 self.unrouted += 1;
                 return;
             };
@@ -704,6 +807,16 @@ fn status_json(
                     let s = w.recorder.stats();
                     serde_json::json!({
                         "path": w.plan.display_path,
+                        "processes": w.libraries.processes().into_iter().map(|(pid, libraries)| serde_json::json!({
+                            "pid": pid,
+                            "libraries": libraries,
+                        })).collect::<Vec<_>>(),
+                        "libraries": w.libraries.objects.iter().map(|l| serde_json::json!({
+                            "object_id": l.object_id,
+                            "path": l.plan.display_path,
+                            "functions": l.plan.functions,
+                            "probes_per_process": l.probes,
+                        })).collect::<Vec<_>>(),
                         "mode": if w.segments.is_some() { "record" } else { "flight-recorder" },
                         "segment": w.segments.as_ref().and_then(|g| g.current()),
                         "segments_closed": w.segments.as_ref().map_or(0, |g| g.closed),
@@ -871,6 +984,9 @@ fn snapshot(dir: &Path, target: &Target, w: &Watched) -> Result<()> {
     };
     let mut session = Session::new(out, executable, target.config.fdr_version, w.exits.clone());
     session.add_object(w.plan.clone(), w.probes, w.attached_ns);
+    for library in &w.libraries.objects {
+        session.add_object(library.plan.clone(), library.probes, library.attached_ns);
+    }
     w.recorder.replay(|event, gap| session.record(event, gap));
     session.set_window(w.recorder.stats());
     session.finish(IntakeLosses::default())?;

@@ -30,6 +30,9 @@ pub struct SegmentSpec {
     pub plan: AttachPlan,
     pub probes: usize,
     pub attached_ns: u64,
+    /// The shared objects found in its processes so far: plan, probes per process, when
+    /// first probed.
+    pub libraries: Vec<(AttachPlan, usize, u64)>,
     pub exits: ExitsChoice,
     pub version: FdrVersion,
     /// A segment is closed once its files take this much ...
@@ -143,6 +146,15 @@ impl Segments {
         }
     }
 
+    /// A shared object found in one of the binary's processes: named in the current segment
+    /// and the ones after it.
+    pub fn add_library(&mut self, plan: AttachPlan, probes: usize, attached_ns: u64) {
+        if let Some(open) = &mut self.current {
+            open.session.add_object(plan.clone(), probes, attached_ns);
+        }
+        self.spec.libraries.push((plan, probes, attached_ns));
+    }
+
     /// Names this binary's segments `...-segment<suffix>` (a target with several binaries).
     pub fn set_suffix(&mut self, suffix: String) {
         self.spec.suffix = suffix;
@@ -174,6 +186,9 @@ impl Segments {
             self.spec.exits.clone(),
         );
         session.add_object(plan.clone(), self.spec.probes, self.spec.attached_ns);
+        for (library, probes, attached_ns) in &self.spec.libraries {
+            session.add_object(library.clone(), *probes, *attached_ns);
+        }
         Ok(Open {
             session,
             dir,

@@ -35,6 +35,11 @@ impl SlowCalls {
         }
     }
 
+    /// Watches `functions` too (those of a library found later).
+    pub fn watch_more(&mut self, functions: impl IntoIterator<Item = u32>) {
+        self.functions.extend(functions);
+    }
+
     /// Takes a thread's next event (in program order, its function id without the service's
     /// tag); returns the call it ends when that call was slow.
     pub fn observe(&mut self, h: &EventHeader) -> Option<SlowCall> {

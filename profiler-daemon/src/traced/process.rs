@@ -83,6 +83,34 @@ fn is_kernel_thread(pid: u32) -> bool {
         .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
 
+/// The processes whose executable is the file `executable` (device and inode), now.
+pub fn running(executable: super::mappings::FileId) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != std::process::id())
+        .filter(|&pid| super::mappings::executable_id(pid) == Some(executable))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// When `pid` started (clock ticks after boot, field 22 of /proc/PID/stat): with the pid, it
+/// names one process, not whichever later reuses the number. `None` once it is gone.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields resume after the command name's last ')'; field 22 is then the 20th.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
 /// A pidfd: becomes readable when the process exits (no polling of /proc, no pid reuse races).
 pub fn open_pidfd(pid: u32) -> Result<OwnedFd> {
     // SAFETY: plain syscall; a non-negative result is a new descriptor we own.
@@ -120,6 +148,13 @@ mod tests {
         let err = TracedProcess::find(1 << 23).unwrap_err().to_string();
         assert!(err.contains("no process"), "{err}");
         // kthreadd is pid 2 on every Linux system with kernel threads.
+        assert!(start_time(me).is_some_and(|t| t > 0));
+        assert_eq!(start_time(1 << 23), None);
+        let exe = crate::traced::mappings::executable_id(me).expect("our executable");
+        assert!(
+            !running(exe).contains(&me),
+            "we never count ourselves as a process to trace"
+        );
         if is_kernel_thread(2) {
             let err = TracedProcess::find(2).unwrap_err().to_string();
             assert!(err.contains("kernel thread"), "{err}");
