@@ -258,10 +258,7 @@ impl Libraries {
                 }
                 Err(err) => {
                     tracer.detach(attachment);
-                    eprintln!(
-                        "fdr-profiled: warning: {} in process {pid}: not traced: {err:#}",
-                        m.path
-                    );
+                    tracing::warn!("{} in process {pid}: not traced: {err:#}", m.path);
                 }
             }
         }
@@ -278,7 +275,7 @@ impl Libraries {
         if !mappings::has_instrumentation_map(&m.open_path) {
             return None;
         }
-        let warn = |why: String| eprintln!("fdr-profiled: warning: {}: not traced: {why}", m.path);
+        let warn = |why: String| tracing::warn!("{}: not traced: {why}", m.path);
         if let Some((path, symbol)) = unwinding {
             warn(format!("the target uses return probes and {path} (loaded with it) has {symbol}; an exception through a return-probed frame would kill the program (set exits = \"sleds\")"));
             return None;
@@ -306,8 +303,8 @@ impl Libraries {
         for probe in &mut tagged.probes {
             probe.cookie.function_id = untagged(probe.cookie.function_id) | (tag << TAG_SHIFT);
         }
-        eprintln!(
-            "fdr-profiled: service: {}: probing {} functions of {} (object {object_id}) in each of its processes that maps it",
+        tracing::info!(
+            "{}: probing {} functions of {} (object {object_id}) in each of its processes that maps it",
             self.owner,
             plan.functions,
             plan.display_path

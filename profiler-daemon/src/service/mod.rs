@@ -6,6 +6,7 @@
 pub mod config;
 pub mod control;
 pub mod libraries;
+pub mod log;
 pub mod retention;
 pub mod runtime;
 pub mod segments;
@@ -37,7 +38,10 @@ pub struct ServiceArgs {
 /// Runs `service`.
 pub fn run(args: &ServiceArgs) -> Result<u8> {
     match (&args.config, &args.check_config) {
-        (Some(config), _) => runtime::run(config, &args.socket),
+        (Some(config), _) => {
+            log::init();
+            runtime::run(config, &args.socket)
+        }
         (None, Some(path)) => check(path),
         (None, None) => anyhow::bail!("give --config FILE or --check-config FILE"),
     }

@@ -108,8 +108,10 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         (Intake::new(tracer.take_rings())?, control::bind(socket)?)
     };
     tracer.set_armed(true)?;
-    eprintln!(
-        "fdr-profiled: service: ready: {} target{}, output {}",
+    tracing::info!(
+        fdr_targets = targets.len(),
+        fdr_output = %config.output.display(),
+        "ready: {} target{}, output {}",
         targets.len(),
         if targets.len() == 1 { "" } else { "s" },
         config.output.display()
@@ -126,7 +128,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
     let _ = std::fs::remove_file(socket);
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     if let Err(err) = tracer.set_armed(false) {
-        eprintln!("fdr-profiled: warning: {err:#}");
+        tracing::warn!("{err:#}");
     }
     drop(tracer);
     result.map(|()| 0)
@@ -189,8 +191,8 @@ fn attach_target(
         let mut plan = AttachPlan::for_binary(&path)
             .with_context(|| format!("target {}: {}", config.name, path.display()))?;
         if filter.retain(&mut plan) == 0 {
-            eprintln!(
-                "fdr-profiled: warning: target {}: {}: no function selected",
+            tracing::warn!(
+                "target {}: {}: no function selected",
                 config.name,
                 path.display()
             );
@@ -208,14 +210,14 @@ fn attach_target(
             if let Err(err) =
                 tracer.attach_catch(&plan.binary, point.file_offset, Scope::AllProcesses)
             {
-                eprintln!(
-                    "fdr-profiled: warning: {}: catches not probed ({err:#})",
-                    plan.binary.display()
-                );
+                tracing::warn!("{}: catches not probed ({err:#})", plan.binary.display());
             }
         }
-        eprintln!(
-            "fdr-profiled: service: target {}: attached {probes} probes to {} functions in {}",
+        tracing::info!(
+            fdr_target = %config.name,
+            fdr_binary = %plan.display_path,
+            fdr_probes = probes,
+            "target {}: attached {probes} probes to {} functions in {}",
             config.name, plan.functions, plan.display_path
         );
         let slow = config.trigger_slower_than.map(|threshold| {
@@ -275,9 +277,10 @@ fn attach_target(
         }
     }
     if binaries.is_empty() {
-        eprintln!(
-            "fdr-profiled: warning: target {}: no instrumented file matches {}",
-            config.name, config.binary
+        tracing::warn!(
+            "target {}: no instrumented file matches {}",
+            config.name,
+            config.binary
         );
     }
     let attachment = tracer.take_attachment();
@@ -537,8 +540,9 @@ fn reload(svc: &mut Service<'_>) {
     let new = match ServiceConfig::load(&svc.path) {
         Ok(new) => new,
         Err(err) => {
-            eprintln!(
-                "fdr-profiled: error: reload refused, the running configuration stays: {err}"
+            tracing::error!(
+                fdr_config = %svc.path.display(),
+                "reload refused, the running configuration stays: {err}"
             );
             return;
         }
@@ -568,15 +572,17 @@ fn reload(svc: &mut Service<'_>) {
             Err(err) => {
                 let partial = svc.tracer.take_attachment();
                 svc.tracer.detach(partial);
-                eprintln!(
-                    "fdr-profiled: error: reload: target {}: not traced: {err:#}",
+                tracing::error!(
+                    fdr_target = %t.name,
+                    "reload: target {}: not traced: {err:#}",
                     t.name
                 );
             }
         }
     }
-    eprintln!(
-        "fdr-profiled: service: reloaded {}: {kept} targets kept, {added} added, {removed} removed",
+    tracing::info!(
+        fdr_config = %svc.path.display(),
+        "reloaded {}: {kept} targets kept, {added} added, {removed} removed",
         svc.path.display(),
     );
     *svc.config = new;
@@ -855,8 +861,11 @@ fn snapshot_crash(config: &ServiceConfig, targets: &mut [Target], crash: &Crash)
         .iter()
         .find(|(s, _)| *s == crash.signal)
         .map_or("signal", |(_, n)| n);
-    eprintln!(
-        "fdr-profiled: service: target {}: process {} died of {}",
+    tracing::info!(
+        fdr_target = %target.config.name,
+        fdr_pid = crash.pid,
+        fdr_signal = name.to_uppercase(),
+        "target {}: process {} died of {}",
         target.config.name,
         crash.pid,
         name.to_uppercase()
@@ -884,8 +893,13 @@ fn snapshot_slow(
     let window = target.config.window;
     let w = &mut target.binaries[b];
     let name = w.plan.names.name(slow.function_id);
-    eprintln!(
-        "fdr-profiled: service: target {}: {name} took {:.3} ms in thread {} of process {}",
+    tracing::info!(
+        fdr_target = %target.config.name,
+        fdr_function = %name,
+        fdr_duration_ns = slow.duration_ns,
+        fdr_pid = slow.pid,
+        fdr_tid = slow.tid,
+        "target {}: {name} took {:.3} ms in thread {} of process {}",
         target.config.name,
         slow.duration_ns as f64 / 1e6,
         slow.tid,
@@ -940,8 +954,10 @@ fn snapshot_binary(
     let dir = config.output.join(&target.config.name).join(name);
     let retention = Retention::new(&config.output, config.max_disk, config.min_free);
     if let Err(why) = retention.room() {
-        eprintln!(
-            "fdr-profiled: error: target {}: snapshot not written: {why}",
+        tracing::error!(
+            fdr_target = %target.config.name,
+            fdr_trigger = trigger,
+            "target {}: snapshot not written: {why}",
             target.config.name
         );
         return None;
@@ -950,22 +966,29 @@ fn snapshot_binary(
         Ok(()) => {
             // Retention first: the snapshot line says everything is done.
             for gone in retention.enforce(&dir) {
-                eprintln!(
-                    "fdr-profiled: service: deleted {} ({} bytes) to stay under max_disk",
+                tracing::info!(
+                    fdr_deleted = %gone.dir.display(),
+                    fdr_bytes = gone.bytes,
+                    "deleted {} ({} bytes) to stay under max_disk",
                     gone.dir.display(),
                     gone.bytes
                 );
             }
-            eprintln!(
-                "fdr-profiled: service: target {}: snapshot {}",
+            tracing::info!(
+                fdr_target = %target.config.name,
+                fdr_snapshot = %dir.display(),
+                fdr_trigger = trigger,
+                "target {}: snapshot {}",
                 target.config.name,
                 dir.display()
             );
             Some(dir)
         }
         Err(err) => {
-            eprintln!(
-                "fdr-profiled: error: target {}: snapshot {} failed: {err:#}",
+            tracing::error!(
+                fdr_target = %target.config.name,
+                fdr_snapshot = %dir.display(),
+                "target {}: snapshot {} failed: {err:#}",
                 target.config.name,
                 dir.display()
             );
@@ -991,10 +1014,7 @@ fn snapshot(dir: &Path, target: &Target, w: &Watched) -> Result<()> {
     session.set_window(w.recorder.stats());
     session.finish(IntakeLosses::default())?;
     if let Err(err) = fdr_analysis::outputs::write_report(dir, &Symbolizer::default()) {
-        eprintln!(
-            "fdr-profiled: warning: {}: no report: {err:#}",
-            dir.display()
-        );
+        tracing::warn!("{}: no report: {err:#}", dir.display());
     }
     Ok(())
 }

@@ -74,10 +74,7 @@ impl Segments {
         if self.current.is_none() {
             if let Err(why) = self.retention.room() {
                 if self.not_written == 0 {
-                    eprintln!(
-                        "fdr-profiled: error: {}: not writing: {why}",
-                        self.spec.root.display()
-                    );
+                    tracing::error!("{}: not writing: {why}", self.spec.root.display());
                 }
                 self.not_written += 1;
                 return;
@@ -86,8 +83,8 @@ impl Segments {
                 Ok(open) => self.current = Some(open),
                 Err(err) => {
                     if self.not_written == 0 {
-                        eprintln!(
-                            "fdr-profiled: error: {}: cannot open a segment: {err:#}",
+                        tracing::error!(
+                            "{}: cannot open a segment: {err:#}",
                             self.spec.root.display()
                         );
                     }
@@ -124,22 +121,18 @@ impl Segments {
             Ok(_) => {
                 if let Err(err) = fdr_analysis::outputs::write_report(&dir, &Symbolizer::default())
                 {
-                    eprintln!(
-                        "fdr-profiled: warning: {}: no report: {err:#}",
-                        dir.display()
-                    );
+                    tracing::warn!("{}: no report: {err:#}", dir.display());
                 }
                 self.closed += 1;
-                eprintln!("fdr-profiled: service: segment {}", dir.display());
+                tracing::info!(fdr_segment = %dir.display(), "segment {}", dir.display());
             }
-            Err(err) => eprintln!(
-                "fdr-profiled: error: closing segment {}: {err:#}",
-                dir.display()
-            ),
+            Err(err) => tracing::error!("closing segment {}: {err:#}", dir.display()),
         }
         for gone in self.retention.enforce(&dir) {
-            eprintln!(
-                "fdr-profiled: service: deleted {} ({} bytes) to stay under max_disk",
+            tracing::info!(
+                fdr_deleted = %gone.dir.display(),
+                fdr_bytes = gone.bytes,
+                "deleted {} ({} bytes) to stay under max_disk",
                 gone.dir.display(),
                 gone.bytes
             );
