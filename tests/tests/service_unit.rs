@@ -6,12 +6,16 @@
 //!   capabilities (and root) it starts, records and writes a snapshot; without any one of
 //!   them it refuses to start, saying why.
 //!
+//! - the unit as it is runs under a real systemd (PID 1 of namespaces of its own, booted into
+//!   an empty target): started (READY=1), snapshot over the control socket in its
+//!   RuntimeDirectory, reloaded, its messages in that systemd's journal with their fields,
+//!   stopped with success;
 //! - the Debian package (cargo-deb, from the release build) holds the binary, the unit and the
 //!   example configuration (a conffile) where the unit expects them, and no maintainer script:
 //!   installing it starts nothing. Unpacked into a scratch root with `dpkg-deb -x`, the unit
 //!   found there passes `systemd-analyze verify` and its binary checks the configuration.
 //!
-//! Needs root, BPF, systemd-analyze, setpriv, cargo-deb, dpkg-deb, clang-19 and built daemons
+//! Needs root, BPF, systemd, unshare, nsenter, systemd-analyze, setpriv, cargo-deb, dpkg-deb, clang-19 and built daemons
 //! (`cargo xtask test` builds both profiles).
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -277,4 +281,192 @@ fn the_debian_package_holds_the_binary_unit_and_configuration() {
         "{}",
         String::from_utf8_lossy(&check.stderr)
     );
+}
+
+/// A systemd of our own: PID 1 of new PID and mount namespaces, `/run` and `/var/log` on
+/// tmpfs there (its units, sockets and journal vanish with it), booted into an empty target so
+/// that it starts nothing of the host's. Killed (and with it every process it started) when
+/// dropped.
+struct PrivateSystemd {
+    unshare: std::process::Child,
+    pid: u32,
+}
+
+impl PrivateSystemd {
+    /// Boots it with `units` (name, text) in `/run/systemd/system`; waits until it runs.
+    fn boot(scratch: &Path, units: &[(&str, String)]) -> PrivateSystemd {
+        let staged = scratch.join("units");
+        for (name, text) in units {
+            let path = staged.join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, text).unwrap();
+        }
+        let script = format!(
+            "mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /var/log && mkdir -p /run/systemd/system && cp -r '{}'/. /run/systemd/system/ && exec /lib/systemd/systemd --system --unit=fdr-test.target --log-target=console",
+            staged.display()
+        );
+        let log = std::fs::File::create(scratch.join("systemd.log")).unwrap();
+        let unshare = Command::new("unshare")
+            .args([
+                "--fork",
+                "--pid",
+                "--mount",
+                "--mount-proc",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("unshare (util-linux, installed by cargo xtask setup)");
+        let start = std::time::Instant::now();
+        let mut booted = PrivateSystemd { unshare, pid: 0 };
+        loop {
+            let children = format!("/proc/{0}/task/{0}/children", booted.unshare.id());
+            booted.pid = std::fs::read_to_string(children)
+                .ok()
+                .and_then(|c| c.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0);
+            if booted.pid != 0 {
+                let state = booted.run("systemctl is-system-running");
+                if state.0.trim() == "running" {
+                    return booted;
+                }
+            }
+            assert!(
+                start.elapsed() < TIMEOUT,
+                "systemd in its own namespaces did not come up:\n{}",
+                std::fs::read_to_string(scratch.join("systemd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Runs `command` (sh) inside its namespaces; returns stdout and whether it succeeded.
+    fn run(&self, command: &str) -> (String, bool) {
+        let out = run_output(
+            Command::new("nsenter")
+                .args(["-t", &self.pid.to_string(), "-m", "-p", "sh", "-c", command])
+                .stdin(std::process::Stdio::null()),
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+            out.status.success(),
+        )
+    }
+
+    /// Runs `command`, which must succeed; returns its output.
+    fn ok(&self, command: &str) -> String {
+        let (out, ok) = self.run(command);
+        assert!(ok, "{command}: failed:\n{out}");
+        out
+    }
+
+    /// `systemctl show -p PROPERTY UNIT`'s value.
+    fn property(&self, unit: &str, property: &str) -> String {
+        let out = self.ok(&format!("systemctl show -p {property} --value {unit}"));
+        out.trim().to_owned()
+    }
+}
+
+impl Drop for PrivateSystemd {
+    fn drop(&mut self) {
+        // PID 1 of the namespace: its death kills every process in it.
+        if self.pid != 0 {
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+        }
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
+    }
+}
+
+/// The unit of `dist/` as it is (Type=notify, the watchdog, the whole sandbox, the capability
+/// bounding set) under a real systemd: a drop-in only points it at this build and a scratch
+/// configuration, and lets it write there. `systemctl start` returns once the service said
+/// READY=1; the traced program's calls are in the snapshot `fdr-profiled snapshot` asks for
+/// over the control socket in the unit's RuntimeDirectory; `systemctl reload` keeps it
+/// running; the journal (a journald of that systemd) has its messages with their `FDR_*`
+/// fields; `systemctl stop` ends it with success.
+#[test]
+fn the_unit_runs_under_a_real_systemd() {
+    let scratch = tests::scratch_dir("service-systemd");
+    let dir = scratch.path();
+    let bin = private_copy(&calls_fixture(), dir);
+    let output = dir.join("out");
+    let config = example_config(dir, &bin, &output);
+    let daemon = tests::fdr_profiled();
+    let dropin = format!(
+        "[Unit]\n# Started alone in an empty boot target: no sysinit.target to wait for.\nDefaultDependencies=no\n[Service]\nExecStartPre=\nExecStartPre={d} service --check-config {c}\nExecStart=\nExecStart={d} service --config {c}\nReadWritePaths={o}\n",
+        d = daemon.display(),
+        c = config.display(),
+        o = dir.display()
+    );
+    let systemd = PrivateSystemd::boot(
+        dir,
+        &[
+            (
+                "fdr-test.target",
+                "[Unit]\nDescription=fdr-profiled test boot\nDefaultDependencies=no\n".to_owned(),
+            ),
+            (
+                "fdr-profiled.service",
+                std::fs::read_to_string(dist("fdr-profiled.service")).unwrap(),
+            ),
+            ("fdr-profiled.service.d/test.conf", dropin),
+        ],
+    );
+    systemd.ok("systemctl start systemd-journald.socket systemd-journald.service");
+    systemd.ok("systemctl start fdr-profiled.service");
+    assert_eq!(systemd.property("fdr-profiled", "ActiveState"), "active");
+    assert!(
+        systemd
+            .property("fdr-profiled", "StatusText")
+            .starts_with("1 targets (1 binaries); "),
+        "{}",
+        systemd.property("fdr-profiled", "StatusText")
+    );
+
+    let run = run_output(Command::new(&bin).args(["--iterations", "500"]));
+    assert!(run.status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    let snapshot = systemd.ok(&format!("{} snapshot", daemon.display()));
+    let snapshot = PathBuf::from(snapshot.trim());
+    assert!(snapshot.starts_with(&output), "{}", snapshot.display());
+    // The example configuration names the target after the binary.
+    let target = snapshot.parent().unwrap().file_name().unwrap();
+    assert_eq!(target, bin.file_name().unwrap());
+    let trace = tests::trace::check_trace_dir(&snapshot, &bin);
+    // main, cx_loop, 500 cx_tiny, cx_report: entries and exits.
+    assert_eq!(trace.session.events, 2 * 503);
+
+    systemd.ok("systemctl reload fdr-profiled.service");
+    systemd.ok("systemctl is-active fdr-profiled.service");
+    let journal = systemd.ok("journalctl -u fdr-profiled.service -o json --no-pager");
+    let entries: Vec<serde_json::Value> = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let snapshot_entry = entries
+        .iter()
+        .find(|e| e["FDR_SNAPSHOT"] == *snapshot.to_string_lossy())
+        .unwrap_or_else(|| panic!("no journal entry with FDR_SNAPSHOT: {journal}"));
+    assert_eq!(
+        snapshot_entry["FDR_TARGET"],
+        *target.to_string_lossy(),
+        "{snapshot_entry}"
+    );
+    assert_eq!(snapshot_entry["FDR_TRIGGER"], "request", "{snapshot_entry}");
+    assert_eq!(snapshot_entry["PRIORITY"], "5", "{snapshot_entry}");
+    assert!(
+        entries.iter().any(|e| e["MESSAGE"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("reloaded "))),
+        "{journal}"
+    );
+    systemd.ok("systemctl stop fdr-profiled.service");
+    assert_eq!(systemd.property("fdr-profiled", "Result"), "success");
+    assert_eq!(systemd.property("fdr-profiled", "NRestarts"), "0");
 }
