@@ -838,3 +838,87 @@ fn under_systemd_the_log_is_structured_journal_entries() {
     );
     check_trace_dir(&dir_written[0], &bin);
 }
+
+/// Record mode with tiny limits: segments rotated by size, the oldest deleted to stay under
+/// `max_disk`. Sampled all along, the disk used never exceeds the cap by more than the largest
+/// segment; every segment left is valid; the one being written is never deleted (the last
+/// run's calls are all there).
+#[test]
+fn record_mode_segments_stay_under_max_disk() {
+    let scratch = tests::scratch_dir("service-record-retention");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    const CAP: u64 = 400_000;
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\nmax_disk = \"{CAP}B\"\n[[target]]\nname = \"rec\"\nbinary = \"{}\"\n\
+             mode = \"record\"\nsegment_size = \"100KB\"\nsegment_age = \"1h\"\n",
+            output.display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let mut service = Running::spawn(
+        "fdr-profiled service",
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(scratch.path().join("control.sock")),
+    );
+    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    // Disk used under the output, and the largest size each segment was seen at.
+    let (mut peak, mut largest) = (0u64, std::collections::BTreeMap::<PathBuf, u64>::new());
+    let mut sample = |peak: &mut u64| {
+        let mut total = 0;
+        for d in snapshots(&output, "rec") {
+            // A directory being deleted may vanish under us: count what is there.
+            let bytes = std::panic::catch_unwind(|| tree_bytes(&d)).unwrap_or(0);
+            total += bytes;
+            let seen = largest.entry(d).or_default();
+            *seen = (*seen).max(bytes);
+        }
+        *peak = (*peak).max(total);
+    };
+    let mut last = None;
+    for _ in 0..12 {
+        let run = Running::spawn("calls", Command::new(&bin).args(["--iterations", "4000"]));
+        let done = run.finish(TIMEOUT);
+        assert!(done.status.success());
+        last = Some(done);
+        for _ in 0..6 {
+            sample(&mut peak);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    sample(&mut peak);
+    let deleted = done.stderr.matches("to stay under max_disk").count();
+    assert!(deleted > 0, "nothing deleted:\n{}", done.stderr);
+    let largest_segment = largest.values().copied().max().unwrap_or(0);
+    assert!(
+        peak <= CAP + largest_segment,
+        "{peak} bytes at the peak, cap {CAP}, largest segment {largest_segment}"
+    );
+    let dirs = snapshots(&output, "rec");
+    let total: u64 = dirs.iter().map(|d| tree_bytes(d)).sum();
+    assert!(total <= CAP + largest_segment, "{total} bytes left");
+    // The last run's process is in the segments left, with every call.
+    let last = last.unwrap();
+    let want = expected_calls(&parse_count_lines(&last.stdout));
+    let mut cx_tiny = 0;
+    for d in &dirs {
+        let trace = check_trace_dir(d, &bin);
+        for t in trace.threads.iter().filter(|t| want.contains_key(&t.tid)) {
+            cx_tiny += t.calls().get("cx_tiny").map_or(0, |c| c.entries());
+        }
+    }
+    assert_eq!(
+        cx_tiny, 4000,
+        "the last run's calls, in the newest segments"
+    );
+}
