@@ -922,3 +922,75 @@ fn record_mode_segments_stay_under_max_disk() {
         "the last run's calls, in the newest segments"
     );
 }
+
+/// One process runs longer than the window (5 s against 2 s), cutting its loop into spans at
+/// each CLOCK_MONOTONIC second and entering `cx_tick` at the start of each. The snapshot taken
+/// right after it ends covers at least the window before it, and for every span it holds from
+/// start to end, the calls of `cx_tiny` equal what the program counted in that span.
+#[test]
+fn a_flight_recorder_snapshot_holds_the_windows_calls_exactly() {
+    let scratch = tests::scratch_dir("service-window");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let (mut service, output) = start_service(scratch.path(), "calls", &bin, "2s");
+    let run = run_output(Command::new(&bin).args(["--seconds", "5", "--per-second"]));
+    assert!(run.status.success());
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    // The span counts, in order.
+    let spans: Vec<u64> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("span index="))
+        .enumerate()
+        .map(|(k, rest)| {
+            let (index, n) = rest.split_once(" cx_tiny=").expect("a span line");
+            assert_eq!(index.parse::<usize>().unwrap(), k);
+            n.parse().unwrap()
+        })
+        .collect();
+    assert!(spans.len() >= 5, "{stdout}");
+    std::thread::sleep(Duration::from_millis(100));
+    service.signal(libc::SIGUSR1);
+    service.wait_for_stderr_line("fdr-profiled: service: target calls: snapshot ", TIMEOUT);
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    let dirs = snapshots(&output, "calls");
+    let trace = check_trace_dir(&dirs[0], &bin);
+    assert_eq!(trace.threads.len(), 1);
+    let records = &trace.threads[0].records;
+    // Cut the held records at the cx_tick entries; the last piece is the last span.
+    let mut pieces: Vec<u64> = vec![0];
+    for r in records.iter().filter(|r| r.kind.is_entry()) {
+        match r.function.as_str() {
+            "cx_tick" => pieces.push(0),
+            "cx_tiny" => *pieces.last_mut().unwrap() += 1,
+            _ => {}
+        }
+    }
+    // The first piece is the tail of a span that aged out in part: only whole spans compare.
+    let whole = &pieces[1..];
+    assert!(
+        whole.len() >= 2,
+        "the 2 s window holds at least one whole span and the last one: {pieces:?}"
+    );
+    assert_eq!(
+        whole,
+        &spans[spans.len() - whole.len()..],
+        "cx_tiny calls per span: held vs counted by the program ({spans:?})"
+    );
+    // The window: at least 2 s before the snapshot, which came after the last call.
+    let first = records.first().unwrap().tsc;
+    let last_tiny = records
+        .iter()
+        .rev()
+        .find(|r| r.function == "cx_tiny")
+        .unwrap()
+        .tsc;
+    assert!(
+        last_tiny - first >= 1_900_000_000,
+        "held {} ns before the last call",
+        last_tiny - first
+    );
+    let window = &trace.session.json["window"];
+    assert!(window["expired"].as_u64().unwrap() > 0, "{window}");
+    assert_eq!(window["evicted"], 0, "{window}");
+}
