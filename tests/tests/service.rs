@@ -570,18 +570,18 @@ fn a_reload_adds_and_removes_targets_and_keeps_the_others_running() {
     let (a, b, c) = (copy("a"), copy("b"), copy("c"));
     let output = scratch.path().join("out");
     let config = scratch.path().join("fdr-profiled.toml");
-    let write = |targets: &[(&str, &Path)]| {
+    let write = |targets: &[(&str, &Path, &str)]| {
         let mut text = format!("output = \"{}\"\n", output.display());
-        for (name, bin) in targets {
+        for (name, bin, more) in targets {
             text.push_str(&format!(
-                "[[target]]\nname = \"{name}\"\nbinary = \"{}\"\nmode = \"record\"\n",
+                "[[target]]\nname = \"{name}\"\nbinary = \"{}\"\nmode = \"record\"\n{more}",
                 bin.display()
             ));
         }
         std::fs::write(&config, text).unwrap();
     };
     // The removed target comes first: the kept one's place in the service's list changes.
-    write(&[("b", &b), ("a", &a)]);
+    write(&[("b", &b, ""), ("a", &a, "")]);
     let mut service = Running::spawn(
         "fdr-profiled service",
         Command::new(tests::fdr_profiled())
@@ -607,7 +607,8 @@ fn a_reload_adds_and_removes_targets_and_keeps_the_others_running() {
     std::fs::write(&config, "output = 3\n").unwrap();
     service.signal(libc::SIGHUP);
     service.wait_for_stderr_line("fdr-profiled: error: reload refused", TIMEOUT);
-    write(&[("a", &a), ("c", &c)]);
+    // The added target asks for more logged arguments than the service loaded.
+    write(&[("a", &a, ""), ("c", &c, "args = 3\n")]);
     service.signal(libc::SIGHUP);
     service.wait_for_stderr_line("fdr-profiled: service: reloaded ", TIMEOUT);
     let after: Vec<_> = vec![run(&a, 700), run(&b, 800), run(&c, 900)];
@@ -617,6 +618,13 @@ fn a_reload_adds_and_removes_targets_and_keeps_the_others_running() {
     assert!(done.status.success(), "{}", done.stderr);
     assert!(
         done.stderr.contains("1 targets kept, 1 added, 1 removed"),
+        "{}",
+        done.stderr
+    );
+    assert!(
+        done.stderr
+            .contains("target c: args = 3 and max_event_bytes = ")
+            && done.stderr.contains("restart the service to raise them"),
         "{}",
         done.stderr
     );

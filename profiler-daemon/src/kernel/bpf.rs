@@ -236,6 +236,11 @@ impl Tracer {
         self.place(SLED_PROGRAM, &[probe], object, scope)
     }
 
+    /// What was loaded (fixed for the tracer's life).
+    pub fn options(&self) -> &LoadOptions {
+        &self.options
+    }
+
     /// Whether probes are placed with `uprobe_multi` links (else one perf event each).
     pub fn uses_uprobe_multi(&self) -> bool {
         !self.multi.is_empty()

@@ -185,6 +185,19 @@ fn attach_target(
 ) -> Result<Target> {
     // What an earlier target left unclaimed is not this one's.
     drop(tracer.take_attachment());
+    // The programs' limits are loaded once, for the targets of the first configuration.
+    let loaded = *tracer.options();
+    if config.args > loaded.nargs || config.max_event_bytes > loaded.max_event_bytes {
+        tracing::warn!(
+            fdr_target = %config.name,
+            "target {}: args = {} and max_event_bytes = {} exceed what the running service loaded ({} and {}): it records that much; restart the service to raise them",
+            config.name,
+            config.args,
+            config.max_event_bytes,
+            loaded.nargs,
+            loaded.max_event_bytes
+        );
+    }
     let filter = FunctionFilter::new(&config.functions, &config.exclude)?;
     let mut binaries = Vec::new();
     for path in matching_files(&config.binary) {
