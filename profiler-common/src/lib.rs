@@ -133,6 +133,9 @@ pub mod event_kind {
     /// every catch handler calls first. Every traced frame whose return-address slot is at or
     /// below [`super::EventHeader::sp`] was left by the unwinding and is dead from this moment.
     pub const CATCH: u8 = 17;
+    /// Not an event: the cookie kind of the `unwind_stop` probes at the unwinder's raise
+    /// functions (`_Unwind_RaiseException`, ...), see [`super::RepairState`].
+    pub const THROW: u8 = 18;
 }
 
 /// Flags of [`EventHeader::flags`].
@@ -321,6 +324,48 @@ pub const FLOOR_PROGRAM: &str = "floor";
 pub const FLOOR_RETURN_PROGRAM: &str = "floor_return";
 /// Name of the raw tracepoint program on `sched_process_exit`.
 pub const THREAD_EXIT_PROGRAM: &str = "thread_exit";
+/// Name of the program that stops a thread for `--exits repair` (see [`RepairState`]).
+pub const UNWIND_STOP_PROGRAM: &str = "unwind_stop";
+/// Name of the hash map of [`RepairState`] by thread id.
+pub const REPAIRS_MAP: &str = "REPAIRS";
+
+/// Most return-probe instances a throw reads (the kernel keeps at most
+/// [`MAX_RETURN_PROBE_DEPTH`] per thread).
+pub const MAX_REPAIR_FRAMES: usize = 64;
+
+/// `--exits repair`: what a thread's stop is for. An exception must not unwind through a frame
+/// whose return address the kernel replaced with its return-probe trampoline (the unwinder
+/// finds no frame there and calls `std::terminate`). At a throw (the `unwind_stop` program at
+/// the unwinder's raise functions) the program copies the kernel's pending return-probe
+/// instances of the thread (`current->utask->return_instances`: slot and original address)
+/// here and stops the thread with a signal; the daemon, its ptrace tracer, puts the original
+/// addresses back into the slots that still hold the trampoline. At the catch, if the thread
+/// has restored frames, the program stops it again, and the daemon puts the trampoline back
+/// into the restored slots of the frames still alive, so that their returns are observed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RepairState {
+    /// [`repair_state`] value.
+    pub state: u32,
+    /// Instances in `slots` and `origs`.
+    pub frames: u32,
+    /// Each instance's return-address slot (the frame's stack pointer at its entry), newest
+    /// first.
+    pub slots: [u64; MAX_REPAIR_FRAMES],
+    /// Each instance's original return address.
+    pub origs: [u64; MAX_REPAIR_FRAMES],
+}
+
+/// Values of [`RepairState::state`].
+pub mod repair_state {
+    /// A throw stopped the thread; the daemon has not restored its frames yet.
+    pub const THROWN: u32 = 1;
+    /// The daemon restored frames; the catch stops the thread to hook the live ones again.
+    pub const RESTORED: u32 = 2;
+    /// The catch stopped the thread; the daemon has not hooked its live frames again yet.
+    pub const CATCHING: u32 = 3;
+}
+
 /// Default size of each per-CPU ring buffer in bytes (a power of two, as the kernel requires).
 pub const DEFAULT_RING_BYTES: u32 = 8 << 20;
 
@@ -348,6 +393,18 @@ pub mod globals {
     /// u32: byte offset of `exit_code` in the kernel's `struct task_struct` (from its BTF);
     /// 0 when unknown, and then a thread's end carries no exit code.
     pub const EXIT_CODE_OFFSET: &str = "CFG_EXIT_CODE_OFFSET";
+    /// u32: offsets in the kernel's structures that `unwind_stop` reads (from its BTF):
+    /// `task_struct.utask`, `uprobe_task.return_instances`, `return_instance.stack`,
+    /// `.orig_ret_vaddr`, `.next`, and `task_struct.blocked`. 0: `--exits repair` is off.
+    pub const UTASK_OFFSET: &str = "CFG_UTASK_OFFSET";
+    pub const RETURN_INSTANCES_OFFSET: &str = "CFG_RETURN_INSTANCES_OFFSET";
+    pub const RI_STACK_OFFSET: &str = "CFG_RI_STACK_OFFSET";
+    pub const RI_ORIG_OFFSET: &str = "CFG_RI_ORIG_OFFSET";
+    pub const RI_NEXT_OFFSET: &str = "CFG_RI_NEXT_OFFSET";
+    pub const BLOCKED_OFFSET: &str = "CFG_BLOCKED_OFFSET";
+    /// u32: the signal that stops a thread for its repair (one the program neither catches
+    /// nor, usually, blocks; `SIGSTOP` is sent instead when the thread blocks it).
+    pub const STOP_SIGNAL: &str = "CFG_STOP_SIGNAL";
 }
 
 #[cfg(test)]

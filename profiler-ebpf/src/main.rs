@@ -6,6 +6,9 @@
 //! - `sled_return` (uretprobe) is attached at the entries of the functions whose exits a return
 //!   probe observes (decided per function, see `plan::exits` in the daemon).
 //! - `thread_exit` (raw tracepoint `sched_process_exit`) closes a thread's books.
+//! - `unwind_stop` (uprobe) is attached, with `--exits repair`, at the unwinder's raise
+//!   functions and at the catch functions: it stops the thread for the daemon to repair the
+//!   stack (see `profiler_common::RepairState`).
 //! - `floor` / `floor_return` are empty: the benchmark's measure of the kernel's own cost.
 //!
 //! Each event goes to the ring buffer of the CPU it happened on (no cross-CPU contention) and
@@ -27,6 +30,7 @@ use aya_ebpf::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_ringbuf_output,
         bpf_ringbuf_query, bpf_ringbuf_reserve, bpf_ringbuf_submit, generated::bpf_probe_read_user,
+        generated::bpf_send_signal_thread,
     },
     macros::{btf_map, map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray},
@@ -35,8 +39,9 @@ use aya_ebpf::{
 };
 use core::ffi::c_void;
 use profiler_common::{
-    ablate, counter, event_flags, event_kind, ArgsEvent, Cookie, EventHeader, EventPayload,
-    SledKind, ThreadState, MAX_ARGS, MAX_EVENT_BYTES, MAX_RETURN_PROBE_DEPTH, TAIL_BITS_WORDS,
+    ablate, counter, event_flags, event_kind, repair_state, ArgsEvent, Cookie, EventHeader,
+    EventPayload, RepairState, SledKind, ThreadState, MAX_ARGS, MAX_EVENT_BYTES, MAX_REPAIR_FRAMES,
+    MAX_RETURN_PROBE_DEPTH, TAIL_BITS_WORDS,
 };
 
 /// One ring buffer per CPU, created and inserted by the daemon (`--buffer-size` each). The
@@ -81,6 +86,32 @@ static CFG_WAKEUP_BYTES: u64 = 4 << 20;
 /// when unknown.
 #[unsafe(no_mangle)]
 static CFG_EXIT_CODE_OFFSET: u32 = 0;
+/// `--exits repair`: offsets in the kernel's structures (from its BTF), and the stop signal.
+/// `CFG_UTASK_OFFSET` 0: repair is off.
+#[unsafe(no_mangle)]
+static CFG_UTASK_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_RETURN_INSTANCES_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_RI_STACK_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_RI_ORIG_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_RI_NEXT_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_BLOCKED_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_STOP_SIGNAL: u32 = 0;
+
+/// `--exits repair`: each stopped thread's [`RepairState`], by thread id (written here at a
+/// throw, read and updated by the daemon, removed by the daemon after the catch).
+#[map(name = "REPAIRS")]
+static REPAIRS: HashMap<u32, RepairState> = HashMap::with_max_entries(1 << 14, 0);
+
+/// Where a [`RepairState`] is assembled (it is larger than a program's stack).
+#[map(name = "REPAIR_SCRATCH")]
+static REPAIR_SCRATCH: PerCpuArray<RepairState> = PerCpuArray::with_max_entries(1, 0);
+
 /// Benchmark only (`profiler_common::ablate`): parts of the work to skip, to measure what
 /// each costs. Zero in every real session.
 #[unsafe(no_mangle)]
@@ -469,6 +500,105 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
         state.exited = 1;
     }
     0
+}
+
+/// `--exits repair`, at a throw (cookie kind `THROW`): copies the thread's pending return-probe
+/// instances into `REPAIRS` and stops the thread; at a catch (kind `CATCH`): stops the thread
+/// again if the daemon restored frames of it. See `profiler_common::RepairState`.
+#[uprobe]
+pub fn unwind_stop(ctx: ProbeContext) -> u32 {
+    let utask_offset = setting(&CFG_UTASK_OFFSET);
+    if utask_offset == 0 || utask_offset >= 65536 {
+        return 0;
+    }
+    // SAFETY: plain helper calls.
+    let cookie = Cookie::decode(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: plain helper call.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    if cookie.kind == event_kind::CATCH {
+        if let Some(r) = REPAIRS.get_ptr_mut(&tid) {
+            // SAFETY: map value pointer, valid for this run; only this thread's probes and
+            // the daemon (while this thread is stopped) touch its entry.
+            unsafe {
+                if (*r).state == repair_state::RESTORED {
+                    (*r).state = repair_state::CATCHING;
+                    stop_thread(task);
+                }
+            }
+        }
+        return 0;
+    }
+    if cookie.kind != event_kind::THROW {
+        return 0;
+    }
+    let Some(scratch) = REPAIR_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU slot, valid for the program's run; kernel reads are checked by the helper.
+    unsafe {
+        let r = &mut *scratch;
+        r.state = repair_state::THROWN;
+        r.frames = 0;
+        let Ok(utask) = bpf_probe_read_kernel(task.add(utask_offset as usize) as *const u64) else {
+            return 0;
+        };
+        if utask == 0 {
+            return 0;
+        }
+        let list_at = utask + u64::from(setting(&CFG_RETURN_INSTANCES_OFFSET) & 0xffff);
+        let Ok(mut ri) = bpf_probe_read_kernel(list_at as *const u64) else {
+            return 0;
+        };
+        let stack_at = u64::from(setting(&CFG_RI_STACK_OFFSET) & 0xffff);
+        let orig_at = u64::from(setting(&CFG_RI_ORIG_OFFSET) & 0xffff);
+        let next_at = u64::from(setting(&CFG_RI_NEXT_OFFSET) & 0xffff);
+        let mut n = 0usize;
+        for i in 0..MAX_REPAIR_FRAMES {
+            if ri == 0 {
+                break;
+            }
+            let (Ok(stack), Ok(orig), Ok(next)) = (
+                bpf_probe_read_kernel((ri + stack_at) as *const u64),
+                bpf_probe_read_kernel((ri + orig_at) as *const u64),
+                bpf_probe_read_kernel((ri + next_at) as *const u64),
+            ) else {
+                break;
+            };
+            r.slots[i] = stack;
+            r.origs[i] = orig;
+            n = i + 1;
+            ri = next;
+        }
+        if n == 0 {
+            return 0;
+        }
+        r.frames = n as u32;
+        if REPAIRS.insert(&tid, &*scratch, 0).is_err() {
+            return 0;
+        }
+    }
+    stop_thread(task);
+    0
+}
+
+/// Sends the stop signal to the current thread, or `SIGSTOP` when the thread blocks it (the
+/// daemon, its tracer, suppresses either).
+fn stop_thread(task: *const u8) {
+    let mut signal = setting(&CFG_STOP_SIGNAL);
+    let blocked_offset = setting(&CFG_BLOCKED_OFFSET);
+    if blocked_offset != 0 && blocked_offset < 65536 && signal > 0 && signal <= 64 {
+        // SAFETY: kernel read checked by the helper.
+        let blocked =
+            unsafe { bpf_probe_read_kernel(task.add(blocked_offset as usize) as *const u64) };
+        if blocked.is_ok_and(|mask| mask & (1u64 << (signal - 1)) != 0) {
+            signal = 19; // SIGSTOP
+        }
+    }
+    if signal != 0 {
+        // SAFETY: plain helper call.
+        unsafe { bpf_send_signal_thread(signal) };
+    }
 }
 
 #[uprobe]

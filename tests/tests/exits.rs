@@ -100,6 +100,33 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
             };
             assert_eq!(f["exit"], want, "{f}");
         }
+    } else if mode_label == "repair" {
+        assert!(
+            line.starts_with("return probes ("),
+            "{mode_label}: exits line {line:?}"
+        );
+        assert_eq!(run.session_str("exits"), "repair");
+        // Every throw was repaired, and every catch hooked the live frames again.
+        let caught: u64 = EXCEPTIONS_DONE_20
+            .split_whitespace()
+            .nth(2)
+            .and_then(|c| c.strip_prefix("caught="))
+            .and_then(|c| c.parse().ok())
+            .unwrap();
+        let repair = run
+            .done
+            .stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("fdr-profiled: repair: "))
+            .unwrap_or_else(|| panic!("no repair line:\n{}", run.done.stderr));
+        assert!(
+            repair.starts_with(&format!("{caught} throws (")),
+            "{repair}"
+        );
+        assert!(
+            repair.contains(&format!(", {caught} catches (")),
+            "{repair}"
+        );
     } else {
         assert!(
             line.starts_with("exit sleds ("),
@@ -232,6 +259,13 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
 #[test]
 fn exceptions_complete_under_auto() {
     exceptions_under(&[], "auto");
+}
+
+/// `--exits repair`: return probes on every function, the stack repaired at each throw; the
+/// same exact counts, catches and native structure.
+#[test]
+fn exceptions_complete_under_repair() {
+    exceptions_under(&["--exits", "repair"], "repair");
 }
 
 /// `--exits sleds`: the same.

@@ -8,9 +8,9 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
-    cookie_flags, counter, event_kind, globals, Cookie, SledKind, ThreadState, ARMED_MAP,
-    COUNTERS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM,
-    THREADS_MAP, THREAD_EXIT_PROGRAM,
+    cookie_flags, counter, event_kind, globals, Cookie, RepairState, SledKind, ThreadState,
+    ARMED_MAP, COUNTERS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, REPAIRS_MAP, RETURN_PROGRAM,
+    RINGS_MAP, SLED_PROGRAM, THREADS_MAP, THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
 };
 use std::num::NonZeroU32;
 use std::path::Path;
@@ -38,6 +38,9 @@ pub struct LoadOptions {
     /// Place every probe as its own perf event even where `uprobe_multi` links exist (the
     /// fallback path, for tests and benchmarks).
     pub perf_events_only: bool,
+    /// `--exits repair`: where the kernel keeps a thread's return-probe instances, and the
+    /// signal that stops a thread for its repair.
+    pub repair: Option<(crate::kernel::btf::RepairOffsets, u32)>,
 }
 
 /// The loaded programs and maps. Dropping it detaches every probe.
@@ -100,7 +103,32 @@ impl Tracer {
         // rates, this covers bursts.
         let wakeup = u64::from(ring_bytes / 2);
         let exit_code_offset = crate::kernel::btf::task_exit_code_offset().unwrap_or(0);
+        let (offsets, stop_signal) = match options.repair {
+            Some((o, signal)) => (o, signal),
+            None => (
+                crate::kernel::btf::RepairOffsets {
+                    utask: 0,
+                    return_instances: 0,
+                    ri_stack: 0,
+                    ri_orig: 0,
+                    ri_next: 0,
+                    blocked: 0,
+                },
+                0,
+            ),
+        };
         let mut ebpf = EbpfLoader::new()
+            .override_global(globals::UTASK_OFFSET, &offsets.utask, true)
+            .override_global(
+                globals::RETURN_INSTANCES_OFFSET,
+                &offsets.return_instances,
+                true,
+            )
+            .override_global(globals::RI_STACK_OFFSET, &offsets.ri_stack, true)
+            .override_global(globals::RI_ORIG_OFFSET, &offsets.ri_orig, true)
+            .override_global(globals::RI_NEXT_OFFSET, &offsets.ri_next, true)
+            .override_global(globals::BLOCKED_OFFSET, &offsets.blocked, true)
+            .override_global(globals::STOP_SIGNAL, &stop_signal, true)
             .override_global(globals::NARGS, &nargs, true)
             .override_global(globals::MAX_EVENT_BYTES, &options.max_event_bytes, true)
             .override_global(globals::WAKEUP_BYTES, &wakeup, true)
@@ -114,6 +142,7 @@ impl Tracer {
             RETURN_PROGRAM,
             FLOOR_PROGRAM,
             FLOOR_RETURN_PROGRAM,
+            UNWIND_STOP_PROGRAM,
         ] {
             uprobe(&mut ebpf, name)?
                 .load()
@@ -239,6 +268,42 @@ impl Tracer {
     /// What was loaded (fixed for the tracer's life).
     pub fn options(&self) -> &LoadOptions {
         &self.options
+    }
+
+    /// `--exits repair`: places the `unwind_stop` probe at `file_offset` of `object`, as a throw
+    /// point (`event_kind::THROW`) or a catch point (`event_kind::CATCH`).
+    pub fn attach_unwind_stop(
+        &mut self,
+        object: &Path,
+        file_offset: u64,
+        kind: u8,
+        scope: Scope,
+    ) -> Result<()> {
+        let probe = Probe {
+            file_offset,
+            cookie: Cookie {
+                function_id: 0,
+                kind,
+                regs: [0; 3],
+                flags: 0,
+            },
+        };
+        self.place(
+            UNWIND_STOP_PROGRAM,
+            &[probe],
+            object,
+            UProbeScope::from(scope),
+        )
+    }
+
+    /// `--exits repair`: the table of stopped threads' [`RepairState`] (the repairing thread
+    /// owns it from then on).
+    pub fn take_repairs(&mut self) -> Result<BpfHashMap<MapData, u32, PodRepairState>> {
+        let map = self
+            .ebpf
+            .take_map(REPAIRS_MAP)
+            .context("the eBPF object has no repairs map")?;
+        Ok(BpfHashMap::try_from(map)?)
     }
 
     /// Whether probes are placed with `uprobe_multi` links (else one perf event each).
@@ -373,6 +438,13 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
 pub struct PodThreadState(pub ThreadState);
 // SAFETY: ThreadState is #[repr(C)] plain data without padding; any bit pattern is valid.
 unsafe impl aya::Pod for PodThreadState {}
+
+/// [`RepairState`] as aya reads and writes it in a map.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct PodRepairState(pub RepairState);
+// SAFETY: RepairState is #[repr(C)] plain data without padding; any bit pattern is valid.
+unsafe impl aya::Pod for PodRepairState {}
 
 /// The kernel side's own accounts: loss counters that belong to no thread, and the state of
 /// threads still alive (their trailing losses).

@@ -31,8 +31,28 @@ fn is_catch_function(name: &str) -> bool {
     name == CXX_CATCH || name.ends_with(RUST_CATCH_SUFFIX)
 }
 
+/// The unwinder's functions that start unwinding (libgcc's and LLVM libunwind's names alike):
+/// a throw, a rethrow, a forced unwind (thread cancellation). `_Unwind_Resume` is not one: it
+/// continues an unwinding that entered through one of these.
+pub const THROW_FUNCTIONS: &[&str] = &[
+    "_Unwind_RaiseException",
+    "_Unwind_Resume_or_Rethrow",
+    "_Unwind_ForcedUnwind",
+];
+
 /// The catch functions `path` defines (none if it defines none or cannot be read), each once.
 pub fn catch_points(path: &Path) -> Vec<CatchPoint> {
+    points(path, is_catch_function)
+}
+
+/// The throw functions ([`THROW_FUNCTIONS`]) `path` defines, each once.
+pub fn throw_points(path: &Path) -> Vec<CatchPoint> {
+    points(path, |name| THROW_FUNCTIONS.contains(&name))
+}
+
+/// The functions `path` defines whose names `wanted` accepts, each once, at their first
+/// instruction past an `endbr64`.
+fn points(path: &Path, wanted: impl Fn(&str) -> bool) -> Vec<CatchPoint> {
     let Ok(image) = ElfImage::open(path) else {
         return Vec::new();
     };
@@ -42,7 +62,7 @@ pub fn catch_points(path: &Path) -> Vec<CatchPoint> {
     let mut points: Vec<CatchPoint> = Vec::new();
     for symbol in file.dynamic_symbols().chain(file.symbols()) {
         let Ok(name) = symbol.name() else { continue };
-        if !symbol.is_definition() || symbol.address() == 0 || !is_catch_function(name) {
+        if !symbol.is_definition() || symbol.address() == 0 || !wanted(name) {
             continue;
         }
         let Some(offset) = image.file_offset(symbol.address()) else {
@@ -86,6 +106,26 @@ mod tests {
         // libc has no C++ runtime.
         assert_eq!(
             catch_points(Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6")),
+            []
+        );
+    }
+
+    #[test]
+    fn finds_the_throw_functions_of_the_unwinder() {
+        // Debian's libgcc_s defines all three (libstdc++ calls them).
+        let lib = Path::new("/usr/lib/x86_64-linux-gnu/libgcc_s.so.1");
+        let mut names: Vec<String> = throw_points(lib).into_iter().map(|p| p.name).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "_Unwind_ForcedUnwind",
+                "_Unwind_RaiseException",
+                "_Unwind_Resume_or_Rethrow"
+            ]
+        );
+        assert_eq!(
+            throw_points(Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6")),
             []
         );
     }

@@ -32,6 +32,9 @@ pub enum ExitMode {
     /// Return probes where no unwinding can pass through a frame, exit sleds otherwise:
     /// decided for each function from its machine code.
     Auto,
+    /// Return probes everywhere, the stack repaired at each throw (a launched command only:
+    /// fdr-profiled becomes its ptrace tracer; see `record::repair`).
+    Repair,
 }
 
 /// How one function's exits are observed.
@@ -97,6 +100,16 @@ pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (ExitPolicy, ExitsChoice) {
                 mode: "return",
                 reason: "--exits return: an exception or panic unwinding through a probed frame \
                          would kill the program"
+                    .into(),
+            },
+        ),
+        ExitMode::Repair => (
+            ExitPolicy::All(Exits::Return),
+            ExitsChoice {
+                mode: "repair",
+                reason: "--exits repair: return probes everywhere; at each throw the original \
+                         return addresses are put back, at the catch the live frames are hooked \
+                         again"
                     .into(),
             },
         ),

@@ -5,10 +5,11 @@
 //! at the end `fdr-analysis` writes the report.
 mod args;
 pub mod objects;
+pub mod repair;
 
 pub use args::RecordArgs;
 
-use crate::kernel::bpf::{KernelBooks, LoadOptions, Scope, Tracer};
+use crate::kernel::bpf::{KernelBooks, LoadOptions, PodRepairState, Scope, Tracer};
 use crate::kernel::intake::Intake;
 use crate::plan::discovery::Discovery;
 use crate::plan::exits::{ExitMode, ExitPolicy, Exits};
@@ -19,6 +20,7 @@ use crate::session::{IntakeLosses, Session};
 use crate::traced::launch::{self, ChildExit, HeldChild};
 use crate::traced::process::{self, TracedProcess};
 use anyhow::{bail, Context as _, Result};
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use fdr_analysis::symbolize::Symbolizer;
 use std::num::NonZeroU32;
 use std::os::fd::AsRawFd as _;
@@ -67,6 +69,16 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
     let (policy, exits_choice) = crate::plan::exits::choose(cli.exits, &planned.image);
+    let repair = if cli.exits == ExitMode::Repair {
+        if program.is_none() {
+            bail!("--exits repair traces a launched command only (-- COMMAND): it makes fdr-profiled the command's ptrace tracer");
+        }
+        let offsets = crate::kernel::btf::repair_offsets()
+            .map_err(|why| anyhow::anyhow!("--exits repair: {why}"))?;
+        Some((offsets, repair::STOP_SIGNAL as u32))
+    } else {
+        None
+    };
     // Loading validates --buffer-size too; only then is anything created on disk.
     let mut tracer = Tracer::load(LoadOptions {
         ring_bytes: cli.buffer_size,
@@ -75,6 +87,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         floor: cli.floor,
         ablate: cli.ablate,
         perf_events_only: cli.no_uprobe_multi,
+        repair,
     })?;
     let out = OutputDir::create_root(&cli.out_dir())?;
 
@@ -118,6 +131,9 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             objects::attach(&mut tracer, &mut session, plan, policy, scope).map(drop)
         })
         .and_then(|()| {
+            if repair.is_some() {
+                repair::attach(&mut tracer, &planned.image, scope)?;
+            }
             attach_catches(&mut tracer, &planned, scope);
             // Every probe is in place: only now does anything get recorded.
             tracer.set_armed(true)
@@ -150,6 +166,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     }
     let rings = tracer.take_rings();
     let books = tracer.take_books()?;
+    let repairs = repair.map(|_| tracer.take_repairs()).transpose()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -163,7 +180,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             scope,
             tracer,
         };
-        record(cli, target, intake, books, session, probing).await
+        record(cli, target, intake, books, session, probing, repairs).await
     })
 }
 
@@ -210,12 +227,14 @@ async fn record(
     mut books: KernelBooks,
     mut session: Session,
     mut probing: Probing,
+    repairs: Option<BpfHashMap<MapData, u32, PodRepairState>>,
 ) -> Result<u8> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
-    let (exit_tx, mut exit_rx) = tokio::sync::oneshot::channel::<Result<ChildExit>>();
+    let (exit_tx, mut exit_rx) =
+        tokio::sync::oneshot::channel::<Result<(ChildExit, Option<repair::RepairStats>)>>();
     let mut pidfd = None;
     let launched = match target {
         Target::Attach => {
@@ -237,13 +256,40 @@ async fn record(
             false
         }
         Target::Launch(child) => {
-            let pid = child.release()?;
-            std::thread::Builder::new()
-                .name("wait-child".into())
-                .spawn(move || {
-                    let _ = exit_tx.send(launch::wait_blocking(pid));
-                })
-                .context("starting the child-wait thread")?;
+            match repairs {
+                // The repair thread is the command's tracer; it sees its exit too.
+                Some(repairs) => {
+                    let repairing = match repair::start(child.pid(), repairs) {
+                        Ok(handle) => handle,
+                        Err(err) => {
+                            launch::reap(child);
+                            return Err(err);
+                        }
+                    };
+                    child.release()?;
+                    std::thread::Builder::new()
+                        .name("wait-child".into())
+                        .spawn(move || {
+                            let done = repairing
+                                .join()
+                                .unwrap_or_else(|_| {
+                                    Err(anyhow::anyhow!("the repair thread panicked"))
+                                })
+                                .map(|(exit, stats)| (exit, Some(stats)));
+                            let _ = exit_tx.send(done);
+                        })
+                        .context("starting the child-wait thread")?;
+                }
+                None => {
+                    let pid = child.release()?;
+                    std::thread::Builder::new()
+                        .name("wait-child".into())
+                        .spawn(move || {
+                            let _ = exit_tx.send(launch::wait_blocking(pid).map(|e| (e, None)));
+                        })
+                        .context("starting the child-wait thread")?;
+                }
+            }
             true
         }
     };
@@ -253,6 +299,7 @@ async fn record(
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_flush = Instant::now();
     let mut child_exit = None;
+    let mut repair_stats = None;
     let mut order = Sequencer::default();
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -288,7 +335,9 @@ async fn record(
                 break;
             }
             status = &mut exit_rx, if launched => {
-                child_exit = Some(status.context("the child-wait thread died")??);
+                let (exit, stats) = status.context("the child-wait thread died")??;
+                child_exit = Some(exit);
+                repair_stats = stats;
                 break;
             }
         }
@@ -300,7 +349,10 @@ async fn record(
     if let Err(err) = probing.tracer.set_armed(false) {
         eprintln!("fdr-profiled: warning: {err:#}");
     }
-    drop(probing);
+    // A repaired command that still runs keeps frames hooked by return probes: its throws
+    // must still be repaired, so the probes and the tracer stay until it exits.
+    let still_repairing = cli.exits == ExitMode::Repair && launched && child_exit.is_none();
+    let kept_probes = still_repairing.then_some(probing);
     intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
     order.finish(&books.threads(), &mut |e, g| session.record(e, g));
     let losses = IntakeLosses {
@@ -311,6 +363,9 @@ async fn record(
     let object_files = session.take_object_files();
     let report = session.finish(losses)?;
     eprint!("{}", report.render(&out_dir, cli.top));
+    if let Some(stats) = &repair_stats {
+        eprintln!("fdr-profiled: {}", stats.line());
+    }
     if !cli.no_report && !cli.floor {
         let mut symbolizer = Symbolizer::default();
         for (build_id, file) in &object_files {
@@ -319,6 +374,17 @@ async fn record(
                 symbolizer.with_file(build_id.clone(), format!("/proc/self/fd/{fd}").into());
         }
         write_outputs(&out_dir, report.events, &symbolizer);
+    }
+    if let Some(probing) = kept_probes {
+        eprintln!("fdr-profiled: repair: the command still runs; staying its tracer until it exits (frames hooked before now are repaired at its throws)");
+        if let Ok(Ok((exit, stats))) = exit_rx.await {
+            if let Some(stats) = stats {
+                eprintln!("fdr-profiled: {}", stats.line());
+            }
+            drop(probing);
+            return Ok(u8::try_from(exit.shell_code()).unwrap_or(u8::MAX));
+        }
+        drop(probing);
     }
     Ok(match child_exit {
         Some(exit) => u8::try_from(exit.shell_code()).unwrap_or(u8::MAX),

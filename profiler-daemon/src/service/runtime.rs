@@ -88,6 +88,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         floor: false,
         ablate: 0,
         perf_events_only: false,
+        repair: None,
     })?;
     let mut targets = Vec::new();
     let mut tags = Tags::default();
