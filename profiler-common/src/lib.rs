@@ -393,6 +393,12 @@ pub mod globals {
     /// u32: byte offset of `exit_code` in the kernel's `struct task_struct` (from its BTF);
     /// 0 when unknown, and then a thread's end carries no exit code.
     pub const EXIT_CODE_OFFSET: &str = "CFG_EXIT_CODE_OFFSET";
+    /// u32: where a thread's return-probe trampoline is (`task_struct.mm`,
+    /// `mm_struct.uprobes_state.xol_area`, `xol_area.vaddr`, from the kernel's BTF): whether
+    /// a new frame at a tail-calling frame's slot is its tail callee. 0: assume it is.
+    pub const TASK_MM_OFFSET: &str = "CFG_TASK_MM_OFFSET";
+    pub const MM_XOL_AREA_OFFSET: &str = "CFG_MM_XOL_AREA_OFFSET";
+    pub const XOL_VADDR_OFFSET: &str = "CFG_XOL_VADDR_OFFSET";
     /// u32: offsets in the kernel's structures that `unwind_stop` reads (from its BTF):
     /// `task_struct.utask`, `uprobe_task.return_instances`, `return_instance.stack`,
     /// `.orig_ret_vaddr`, `.next`, and `task_struct.blocked`. 0: `--exits repair` is off.

@@ -86,6 +86,16 @@ static CFG_WAKEUP_BYTES: u64 = 4 << 20;
 /// when unknown.
 #[unsafe(no_mangle)]
 static CFG_EXIT_CODE_OFFSET: u32 = 0;
+/// Where the thread's return-probe trampoline is (`task_struct.mm`,
+/// `mm_struct.uprobes_state.xol_area`, `xol_area.vaddr`, from the kernel's BTF); 0 when
+/// unknown. See [`chained`].
+#[unsafe(no_mangle)]
+static CFG_TASK_MM_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_MM_XOL_AREA_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_XOL_VADDR_OFFSET: u32 = 0;
+
 /// `--exits repair`: offsets in the kernel's structures (from its BTF), and the stop signal.
 /// `CFG_UTASK_OFFSET` 0: repair is off.
 #[unsafe(no_mangle)]
@@ -216,12 +226,52 @@ fn drop_dead_returns<const AT_ENTRY: bool>(state: &mut ThreadState, slot: u64) {
         if top_slot > slot {
             break;
         }
-        if top_slot == slot && (!AT_ENTRY || state.tail_exited[0] & (1u64 << top) != 0) {
+        if top_slot == slot
+            && (!AT_ENTRY || (state.tail_exited[0] & (1u64 << top) != 0 && chained(slot)))
+        {
             break;
         }
         n -= 1;
     }
     state.returns_pending = n;
+}
+
+/// At an entry whose slot is the top pending frame's, which made a tail call: whether this is
+/// that tail call's callee (the slot still holds the trampoline the kernel put there for the
+/// tail caller), as the kernel decides it, or a new call made after an exception or `longjmp`
+/// left both (the slot holds a fresh return address; the old frame is dead). Without the
+/// offsets, a tail call is assumed.
+fn chained(slot: u64) -> bool {
+    let (mm_at, xol_at, vaddr_at) = (
+        setting(&CFG_TASK_MM_OFFSET),
+        setting(&CFG_MM_XOL_AREA_OFFSET),
+        setting(&CFG_XOL_VADDR_OFFSET),
+    );
+    if mm_at == 0 || mm_at >= 65536 || xol_at >= 65536 || vaddr_at >= 4096 {
+        return true;
+    }
+    // SAFETY: plain helper calls; every read is checked by the helper.
+    unsafe {
+        let task = bpf_get_current_task() as *const u8;
+        let Ok(mm) = bpf_probe_read_kernel(task.add(mm_at as usize) as *const u64) else {
+            return true;
+        };
+        let Ok(xol) = bpf_probe_read_kernel((mm + u64::from(xol_at)) as *const u64) else {
+            return true;
+        };
+        if xol == 0 {
+            return true;
+        }
+        let Ok(trampoline) = bpf_probe_read_kernel((xol + u64::from(vaddr_at)) as *const u64)
+        else {
+            return true;
+        };
+        let mut word = 0u64;
+        if bpf_probe_read_user((&raw mut word).cast(), 8, slot as *const c_void) != 0 {
+            return true;
+        }
+        word == trampoline
+    }
 }
 
 /// What one sled hit does to the thread's pending return probes (only for the sleds of

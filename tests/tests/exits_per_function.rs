@@ -127,9 +127,67 @@ fn exceptions_through_every_function_that_may_unwind_under_auto() {
     }
     assert_eq!(methods["return_probe_calls"], return_probe_calls);
 
-    // The files: per function, entries = calls and as many exits (each entry closed once: by
-    // its return, or by the exit the daemon writes at the catch for a frame an exception
-    // left); the frames left are those that did not return. llvm-xray 14 and 19 agree.
+    assert_files_close_every_entry(&run, stdout);
+}
+
+/// `--exits repair`: a return probe on every function, the C++ runtime's catches and the
+/// unwinder's throws probed; the same thousands of rounds end as untraced, every entry closed
+/// once, each throw repaired and each catch hooked again.
+#[test]
+fn exceptions_through_every_function_under_repair() {
+    let untraced = run_output(Command::new(unwind_cases_fixture()).args(["--rounds", ROUNDS]));
+    assert!(untraced.status.success());
+    let untraced = String::from_utf8_lossy(&untraced.stdout).into_owned();
+    let run = launch(
+        "exits-repair",
+        &unwind_cases_fixture(),
+        &["--exits", "repair"],
+        &["--rounds", ROUNDS],
+        Duration::from_secs(300),
+    );
+    let stdout = &run.done.stdout;
+    assert_eq!(
+        stdout.lines().last(),
+        untraced.lines().last(),
+        "the traced program ends normally, as untraced:\n{stdout}\n{}",
+        run.done.stderr
+    );
+    assert_eq!(run.session_str("exits"), "repair");
+    let methods = &run.session.json["exit_methods"];
+    assert_eq!(
+        methods["return_probe_functions"],
+        UNWIND_CASES.len(),
+        "{methods}"
+    );
+    assert_eq!(run.session.events_lost, 0, "{}", run.session.json);
+    tests::assert_every_event_accounted(&run.session);
+    let catches: u64 = run.thread_u64("catches").values().sum();
+    assert!(catches > 0);
+    let repair = run
+        .done
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("fdr-profiled: repair: "))
+        .unwrap_or_else(|| panic!("no repair line:\n{}", run.done.stderr));
+    assert!(
+        repair.starts_with(&format!("{catches} throws (")),
+        "every exception caught was thrown through a repair: {repair}"
+    );
+    assert!(
+        repair.contains(&format!(", {catches} catches (")),
+        "{repair}"
+    );
+    assert_files_close_every_entry(&run, stdout);
+}
+
+/// The files: per function, entries = calls and as many exits (each entry closed once: by
+/// its return, or by the exit the daemon writes at the catch for a frame an exception left);
+/// the frames left are those that did not return. llvm-xray 14 and 19 agree.
+fn assert_files_close_every_entry(run: &tests::launched::Launched, stdout: &str) {
+    let calls = expected_calls(&parse_count_lines(stdout));
+    let returned = parse_returned_lines(stdout);
+    let pid = run.pid();
+    let (want_calls, want_returned) = (&calls[&pid], &returned[&pid]);
     let converted = run.converted_both();
     assert_eq!(converted.len(), 1, "one thread");
     let c = &converted[&pid];

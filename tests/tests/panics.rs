@@ -20,10 +20,21 @@ use tests::LLVM_XRAY_VERSIONS;
 
 #[test]
 fn panics_caught_with_catch_unwind_under_the_defaults() {
+    panics_under(&[], "per-function");
+}
+
+/// `--exits repair`: return probes on every function, the stack repaired at each panic's
+/// `_Unwind_RaiseException` and hooked again at `__rust_panic_cleanup`.
+#[test]
+fn panics_caught_with_catch_unwind_under_repair() {
+    panics_under(&["--exits", "repair"], "repair");
+}
+
+fn panics_under(daemon_args: &[&str], exits: &str) {
     let run = launch(
-        "panics",
+        &format!("panics-{exits}"),
         &panics_fixture(),
-        &[],
+        daemon_args,
         &["--iterations", "20"],
         Duration::from_secs(300),
     );
@@ -40,8 +51,8 @@ fn panics_caught_with_catch_unwind_under_the_defaults() {
         "the Rust runtime's catch function is probed:\n{}",
         run.done.stderr
     );
-    // Rust links rust_eh_personality: each function is decided from its code.
-    assert_eq!(run.session_str("exits"), "per-function");
+    // Rust links rust_eh_personality: by default each function is decided from its code.
+    assert_eq!(run.session_str("exits"), exits);
     assert_eq!(run.session.events_lost, 0, "{}", run.session.json);
     tests::assert_every_event_accounted(&run.session);
     let calls = expected_calls(&parse_count_lines(stdout));

@@ -117,7 +117,11 @@ impl Tracer {
                 0,
             ),
         };
+        let trampoline = crate::kernel::btf::trampoline_offsets().unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
+            .override_global(globals::TASK_MM_OFFSET, &trampoline.task_mm, true)
+            .override_global(globals::MM_XOL_AREA_OFFSET, &trampoline.mm_xol_area, true)
+            .override_global(globals::XOL_VADDR_OFFSET, &trampoline.xol_vaddr, true)
             .override_global(globals::UTASK_OFFSET, &offsets.utask, true)
             .override_global(
                 globals::RETURN_INSTANCES_OFFSET,

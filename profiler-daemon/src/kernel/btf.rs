@@ -47,17 +47,55 @@ pub fn repair_offsets() -> Result<RepairOffsets, String> {
     })
 }
 
-/// Byte offset of the top-level, byte-aligned member `member` of `struct ty`.
+/// Where a thread's return-probe trampoline is: `task_struct.mm`, then
+/// `mm_struct.uprobes_state.xol_area`, then `xol_area.vaddr`. The eBPF programs compare a
+/// frame's return-address slot with it to tell a tail call from a new call at the same slot,
+/// as the kernel does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrampolineOffsets {
+    pub task_mm: u32,
+    pub mm_xol_area: u32,
+    pub xol_vaddr: u32,
+}
+
+/// [`TrampolineOffsets`] from this kernel's BTF; `None` when one is missing.
+pub fn trampoline_offsets() -> Option<TrampolineOffsets> {
+    let btf = Btf::from_file(VMLINUX_BTF).ok()?;
+    Some(TrampolineOffsets {
+        task_mm: member_offset(&btf, "task_struct", "mm")?,
+        mm_xol_area: member_offset(&btf, "mm_struct", "uprobes_state")?
+            + member_offset(&btf, "uprobes_state", "xol_area")?,
+        xol_vaddr: member_offset(&btf, "xol_area", "vaddr")?,
+    })
+}
+
+/// Byte offset of the byte-aligned member `member` of `struct ty`, looking into its anonymous
+/// structs and unions (where `mm_struct` keeps most of its fields).
 fn member_offset(btf: &Btf, ty: &str, member: &str) -> Option<u32> {
     let types = btf.resolve_types_by_name(ty).ok()?;
-    types.iter().find_map(|t| {
-        let Type::Struct(s) = t else { return None };
-        s.members.iter().find_map(|m| {
-            let name = btf.resolve_name(m).ok()?;
-            let bits = m.bit_offset();
-            (name == member && bits % 8 == 0).then_some(bits / 8)
-        })
-    })
+    types.iter().find_map(|t| find_member(btf, t, member, 0, 4))
+}
+
+fn find_member(btf: &Btf, t: &Type, member: &str, base: u32, depth: u32) -> Option<u32> {
+    let members = match t {
+        Type::Struct(s) | Type::Union(s) => &s.members,
+        _ => return None,
+    };
+    for m in members {
+        let bits = m.bit_offset();
+        let name = btf.resolve_name(m).unwrap_or_default();
+        if name == member {
+            return (bits % 8 == 0).then_some(base + bits / 8);
+        }
+        if name.is_empty() && depth > 0 && bits % 8 == 0 {
+            if let Ok(inner) = btf.resolve_chained_type(m) {
+                if let Some(at) = find_member(btf, &inner, member, base + bits / 8, depth - 1) {
+                    return Some(at);
+                }
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -67,6 +105,16 @@ mod tests {
         // Every kernel this project supports has BTF (README: requirements).
         let offset = super::task_exit_code_offset().expect("task_struct.exit_code in the BTF");
         assert!(offset > 0 && offset < 16384, "{offset}");
+    }
+
+    #[test]
+    fn finds_the_trampoline_in_this_kernel() {
+        let o = super::trampoline_offsets()
+            .expect("task_struct.mm, mm_struct.uprobes_state, xol_area.vaddr");
+        assert!(
+            o.task_mm > 0 && o.mm_xol_area > 0 && o.xol_vaddr > 0,
+            "{o:?}"
+        );
     }
 
     #[test]
