@@ -81,10 +81,11 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
     let line = run.exits_line();
     assert!(!run.session_str("exits_reason").is_empty());
     if daemon_args.is_empty() {
-        // Only ex_report (printf, fflush, syscall) is proven safe for a return probe: every
-        // other function can be left by the exception or calls one that can.
+        // Only ex_report (printf, fflush, syscall) and the signal handler's leaf ex_on_signal
+        // are proven safe for a return probe: every other function can be left by the
+        // exception or calls one that can.
         assert!(
-            line.starts_with("per function: 1 return probes, 6 exit sleds ("),
+            line.starts_with("per function: 2 return probes, 6 exit sleds ("),
             "{mode_label}: exits line {line:?}"
         );
         assert!(
@@ -93,7 +94,7 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
         );
         assert_eq!(run.session_str("exits"), "per-function");
         for f in run.session.json["functions"].as_array().unwrap() {
-            let want = if f["name"] == "ex_report" {
+            let want = if f["name"] == "ex_report" || f["name"] == "ex_on_signal" {
                 "return"
             } else {
                 "sleds"
@@ -337,4 +338,165 @@ fn tail_calls_and_structure_match_native_in_both_modes() {
             Payloads { max_bytes: 0 },
         );
     }
+}
+
+/// `--exits repair` makes fdr-profiled the command's ptrace tracer: signals meant for the
+/// program must reach it unchanged and promptly, and a stop must stop it. While the exception
+/// fixture throws thousands of times, the test sends it 50 queued real-time signals (its
+/// handler calls a traced function), then SIGSTOP (the program must show as stopped and make
+/// no progress) and SIGCONT. The program handles all 50 signals, ends as untraced would, and
+/// the trace holds the 50 handler calls, each closed once.
+#[test]
+fn repair_passes_signals_and_stops_on_unchanged() {
+    use std::process::Command;
+    use tests::run::Running;
+    let scratch = scratch_dir("exits-repair-signals");
+    let out = scratch.path().join("out");
+    let mut daemon = Running::spawn(
+        "fdr-profiled",
+        Command::new(tests::fdr_profiled())
+            .args(["--exits", "repair", "--out"])
+            .arg(&out)
+            .arg("--")
+            .arg(exceptions_fixture())
+            .args(["--iterations", "4000", "--signals"]),
+    );
+    daemon.wait_for_stderr_line("fdr-profiled: recording: every probe is in place", TIMEOUT);
+    let child = launched_child(daemon.pid(), &exceptions_fixture());
+    let state = || {
+        std::fs::read_to_string(format!("/proc/{child}/stat"))
+            .ok()
+            .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
+    };
+    let signal = libc::SIGRTMIN() + 1;
+    // The default action of a real-time signal ends the program: send none before its
+    // handler is in place (the caught-signal mask in /proc/PID/status).
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !std::fs::read_to_string(format!("/proc/{child}/status"))
+        .ok()
+        .and_then(|s| {
+            let mask = s.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fixture never installed its handler"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for _ in 0..50 {
+        // SAFETY: plain kill(2) of our grandchild.
+        let sent = unsafe { libc::kill(child, signal) };
+        assert_eq!(
+            sent,
+            0,
+            "kill({child}, {signal}): {}",
+            std::io::Error::last_os_error()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(child, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(200));
+    let stopped = state();
+    let progress = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s[s.rfind(')')? + 2..]
+                    .split_whitespace()
+                    .nth(11)?
+                    .parse::<u64>()
+                    .ok()
+            })
+    };
+    let utime = progress(child);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        progress(child),
+        utime,
+        "a stopped program makes no progress"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(child, libc::SIGCONT) };
+    assert!(
+        matches!(stopped, Some('T' | 't')),
+        "SIGSTOP must stop the traced program: state {stopped:?}"
+    );
+    let done = daemon.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    let mut lines = done.stdout.lines().rev();
+    assert_eq!(
+        lines.next(),
+        Some("exceptions: done caught=12000 rounds=24000"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(lines.next(), Some("exceptions: signals=50"));
+    let repair = done
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("fdr-profiled: repair: "))
+        .unwrap_or_else(|| panic!("no repair line:\n{}", done.stderr));
+    assert!(repair.starts_with("12000 throws ("), "{repair}");
+    let session = tests::trace::read_session(&out);
+    assert_eq!(session.events_lost, 0);
+    tests::assert_every_event_accounted(&session);
+    let (mut entries, mut exits) = (0, 0);
+    for dir in std::fs::read_dir(&out).unwrap().flatten() {
+        if !dir.file_type().unwrap().is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            let c = convert(19, &exceptions_fixture(), &f.path());
+            for r in c.records.iter().filter(|r| r.function == "ex_on_signal") {
+                if r.kind.is_entry() {
+                    entries += 1;
+                } else if r.kind.is_exit() {
+                    exits += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(
+        (entries, exits),
+        (50, 50),
+        "the handler's calls in the trace"
+    );
+}
+
+/// The pid of the process `parent` launched from `bin`: found by scanning /proc, since the
+/// daemon may fork it from any of its threads.
+fn launched_child(parent: u32, bin: &std::path::Path) -> i32 {
+    let want = std::fs::canonicalize(bin).unwrap();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while std::time::Instant::now() < deadline {
+        for dir in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let ppid = stat.rfind(')').and_then(|at| {
+                stat[at + 2..]
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse::<u32>()
+                    .ok()
+            });
+            if ppid == Some(parent)
+                && std::fs::read_link(format!("/proc/{pid}/exe"))
+                    .ok()
+                    .as_deref()
+                    == Some(want.as_path())
+            {
+                return pid;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("no child of {parent} runs {}", bin.display());
 }
