@@ -372,14 +372,16 @@ fn repair_passes_signals_and_stops_on_unchanged() {
     // The default action of a real-time signal ends the program: send none before its
     // handler is in place (the caught-signal mask in /proc/PID/status).
     let deadline = std::time::Instant::now() + TIMEOUT;
-    while !std::fs::read_to_string(format!("/proc/{child}/status"))
-        .ok()
-        .and_then(|s| {
-            let mask = s.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
-            u64::from_str_radix(mask.trim(), 16).ok()
-        })
-        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
-    {
+    let handler_installed = || {
+        std::fs::read_to_string(format!("/proc/{child}/status"))
+            .ok()
+            .and_then(|s| {
+                let mask = s.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+                u64::from_str_radix(mask.trim(), 16).ok()
+            })
+            .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+    };
+    while !handler_installed() {
         assert!(
             std::time::Instant::now() < deadline,
             "the fixture never installed its handler"
