@@ -611,3 +611,62 @@ mod tests {
         assert_eq!(summary_events_lost("nothing"), None);
     }
 }
+
+/// What `--exits repair` did, as the summary and `session.json` say it, checked against each
+/// other and against the session's own count of catches: returns the summary's line (after
+/// `repair: `) and the total throws repaired. Every thread's exceptions caught (the catch
+/// probe, counted by the session) must be the catches its repairs saw, and the totals the
+/// sum of the threads'.
+pub fn repair_books(s: &Session, stderr: &str) -> (String, u64) {
+    const COUNTS: [&str; 7] = [
+        "throws",
+        "frames_restored",
+        "catches",
+        "frames_hooked_again",
+        "slots_left_alone",
+        "signals_passed_on",
+        "repair_ns_total",
+    ];
+    let line = stderr
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("repair: "))
+        .unwrap_or_else(|| panic!("no repair line in the summary:\n{stderr}"))
+        .to_owned();
+    let total = &s.json["repair"];
+    assert!(total.is_object(), "session.json has no repair: {}", s.json);
+    let mut sums = [0u64; COUNTS.len()];
+    let mut worst = 0;
+    for p in s.json["processes"].as_array().into_iter().flatten() {
+        for t in p["threads"].as_array().into_iter().flatten() {
+            let repair = &t["repair"];
+            let catches = t["catches"].as_u64().unwrap();
+            if repair.is_null() {
+                assert_eq!(catches, 0, "a thread that caught needs repairs: {t}");
+                continue;
+            }
+            assert_eq!(
+                repair["catches"].as_u64(),
+                Some(catches),
+                "the thread's catches (session) and its repairs' catches: {t}"
+            );
+            for (sum, k) in sums.iter_mut().zip(COUNTS) {
+                *sum += repair[k].as_u64().unwrap();
+            }
+            worst = worst.max(repair["repair_ns_max"].as_u64().unwrap());
+        }
+    }
+    for (sum, k) in sums.iter().zip(COUNTS) {
+        assert_eq!(
+            total[k].as_u64(),
+            Some(*sum),
+            "session.json repair.{k}: {total}"
+        );
+    }
+    assert_eq!(total["repair_ns_max"].as_u64(), Some(worst));
+    let throws = total["throws"].as_u64().unwrap();
+    assert!(
+        line.starts_with(&format!("{throws} throws (")),
+        "summary {line:?} against session.json {total}"
+    );
+    (line, throws)
+}

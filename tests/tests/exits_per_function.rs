@@ -163,12 +163,7 @@ fn exceptions_through_every_function_under_repair() {
     tests::assert_every_event_accounted(&run.session);
     let catches: u64 = run.thread_u64("catches").values().sum();
     assert!(catches > 0);
-    let repair = run
-        .done
-        .stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("fdr-profiled: repair: "))
-        .unwrap_or_else(|| panic!("no repair line:\n{}", run.done.stderr));
+    let (repair, _) = tests::trace::repair_books(&run.session, &run.done.stderr);
     assert!(
         repair.starts_with(&format!("{catches} throws (")),
         "every exception caught was thrown through a repair: {repair}"

@@ -55,6 +55,12 @@ fn panics_under(daemon_args: &[&str], exits: &str) {
     assert_eq!(run.session_str("exits"), exits);
     assert_eq!(run.session.events_lost, 0, "{}", run.session.json);
     tests::assert_every_event_accounted(&run.session);
+    if exits == "repair" {
+        // Every panic caught went through a repair, in its own thread.
+        let (repair, throws) = tests::trace::repair_books(&run.session, &run.done.stderr);
+        let caught: u64 = run.thread_u64("catches").values().sum();
+        assert!(caught > 0 && throws >= caught, "{repair}");
+    }
     let calls = expected_calls(&parse_count_lines(stdout));
     let returned = parse_returned_lines(stdout);
 

@@ -16,6 +16,7 @@ use crate::plan::exits::{ExitMode, ExitPolicy, Exits};
 use crate::plan::select::FunctionFilter;
 use crate::session::order::Sequencer;
 use crate::session::output::OutputDir;
+use crate::session::summary::RepairStats;
 use crate::session::{IntakeLosses, Session};
 use crate::traced::launch::{self, ChildExit, HeldChild};
 use crate::traced::process::{self, TracedProcess};
@@ -234,7 +235,7 @@ async fn record(
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
     let (exit_tx, mut exit_rx) =
-        tokio::sync::oneshot::channel::<Result<(ChildExit, Option<repair::RepairStats>)>>();
+        tokio::sync::oneshot::channel::<Result<(ChildExit, Option<RepairsByThread>)>>();
     let mut pidfd = None;
     let launched = match target {
         Target::Attach => {
@@ -299,7 +300,6 @@ async fn record(
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_flush = Instant::now();
     let mut child_exit = None;
-    let mut repair_stats = None;
     let mut order = Sequencer::default();
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -337,7 +337,9 @@ async fn record(
             status = &mut exit_rx, if launched => {
                 let (exit, stats) = status.context("the child-wait thread died")??;
                 child_exit = Some(exit);
-                repair_stats = stats;
+                if let Some(by_thread) = stats {
+                    session.set_repairs(by_thread);
+                }
                 break;
             }
         }
@@ -363,9 +365,6 @@ async fn record(
     let object_files = session.take_object_files();
     let report = session.finish(losses)?;
     eprint!("{}", report.render(&out_dir, cli.top));
-    if let Some(stats) = &repair_stats {
-        eprintln!("fdr-profiled: {}", stats.line());
-    }
     if !cli.no_report && !cli.floor {
         let mut symbolizer = Symbolizer::default();
         for (build_id, file) in &object_files {
@@ -378,8 +377,11 @@ async fn record(
     if let Some(probing) = kept_probes {
         eprintln!("fdr-profiled: repair: the command still runs; staying its tracer until it exits (frames hooked before now are repaired at its throws)");
         if let Ok(Ok((exit, stats))) = exit_rx.await {
-            if let Some(stats) = stats {
-                eprintln!("fdr-profiled: {}", stats.line());
+            // The session is written: the repairs since its end are told here only.
+            if let Some(by_thread) = stats {
+                let mut all = RepairStats::default();
+                by_thread.values().for_each(|t| all.add(t));
+                eprintln!("fdr-profiled: {}", all.line());
             }
             drop(probing);
             return Ok(u8::try_from(exit.shell_code()).unwrap_or(u8::MAX));
@@ -391,6 +393,9 @@ async fn record(
         None => 0,
     })
 }
+
+/// What `--exits repair` did, by thread id.
+type RepairsByThread = std::collections::BTreeMap<u32, RepairStats>;
 
 /// Above this many events the timeline is not written by default: its JSON would be several
 /// gigabytes, more than a browser opens (`fdr-profiled convert` writes it on request).

@@ -24,11 +24,12 @@
 //! traced from their creation (`PTRACE_O_TRACECLONE`) and resumed. Children the program forks
 //! are not traced (and not probed).
 use crate::kernel::bpf::{PodRepairState, Scope, Tracer};
+use crate::session::summary::RepairStats;
 use crate::traced::launch::ChildExit;
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::repair_state;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -36,44 +37,6 @@ use std::time::Instant;
 /// stop signal still pending when fdr-profiled dies does the program no harm (unless it
 /// catches SIGURG: rare outside Go, whose programs XRay does not instrument).
 pub const STOP_SIGNAL: i32 = libc::SIGURG;
-
-/// What the repairs did, for the summary.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct RepairStats {
-    /// Throws whose frames were repaired.
-    pub throws: u64,
-    /// Return addresses put back at throws.
-    pub frames_restored: u64,
-    /// Catches at which live frames were hooked again.
-    pub catches: u64,
-    /// Trampolines put back at catches.
-    pub frames_hooked_again: u64,
-    /// Slots that did not hold what the kernel's books said (left alone).
-    pub slots_left_alone: u64,
-    /// Signals and stops meant for the program, passed on.
-    pub signals_passed_on: u64,
-    /// Time spent repairing, in all and at worst (nanoseconds, from the stop being seen to the
-    /// thread resumed).
-    pub repair_ns_total: u64,
-    pub repair_ns_max: u64,
-}
-
-impl RepairStats {
-    /// One line for the end of the summary.
-    pub fn line(&self) -> String {
-        format!(
-            "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again), {} slots left alone; {:.3} ms of repairs, worst {:.1} us; {} signals passed on",
-            self.throws,
-            self.frames_restored,
-            self.catches,
-            self.frames_hooked_again,
-            self.slots_left_alone,
-            self.repair_ns_total as f64 / 1e6,
-            self.repair_ns_max as f64 / 1e3,
-            self.signals_passed_on
-        )
-    }
-}
 
 /// Probes the unwinder's throw functions and the catch functions of `image` (the launched
 /// command's objects, before it runs) for `pid`. Errors when the image has no unwinder: then
@@ -111,11 +74,11 @@ pub fn attach(tracer: &mut Tracer, image: &[PathBuf], scope: Scope) -> Result<()
 
 /// Starts the thread that traces the launched command `pid` (still parked before its exec)
 /// and repairs its stack; returns once it is the command's tracer. The thread ends when the
-/// command exits, with how it ended and what the repairs did.
+/// command exits, with how it ended and what the repairs did in each thread.
 pub fn start(
     pid: u32,
     repairs: BpfHashMap<MapData, u32, PodRepairState>,
-) -> Result<std::thread::JoinHandle<Result<(ChildExit, RepairStats)>>> {
+) -> Result<std::thread::JoinHandle<Result<(ChildExit, BTreeMap<u32, RepairStats>)>>> {
     let (seized_tx, seized_rx) = std::sync::mpsc::channel::<Result<()>>();
     let handle = std::thread::Builder::new()
         .name("repair".into())
@@ -163,7 +126,8 @@ struct Repairer {
     trampoline: Option<u64>,
     /// By thread: the slots restored at its last throws, with the address written.
     restored: HashMap<u32, Vec<(u64, u64)>>,
-    stats: RepairStats,
+    /// What the repairs did, by thread.
+    stats: BTreeMap<u32, RepairStats>,
 }
 
 /// `PTRACE_EVENT_CLONE` and `PTRACE_EVENT_STOP` (uapi values).
@@ -177,13 +141,13 @@ impl Repairer {
             repairs,
             trampoline: None,
             restored: HashMap::new(),
-            stats: RepairStats::default(),
+            stats: BTreeMap::new(),
         }
     }
 
     /// Serves every stop of every thread of the command until its main thread's exit is
     /// reported (after all the others').
-    fn serve(mut self) -> Result<(ChildExit, RepairStats)> {
+    fn serve(mut self) -> Result<(ChildExit, BTreeMap<u32, RepairStats>)> {
         loop {
             let mut status = 0;
             // SAFETY: valid pointer to an int.
@@ -239,8 +203,9 @@ impl Repairer {
             && state.is_some_and(|s| {
                 s.state == repair_state::THROWN || s.state == repair_state::CATCHING
             });
+        let stats = self.stats.entry(tid).or_default();
         if !ours {
-            self.stats.signals_passed_on += 1;
+            stats.signals_passed_on += 1;
             request(libc::PTRACE_CONT, tid, signal);
             return;
         }
@@ -257,16 +222,19 @@ impl Repairer {
             }
         }
         let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.stats.repair_ns_total += took;
-        self.stats.repair_ns_max = self.stats.repair_ns_max.max(took);
+        let stats = self.stats.entry(tid).or_default();
+        stats.repair_ns_total += took;
+        stats.repair_ns_max = stats.repair_ns_max.max(took);
         request(libc::PTRACE_CONT, tid, 0);
     }
 
     /// At a throw: the original return address back into every live slot that holds the
     /// trampoline, newest frame first (a slot shared by a tail call is written once).
     fn throw(&mut self, tid: u32, state: &profiler_common::RepairState) {
-        self.stats.throws += 1;
-        let (Some(sp), Some(trampoline)) = (stack_pointer(tid), self.trampoline()) else {
+        let (sp, trampoline) = (stack_pointer(tid), self.trampoline());
+        let stats = self.stats.entry(tid).or_default();
+        stats.throws += 1;
+        let (Some(sp), Some(trampoline)) = (sp, trampoline) else {
             return;
         };
         let restored = self.restored.entry(tid).or_default();
@@ -282,21 +250,23 @@ impl Repairer {
                 Some(word) if word == trampoline => {
                     if write_word(tid, slot, orig) {
                         restored.push((slot, orig));
-                        self.stats.frames_restored += 1;
+                        stats.frames_restored += 1;
                     } else {
-                        self.stats.slots_left_alone += 1;
+                        stats.slots_left_alone += 1;
                     }
                 }
-                _ => self.stats.slots_left_alone += 1,
+                _ => stats.slots_left_alone += 1,
             }
         }
     }
 
     /// At a catch: the trampoline back into the restored slots of the frames still alive.
     fn catch(&mut self, tid: u32) {
-        self.stats.catches += 1;
         let restored = self.restored.remove(&tid).unwrap_or_default();
-        let (Some(sp), Some(trampoline)) = (stack_pointer(tid), self.trampoline()) else {
+        let (sp, trampoline) = (stack_pointer(tid), self.trampoline());
+        let stats = self.stats.entry(tid).or_default();
+        stats.catches += 1;
+        let (Some(sp), Some(trampoline)) = (sp, trampoline) else {
             return;
         };
         for (slot, orig) in restored {
@@ -307,10 +277,10 @@ impl Repairer {
             match read_word(tid, slot) {
                 Some(word) if word == orig => {
                     if write_word(tid, slot, trampoline) {
-                        self.stats.frames_hooked_again += 1;
+                        stats.frames_hooked_again += 1;
                     }
                 }
-                _ => self.stats.slots_left_alone += 1,
+                _ => stats.slots_left_alone += 1,
             }
         }
     }

@@ -89,6 +89,8 @@ pub struct Session {
     exits: ExitsChoice,
     /// For a flight-recorder snapshot: what the recorder held and let go of.
     window: Option<flight::FlightStats>,
+    /// `--exits repair`: what the repairs did, by thread id.
+    repairs: Option<BTreeMap<u32, summary::RepairStats>>,
 }
 
 impl Session {
@@ -117,7 +119,13 @@ impl Session {
             version,
             exits,
             window: None,
+            repairs: None,
         }
+    }
+
+    /// `--exits repair`: what the repairs did, by thread id, for the threads' reports.
+    pub fn set_repairs(&mut self, by_thread: BTreeMap<u32, summary::RepairStats>) {
+        self.repairs = Some(by_thread);
     }
 
     /// Marks the session as a flight-recorder snapshot: `stats` go into its manifest.
@@ -261,6 +269,11 @@ impl Session {
             exits_reason: self.exits.reason.clone(),
             exit_methods: self.exit_methods(),
             window: self.window,
+            repair: self.repairs.as_ref().map(|by_thread| {
+                let mut all = summary::RepairStats::default();
+                by_thread.values().for_each(|t| all.add(t));
+                all
+            }),
             events: self.events,
             events_lost: 0,
             events_lost_unattributed: self.unattributed_lost + losses.unattributed_lost,
@@ -282,6 +295,11 @@ impl Session {
             let mut threads = process.done;
             for (tid, thread) in process.threads {
                 threads.push(thread.finish(tid));
+            }
+            if let Some(repairs) = &self.repairs {
+                for t in &mut threads {
+                    t.repair = repairs.get(&t.tid).copied();
+                }
             }
             threads.sort_by_key(|t| t.tid);
             for t in &threads {

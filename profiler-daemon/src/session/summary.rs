@@ -104,6 +104,9 @@ pub struct ThreadReport {
     pub typed_events: u64,
     /// Custom/typed events whose payload could not be read from the program (not written).
     pub unreadable_events: u64,
+    /// `--exits repair`: what the repairs did in this thread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repair: Option<RepairStats>,
 }
 
 impl ThreadReport {
@@ -213,6 +216,56 @@ pub struct ExitMethods {
     pub exit_sled_calls: u64,
 }
 
+/// What `--exits repair` did, in one thread or in all (`record::repair`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RepairStats {
+    /// Throws whose frames were repaired.
+    pub throws: u64,
+    /// Return addresses put back at throws.
+    pub frames_restored: u64,
+    /// Catches at which live frames were hooked again.
+    pub catches: u64,
+    /// Trampolines put back at catches.
+    pub frames_hooked_again: u64,
+    /// Slots that did not hold what the kernel's books said (left alone).
+    pub slots_left_alone: u64,
+    /// Signals and stops meant for the program, passed on.
+    pub signals_passed_on: u64,
+    /// Time the program's thread stayed stopped for its repairs, in all and at worst
+    /// (nanoseconds, from its stop being seen to its resumption).
+    pub repair_ns_total: u64,
+    pub repair_ns_max: u64,
+}
+
+impl RepairStats {
+    /// Adds `other`'s counts (the worst of both worst times).
+    pub fn add(&mut self, other: &RepairStats) {
+        self.throws += other.throws;
+        self.frames_restored += other.frames_restored;
+        self.catches += other.catches;
+        self.frames_hooked_again += other.frames_hooked_again;
+        self.slots_left_alone += other.slots_left_alone;
+        self.signals_passed_on += other.signals_passed_on;
+        self.repair_ns_total += other.repair_ns_total;
+        self.repair_ns_max = self.repair_ns_max.max(other.repair_ns_max);
+    }
+
+    /// One line for the end of the summary.
+    pub fn line(&self) -> String {
+        format!(
+            "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again), {} slots left alone; stopped {:.3} ms for repairs, worst {:.1} us; {} signals passed on",
+            self.throws,
+            self.frames_restored,
+            self.catches,
+            self.frames_hooked_again,
+            self.slots_left_alone,
+            self.repair_ns_total as f64 / 1e6,
+            self.repair_ns_max as f64 / 1e3,
+            self.signals_passed_on
+        )
+    }
+}
+
 /// Everything a session produced; serialised as `session.json`.
 #[derive(Debug, Serialize)]
 pub struct SessionReport {
@@ -249,6 +302,9 @@ pub struct SessionReport {
     pub custom_events_truncated: u64,
     /// Typed events written.
     pub typed_events: u64,
+    /// `--exits repair`: what the repairs did in all threads (each thread's in its report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repair: Option<RepairStats>,
     /// Traced processes.
     pub processes: Vec<ProcessReport>,
     /// Functions by total time, longest first.
@@ -357,6 +413,27 @@ impl SessionReport {
                  ({catches} exceptions caught), {by_loss} after lost events, {beyond} beyond the \
                  kernel's return-probe limit"
             );
+        }
+        if let Some(repair) = &self.repair {
+            let _ = writeln!(s, "  {}", repair.line());
+            let mut stopped: Vec<(u32, u64)> = threads_iter()
+                .filter_map(|t| Some((t.tid, t.repair?.repair_ns_total)))
+                .filter(|&(_, ns)| ns > 0)
+                .collect();
+            stopped.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            if stopped.len() > 1 {
+                let _ = writeln!(
+                    s,
+                    "  stopped for repairs per thread: {}{}",
+                    stopped
+                        .iter()
+                        .take(8)
+                        .map(|(tid, ns)| format!("tid {tid}: {}", human_ns(*ns)))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if stopped.len() > 8 { ", ..." } else { "" }
+                );
+            }
         }
         let mut fates = ThreadReport::FATES.map(|name| (name, 0u64));
         for t in threads_iter() {

@@ -354,6 +354,7 @@ impl ThreadTrace {
             custom_events_truncated: c.custom_events_truncated,
             typed_events: c.typed_events,
             unreadable_events: c.unreadable_events,
+            repair: None,
         }
     }
 }
