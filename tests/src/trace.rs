@@ -597,21 +597,6 @@ pub fn summary_events_lost(stderr: &str) -> Option<u64> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn events_lost_summary() {
-        assert_eq!(
-            summary_events_lost("x\nfdr-profiled: 12 events, events lost: 0\n"),
-            Some(0)
-        );
-        assert_eq!(summary_events_lost("events lost: 17, files: 3"), Some(17));
-        assert_eq!(summary_events_lost("nothing"), None);
-    }
-}
-
 /// What `--exits repair` did, as the summary and `session.json` say it, checked against each
 /// other and against the session's own count of catches: returns the summary's line (after
 /// `repair: `) and the total throws repaired. Every thread's exceptions caught (the catch
@@ -669,4 +654,19 @@ pub fn repair_books(s: &Session, stderr: &str) -> (String, u64) {
         "summary {line:?} against session.json {total}"
     );
     (line, throws)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_lost_summary() {
+        assert_eq!(
+            summary_events_lost("x\nfdr-profiled: 12 events, events lost: 0\n"),
+            Some(0)
+        );
+        assert_eq!(summary_events_lost("events lost: 17, files: 3"), Some(17));
+        assert_eq!(summary_events_lost("nothing"), None);
+    }
 }

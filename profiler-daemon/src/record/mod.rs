@@ -16,7 +16,7 @@ use crate::plan::exits::{ExitMode, ExitPolicy, Exits};
 use crate::plan::select::FunctionFilter;
 use crate::session::order::Sequencer;
 use crate::session::output::OutputDir;
-use crate::session::summary::RepairStats;
+use crate::session::summary::{RepairStats, RepairsByThread};
 use crate::session::{IntakeLosses, Session};
 use crate::traced::launch::{self, ChildExit, HeldChild};
 use crate::traced::process::{self, TracedProcess};
@@ -393,9 +393,6 @@ async fn record(
         None => 0,
     })
 }
-
-/// What `--exits repair` did, by thread id.
-type RepairsByThread = std::collections::BTreeMap<u32, RepairStats>;
 
 /// Above this many events the timeline is not written by default: its JSON would be several
 /// gigabytes, more than a browser opens (`fdr-profiled convert` writes it on request).

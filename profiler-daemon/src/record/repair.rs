@@ -24,12 +24,12 @@
 //! traced from their creation (`PTRACE_O_TRACECLONE`) and resumed. Children the program forks
 //! are not traced (and not probed).
 use crate::kernel::bpf::{PodRepairState, Scope, Tracer};
-use crate::session::summary::RepairStats;
+use crate::session::summary::RepairsByThread;
 use crate::traced::launch::ChildExit;
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::repair_state;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -78,7 +78,7 @@ pub fn attach(tracer: &mut Tracer, image: &[PathBuf], scope: Scope) -> Result<()
 pub fn start(
     pid: u32,
     repairs: BpfHashMap<MapData, u32, PodRepairState>,
-) -> Result<std::thread::JoinHandle<Result<(ChildExit, BTreeMap<u32, RepairStats>)>>> {
+) -> Result<std::thread::JoinHandle<Result<(ChildExit, RepairsByThread)>>> {
     let (seized_tx, seized_rx) = std::sync::mpsc::channel::<Result<()>>();
     let handle = std::thread::Builder::new()
         .name("repair".into())
@@ -127,7 +127,7 @@ struct Repairer {
     /// By thread: the slots restored at its last throws, with the address written.
     restored: HashMap<u32, Vec<(u64, u64)>>,
     /// What the repairs did, by thread.
-    stats: BTreeMap<u32, RepairStats>,
+    stats: RepairsByThread,
 }
 
 /// `PTRACE_EVENT_CLONE` and `PTRACE_EVENT_STOP` (uapi values).
@@ -141,13 +141,13 @@ impl Repairer {
             repairs,
             trampoline: None,
             restored: HashMap::new(),
-            stats: BTreeMap::new(),
+            stats: RepairsByThread::new(),
         }
     }
 
     /// Serves every stop of every thread of the command until its main thread's exit is
     /// reported (after all the others').
-    fn serve(mut self) -> Result<(ChildExit, BTreeMap<u32, RepairStats>)> {
+    fn serve(mut self) -> Result<(ChildExit, RepairsByThread)> {
         loop {
             let mut status = 0;
             // SAFETY: valid pointer to an int.

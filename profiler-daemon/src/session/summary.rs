@@ -266,6 +266,9 @@ impl RepairStats {
     }
 }
 
+/// What `--exits repair` did, by thread id.
+pub type RepairsByThread = std::collections::BTreeMap<u32, RepairStats>;
+
 /// Everything a session produced; serialised as `session.json`.
 #[derive(Debug, Serialize)]
 pub struct SessionReport {
