@@ -47,7 +47,9 @@ pub struct RecordArgs {
     /// kills the program); `auto` decides each function: return probes everywhere when no
     /// unwinding personality routine exists in the traced image, else a return probe where the
     /// function's machine code proves no exception can leave it and exit sleds elsewhere
-    /// (`fdr-profiled list BIN` shows which and why).
+    /// (`fdr-profiled list BIN` shows which and why); `repair` (a launched command only) puts
+    /// return probes everywhere and makes them safe for exceptions: fdr-profiled becomes the
+    /// command's ptrace tracer and repairs its stack at each throw and catch.
     #[arg(long, value_name = "MODE", value_enum, default_value_t = ExitMode::Auto)]
     pub exits: ExitMode,
 
