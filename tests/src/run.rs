@@ -353,3 +353,37 @@ pub fn assert_success(what: &str, f: &Finished) {
         f.stderr
     );
 }
+
+/// The pid of the process `parent` launched from `bin`: found by scanning /proc, since the
+/// daemon may fork it from any of its threads.
+pub fn launched_child(parent: u32, bin: &Path, timeout: Duration) -> i32 {
+    let want = std::fs::canonicalize(bin).unwrap();
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        for dir in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let ppid = stat.rfind(')').and_then(|at| {
+                stat[at + 2..]
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse::<u32>()
+                    .ok()
+            });
+            if ppid == Some(parent)
+                && std::fs::read_link(format!("/proc/{pid}/exe"))
+                    .ok()
+                    .as_deref()
+                    == Some(want.as_path())
+            {
+                return pid;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("no child of {parent} runs {}", bin.display());
+}

@@ -357,7 +357,7 @@ fn repair_passes_signals_and_stops_on_unchanged() {
             .args(["--iterations", "4000", "--signals"]),
     );
     daemon.wait_for_stderr_line("fdr-profiled: recording: every probe is in place", TIMEOUT);
-    let child = launched_child(daemon.pid(), &exceptions_fixture());
+    let child = tests::run::launched_child(daemon.pid(), &exceptions_fixture(), TIMEOUT);
     let state = || {
         std::fs::read_to_string(format!("/proc/{child}/stat"))
             .ok()
@@ -467,38 +467,4 @@ fn repair_passes_signals_and_stops_on_unchanged() {
         (50, 50),
         "the handler's calls in the trace"
     );
-}
-
-/// The pid of the process `parent` launched from `bin`: found by scanning /proc, since the
-/// daemon may fork it from any of its threads.
-fn launched_child(parent: u32, bin: &std::path::Path) -> i32 {
-    let want = std::fs::canonicalize(bin).unwrap();
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while std::time::Instant::now() < deadline {
-        for dir in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            let ppid = stat.rfind(')').and_then(|at| {
-                stat[at + 2..]
-                    .split_whitespace()
-                    .nth(1)?
-                    .parse::<u32>()
-                    .ok()
-            });
-            if ppid == Some(parent)
-                && std::fs::read_link(format!("/proc/{pid}/exe"))
-                    .ok()
-                    .as_deref()
-                    == Some(want.as_path())
-            {
-                return pid;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("no child of {parent} runs {}", bin.display());
 }

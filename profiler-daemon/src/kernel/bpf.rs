@@ -175,12 +175,17 @@ impl Tracer {
         // and one descriptor; the programs must be loaded a second time for that.
         let mut multi = Vec::new();
         if !options.perf_events_only && uprobe_multi::supported() {
+            // The repair keeper must be able to hold the throw and catch probes' links.
+            let repair = options.repair.is_some().then_some(UNWIND_STOP_PROGRAM);
             for name in [
                 SLED_PROGRAM,
                 RETURN_PROGRAM,
                 FLOOR_PROGRAM,
                 FLOOR_RETURN_PROGRAM,
-            ] {
+            ]
+            .into_iter()
+            .chain(repair)
+            {
                 let program = MultiProgram::load(&ebpf, EBPF_OBJECT, name)
                     .with_context(|| format!("loading the {name} program for uprobe_multi"))?;
                 multi.push((name, program));
@@ -300,14 +305,21 @@ impl Tracer {
         )
     }
 
-    /// `--exits repair`: the table of stopped threads' [`RepairState`] (the repairing thread
-    /// owns it from then on).
-    pub fn take_repairs(&mut self) -> Result<BpfHashMap<MapData, u32, PodRepairState>> {
+    /// `--exits repair`: the table of stopped threads' [`RepairState`] (the repair keeper
+    /// owns it from then on), and its file descriptor.
+    pub fn take_repairs(
+        &mut self,
+    ) -> Result<(BpfHashMap<MapData, u32, PodRepairState>, std::os::fd::RawFd)> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
         let map = self
             .ebpf
             .take_map(REPAIRS_MAP)
             .context("the eBPF object has no repairs map")?;
-        Ok(BpfHashMap::try_from(map)?)
+        let aya::maps::Map::HashMap(data) = &map else {
+            bail!("the repairs map is not a hash map");
+        };
+        let fd = data.fd().as_fd().as_raw_fd();
+        Ok((BpfHashMap::try_from(map)?, fd))
     }
 
     /// Whether probes are placed with `uprobe_multi` links (else one perf event each).
@@ -376,6 +388,21 @@ impl Tracer {
     /// [`Tracer::attach_catch`]): what [`Tracer::detach`] removes.
     pub fn take_attachment(&mut self) -> Attachment {
         std::mem::take(&mut self.attachment)
+    }
+
+    /// The file descriptors of `attachment`'s links, for a process that must keep its probes
+    /// in place after ours ends (`record::repair::Keeper`). None for perf-event links: aya
+    /// keeps those to itself.
+    pub fn link_fds(&self, attachment: &Attachment) -> Result<Vec<std::os::fd::RawFd>> {
+        if !attachment.perf.is_empty() {
+            bail!("the probes are perf-event links");
+        }
+        Ok(attachment
+            .multi
+            .iter()
+            .filter_map(|&slot| self.links.get(slot)?.as_ref())
+            .flat_map(|link| link.raw_fds())
+            .collect())
     }
 
     /// Removes the probes of `attachment`, leaving every other probe in place.

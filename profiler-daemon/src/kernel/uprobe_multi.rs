@@ -62,6 +62,12 @@ impl MultiLink {
     pub fn fds(&self) -> usize {
         self.links.len()
     }
+
+    /// The file descriptors held: the probes stay while any process holds them open.
+    pub fn raw_fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
+        use std::os::fd::AsRawFd as _;
+        self.links.iter().map(|fd| fd.as_raw_fd())
+    }
 }
 
 /// Places `prog` (loaded by [`MultiProgram`]) at each of `offsets` (file offsets of

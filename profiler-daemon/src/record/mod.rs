@@ -9,19 +9,18 @@ pub mod repair;
 
 pub use args::RecordArgs;
 
-use crate::kernel::bpf::{KernelBooks, LoadOptions, PodRepairState, Scope, Tracer};
+use crate::kernel::bpf::{KernelBooks, LoadOptions, Scope, Tracer};
 use crate::kernel::intake::Intake;
 use crate::plan::discovery::Discovery;
 use crate::plan::exits::{ExitMode, ExitPolicy, Exits};
 use crate::plan::select::FunctionFilter;
 use crate::session::order::Sequencer;
 use crate::session::output::OutputDir;
-use crate::session::summary::{RepairStats, RepairsByThread};
+use crate::session::summary::RepairsByThread;
 use crate::session::{IntakeLosses, Session};
 use crate::traced::launch::{self, ChildExit, HeldChild};
 use crate::traced::process::{self, TracedProcess};
 use anyhow::{bail, Context as _, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData};
 use fdr_analysis::symbolize::Symbolizer;
 use std::num::NonZeroU32;
 use std::os::fd::AsRawFd as _;
@@ -126,6 +125,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         .iter()
         .map(|p| p.undecodable_event_sleds)
         .sum();
+    let mut repair_links = Vec::new();
     let placed = std::mem::take(&mut planned.plans)
         .into_iter()
         .try_for_each(|plan| {
@@ -133,7 +133,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         })
         .and_then(|()| {
             if repair.is_some() {
-                repair::attach(&mut tracer, &planned.image, scope)?;
+                repair_links = repair::attach(&mut tracer, &planned.image, scope)?;
             }
             attach_catches(&mut tracer, &planned, scope);
             // Every probe is in place: only now does anything get recorded.
@@ -167,7 +167,24 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     }
     let rings = tracer.take_rings();
     let books = tracer.take_books()?;
-    let repairs = repair.map(|_| tracer.take_repairs()).transpose()?;
+    // Forked before the runtime starts any thread (see repair::Keeper::start).
+    let keeper = match (&repair, &target) {
+        (Some(_), Target::Launch(child)) => {
+            let keeper = tracer
+                .take_repairs()
+                .and_then(|repairs| repair::Keeper::start(child.pid(), repairs, &repair_links));
+            match keeper {
+                Ok(keeper) => Some(keeper),
+                Err(err) => {
+                    if let Target::Launch(child) = target {
+                        launch::reap(child);
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        _ => None,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -181,7 +198,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             scope,
             tracer,
         };
-        record(cli, target, intake, books, session, probing, repairs).await
+        record(cli, target, intake, books, session, probing, keeper).await
     })
 }
 
@@ -228,7 +245,7 @@ async fn record(
     mut books: KernelBooks,
     mut session: Session,
     mut probing: Probing,
-    repairs: Option<BpfHashMap<MapData, u32, PodRepairState>>,
+    keeper: Option<repair::Keeper>,
 ) -> Result<u8> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -257,40 +274,24 @@ async fn record(
             false
         }
         Target::Launch(child) => {
-            match repairs {
-                // The repair thread is the command's tracer; it sees its exit too.
-                Some(repairs) => {
-                    let repairing = match repair::start(child.pid(), repairs) {
-                        Ok(handle) => handle,
-                        Err(err) => {
-                            launch::reap(child);
-                            return Err(err);
-                        }
-                    };
-                    child.release()?;
-                    std::thread::Builder::new()
-                        .name("wait-child".into())
-                        .spawn(move || {
-                            let done = repairing
-                                .join()
-                                .unwrap_or_else(|_| {
-                                    Err(anyhow::anyhow!("the repair thread panicked"))
-                                })
-                                .map(|(exit, stats)| (exit, Some(stats)));
-                            let _ = exit_tx.send(done);
-                        })
-                        .context("starting the child-wait thread")?;
-                }
-                None => {
-                    let pid = child.release()?;
-                    std::thread::Builder::new()
-                        .name("wait-child".into())
-                        .spawn(move || {
-                            let _ = exit_tx.send(launch::wait_blocking(pid).map(|e| (e, None)));
-                        })
-                        .context("starting the child-wait thread")?;
-                }
+            let pid = child.release()?;
+            if let Some(keeper) = &keeper {
+                eprintln!(
+                    "fdr-profiled: repair: the command's tracer is process {} (fdr-repair)",
+                    keeper.pid()
+                );
             }
+            std::thread::Builder::new()
+                .name("wait-child".into())
+                .spawn(move || {
+                    // The keeper, the command's tracer, lets its exit through to us once it
+                    // has seen it; the keeper ends right after, with its report.
+                    let done = launch::wait_blocking(pid).and_then(|exit| {
+                        Ok((exit, keeper.map(repair::Keeper::finish).transpose()?))
+                    });
+                    let _ = exit_tx.send(done);
+                })
+                .context("starting the child-wait thread")?;
             true
         }
     };
@@ -351,10 +352,6 @@ async fn record(
     if let Err(err) = probing.tracer.set_armed(false) {
         eprintln!("fdr-profiled: warning: {err:#}");
     }
-    // A repaired command that still runs keeps frames hooked by return probes: its throws
-    // must still be repaired, so the probes and the tracer stay until it exits.
-    let still_repairing = cli.exits == ExitMode::Repair && launched && child_exit.is_none();
-    let kept_probes = still_repairing.then_some(probing);
     intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
     order.finish(&books.threads(), &mut |e, g| session.record(e, g));
     let losses = IntakeLosses {
@@ -374,19 +371,8 @@ async fn record(
         }
         write_outputs(&out_dir, report.events, &symbolizer);
     }
-    if let Some(probing) = kept_probes {
-        eprintln!("fdr-profiled: repair: the command still runs; staying its tracer until it exits (frames hooked before now are repaired at its throws)");
-        if let Ok(Ok((exit, stats))) = exit_rx.await {
-            // The session is written: the repairs since its end are told here only.
-            if let Some(by_thread) = stats {
-                let mut all = RepairStats::default();
-                by_thread.values().for_each(|t| all.add(t));
-                eprintln!("fdr-profiled: {}", all.line());
-            }
-            drop(probing);
-            return Ok(u8::try_from(exit.shell_code()).unwrap_or(u8::MAX));
-        }
-        drop(probing);
+    if cli.exits == ExitMode::Repair && launched && child_exit.is_none() {
+        eprintln!("fdr-profiled: repair: the command still runs; its keeper stays its tracer and repairs the frames hooked before now until it exits");
     }
     Ok(match child_exit {
         Some(exit) => u8::try_from(exit.shell_code()).unwrap_or(u8::MAX),

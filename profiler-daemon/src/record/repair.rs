@@ -11,7 +11,7 @@
 //!   program copies the thread's pending return-probe instances from the kernel (slot and
 //!   original address of each) and stops the thread with a signal
 //!   (`profiler_common::RepairState`);
-//! - this module's thread, the command's ptrace tracer, sees the stop, writes each original
+//! - this module's keeper process, the command's ptrace tracer, sees the stop, writes each original
 //!   address into the slots still holding the trampoline (`process_vm_writev`: BPF may not
 //!   write user memory under lockdown), and resumes the thread with the signal suppressed;
 //! - at the catch (`__cxa_begin_catch`, Rust's panic cleanup) the program stops the thread
@@ -23,6 +23,12 @@
 //! unchanged, group stops (SIGSTOP, Ctrl-Z) are kept with `PTRACE_LISTEN`, new threads are
 //! traced from their creation (`PTRACE_O_TRACECLONE`) and resumed. Children the program forks
 //! are not traced (and not probed).
+//!
+//! The tracer is a process of its own ([`Keeper`]), forked from fdr-profiled before the
+//! command runs, holding only what repairs need: the table of stopped threads and the links of
+//! the throw and catch probes. Whatever happens to fdr-profiled (Ctrl-C, `--duration`, a
+//! crash, SIGKILL), frames it hooked go on being repaired until the command exits; the keeper
+//! ignores the terminal's signals and exits with the command.
 use crate::kernel::bpf::{PodRepairState, Scope, Tracer};
 use crate::session::summary::RepairsByThread;
 use crate::traced::launch::ChildExit;
@@ -30,6 +36,9 @@ use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::repair_state;
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead as _, Read as _, Write as _};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, RawFd};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -39,9 +48,12 @@ use std::time::Instant;
 pub const STOP_SIGNAL: i32 = libc::SIGURG;
 
 /// Probes the unwinder's throw functions and the catch functions of `image` (the launched
-/// command's objects, before it runs) for `pid`. Errors when the image has no unwinder: then
-/// nothing can throw and `--exits return` does the same at no cost.
-pub fn attach(tracer: &mut Tracer, image: &[PathBuf], scope: Scope) -> Result<()> {
+/// command's objects, before it runs) for `pid`; returns the descriptors of their links, for
+/// the [`Keeper`]. Errors when the image has no unwinder: then nothing can throw and
+/// `--exits return` does the same at no cost.
+pub fn attach(tracer: &mut Tracer, image: &[PathBuf], scope: Scope) -> Result<Vec<RawFd>> {
+    // Only what is placed here goes to the keeper.
+    drop(tracer.take_attachment());
     let mut throws = 0;
     for object in image {
         for point in crate::plan::catches::throw_points(object) {
@@ -69,35 +81,183 @@ pub fn attach(tracer: &mut Tracer, image: &[PathBuf], scope: Scope) -> Result<()
     if throws == 0 {
         bail!("--exits repair: no unwinder (_Unwind_RaiseException) in the command's image: nothing can throw, use --exits return");
     }
-    Ok(())
+    let placed = tracer.take_attachment();
+    tracer.link_fds(&placed).context(
+        "--exits repair needs uprobe_multi links (Linux 6.6 or later): a perf-event probe cannot be handed to the repair keeper",
+    )
 }
 
-/// Starts the thread that traces the launched command `pid` (still parked before its exec)
-/// and repairs its stack; returns once it is the command's tracer. The thread ends when the
-/// command exits, with how it ended and what the repairs did in each thread.
-pub fn start(
-    pid: u32,
-    repairs: BpfHashMap<MapData, u32, PodRepairState>,
-) -> Result<std::thread::JoinHandle<Result<(ChildExit, RepairsByThread)>>> {
-    let (seized_tx, seized_rx) = std::sync::mpsc::channel::<Result<()>>();
-    let handle = std::thread::Builder::new()
-        .name("repair".into())
-        .spawn(move || {
-            // ptrace requests must come from the thread that seized the tracee.
-            let seized = seize(pid);
-            let ok = seized.is_ok();
-            let _ = seized_tx.send(seized);
-            if !ok {
-                bail!("not the command's tracer");
+/// The process that traces the launched command and repairs its stack until the command
+/// exits, whatever happens to fdr-profiled meanwhile.
+pub struct Keeper {
+    pid: libc::pid_t,
+    /// Its reports: a line once it traces the command, its [`RepairsByThread`] (JSON) at the
+    /// end.
+    reports: std::io::BufReader<std::fs::File>,
+}
+
+impl Keeper {
+    /// Forks the keeper of `command` (still parked before its exec); returns once it is the
+    /// command's tracer. `links` are the file descriptors of the throw and catch probes: with
+    /// the repairs table they are all the keeper keeps open, so that fdr-profiled's end
+    /// removes every other probe. Call it before any thread exists: the child of a fork runs
+    /// only the forking thread.
+    pub fn start(
+        command: u32,
+        (repairs, repairs_fd): (BpfHashMap<MapData, u32, PodRepairState>, RawFd),
+        links: &[RawFd],
+    ) -> Result<Keeper> {
+        let mut ends = [0; 2];
+        // SAFETY: valid pointer to two ints.
+        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("--exits repair: pipe");
+        }
+        // SAFETY: fresh descriptors from pipe2, owned from here on.
+        let (read_end, write_end) =
+            unsafe { (File::from_raw_fd(ends[0]), File::from_raw_fd(ends[1])) };
+        let mut keep: Vec<RawFd> = links.to_vec();
+        keep.push(repairs_fd);
+        keep.push(write_end.as_raw_fd());
+        // SAFETY: no other thread exists (see above), so the child may run any code.
+        match unsafe { libc::fork() } {
+            -1 => Err(std::io::Error::last_os_error()).context("--exits repair: fork"),
+            0 => {
+                let code = keeper_main(command, repairs, write_end, &keep);
+                // SAFETY: the keeper ends here, without running the parent's destructors.
+                unsafe { libc::_exit(code) }
             }
-            Repairer::new(pid, repairs).serve()
+            pid => {
+                drop(write_end);
+                drop(repairs);
+                let mut keeper = Keeper {
+                    pid,
+                    reports: std::io::BufReader::new(read_end),
+                };
+                let mut line = String::new();
+                let _ = keeper.reports.read_line(&mut line);
+                match line.trim_end() {
+                    "tracing" => Ok(keeper),
+                    why => {
+                        keeper.reap();
+                        bail!(
+                            "--exits repair: cannot trace the command: {}",
+                            if why.is_empty() {
+                                "the keeper died"
+                            } else {
+                                why
+                            }
+                        )
+                    }
+                }
+            }
+        }
+    }
+
+    /// The keeper's pid.
+    pub fn pid(&self) -> u32 {
+        self.pid as u32
+    }
+
+    /// Waits for the keeper to end (after the command) and returns what its repairs did
+    /// (blocking: run it on its own thread).
+    pub fn finish(mut self) -> Result<RepairsByThread> {
+        let mut report = String::new();
+        let read = self.reports.read_to_string(&mut report);
+        self.reap();
+        read.context("reading the keeper's report")?;
+        serde_json::from_str(report.trim()).with_context(|| {
+            format!(
+                "the repair keeper ended without its report ({:?})",
+                report.trim()
+            )
         })
-        .context("starting the repair thread")?;
-    seized_rx
-        .recv()
-        .context("the repair thread died")?
-        .context("--exits repair: cannot trace the command")?;
-    Ok(handle)
+    }
+
+    fn reap(&mut self) {
+        let mut status = 0;
+        // SAFETY: valid pointer to an int; the keeper is our child.
+        while unsafe { libc::waitpid(self.pid, &mut status, 0) } < 0
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {}
+    }
+}
+
+/// The keeper's life, in the forked child: its own session, deaf to the terminal's signals,
+/// nothing open but what it needs; traces `command` and serves its stops until it exits, then
+/// reports what the repairs did to fdr-profiled if it is still there.
+fn keeper_main(
+    command: u32,
+    repairs: BpfHashMap<MapData, u32, PodRepairState>,
+    mut reports: File,
+    keep: &[RawFd],
+) -> i32 {
+    // SAFETY: plain system calls on our own process.
+    unsafe {
+        libc::setsid();
+        for signal in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGPIPE,
+            libc::SIGTSTP,
+            libc::SIGTTIN,
+            libc::SIGTTOU,
+        ] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        libc::prctl(libc::PR_SET_NAME, c"fdr-repair".as_ptr());
+    }
+    close_all_but(keep);
+    let seized = seize(command);
+    let line = match &seized {
+        Ok(()) => "tracing\n".to_owned(),
+        Err(err) => format!("{err:#}\n"),
+    };
+    let _ = reports.write_all(line.as_bytes());
+    if seized.is_err() {
+        return 1;
+    }
+    match Repairer::new(command, repairs).serve() {
+        Ok((_, stats)) => {
+            // fdr-profiled may be gone: then nobody reads it, which is fine.
+            let _ = reports.write_all(serde_json::to_string(&stats).unwrap_or_default().as_bytes());
+            0
+        }
+        Err(err) => {
+            eprintln!("fdr-profiled: repair keeper: {err:#}");
+            1
+        }
+    }
+}
+
+/// Closes every descriptor but standard error and `keep`; standard input and output become
+/// /dev/null (the keeper must not hold the command's pipes or fdr-profiled's files open).
+fn close_all_but(keep: &[RawFd]) {
+    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in open {
+        if fd > 2 && !keep.contains(&fd) {
+            // SAFETY: closing a descriptor of our own; nothing else uses it in this process.
+            unsafe { libc::close(fd) };
+        }
+    }
+    // SAFETY: plain system calls on descriptors we own.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+    }
 }
 
 fn seize(pid: u32) -> Result<()> {

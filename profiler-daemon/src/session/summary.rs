@@ -217,7 +217,7 @@ pub struct ExitMethods {
 }
 
 /// What `--exits repair` did, in one thread or in all (`record::repair`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RepairStats {
     /// Throws whose frames were repaired.
     pub throws: u64,
