@@ -349,12 +349,21 @@ pub struct RepairState {
     pub state: u32,
     /// Instances in `slots` and `origs`.
     pub frames: u32,
+    /// The signal sent to stop the thread (one of [`STOP_SIGNALS`], or `SIGSTOP`): the tracer
+    /// takes only that stop as the repair's, every other signal is the program's.
+    pub signal: u32,
+    pub reserved: u32,
     /// Each instance's return-address slot (the frame's stack pointer at its entry), newest
     /// first.
     pub slots: [u64; MAX_REPAIR_FRAMES],
     /// Each instance's original return address.
     pub origs: [u64; MAX_REPAIR_FRAMES],
 }
+
+/// The signals that may stop a thread for its repair, in order of preference: both are ignored
+/// by default, so one still pending when the tracer is gone does the program no harm. The
+/// first that the thread neither blocks nor catches is sent; `SIGSTOP` when there is none.
+pub const STOP_SIGNALS: [u32; 2] = [23 /* SIGURG */, 28 /* SIGWINCH */];
 
 /// Values of [`RepairState::state`].
 pub mod repair_state {
@@ -401,16 +410,18 @@ pub mod globals {
     pub const XOL_VADDR_OFFSET: &str = "CFG_XOL_VADDR_OFFSET";
     /// u32: offsets in the kernel's structures that `unwind_stop` reads (from its BTF):
     /// `task_struct.utask`, `uprobe_task.return_instances`, `return_instance.stack`,
-    /// `.orig_ret_vaddr`, `.next`, and `task_struct.blocked`. 0: `--exits repair` is off.
+    /// `.orig_ret_vaddr`, `.next`, `task_struct.blocked`, `task_struct.sighand`,
+    /// `sighand_struct.action` and the size of `struct k_sigaction` (whose first member is the
+    /// handler). 0: `--exits repair` is off.
     pub const UTASK_OFFSET: &str = "CFG_UTASK_OFFSET";
     pub const RETURN_INSTANCES_OFFSET: &str = "CFG_RETURN_INSTANCES_OFFSET";
     pub const RI_STACK_OFFSET: &str = "CFG_RI_STACK_OFFSET";
     pub const RI_ORIG_OFFSET: &str = "CFG_RI_ORIG_OFFSET";
     pub const RI_NEXT_OFFSET: &str = "CFG_RI_NEXT_OFFSET";
     pub const BLOCKED_OFFSET: &str = "CFG_BLOCKED_OFFSET";
-    /// u32: the signal that stops a thread for its repair (one the program neither catches
-    /// nor, usually, blocks; `SIGSTOP` is sent instead when the thread blocks it).
-    pub const STOP_SIGNAL: &str = "CFG_STOP_SIGNAL";
+    pub const SIGHAND_OFFSET: &str = "CFG_SIGHAND_OFFSET";
+    pub const SIGHAND_ACTION_OFFSET: &str = "CFG_SIGHAND_ACTION_OFFSET";
+    pub const K_SIGACTION_SIZE: &str = "CFG_K_SIGACTION_SIZE";
 }
 
 #[cfg(test)]

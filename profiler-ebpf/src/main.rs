@@ -41,7 +41,7 @@ use core::ffi::c_void;
 use profiler_common::{
     ablate, counter, event_flags, event_kind, repair_state, ArgsEvent, Cookie, EventHeader,
     EventPayload, RepairState, SledKind, ThreadState, MAX_ARGS, MAX_EVENT_BYTES, MAX_REPAIR_FRAMES,
-    MAX_RETURN_PROBE_DEPTH, TAIL_BITS_WORDS,
+    MAX_RETURN_PROBE_DEPTH, STOP_SIGNALS, TAIL_BITS_WORDS,
 };
 
 /// One ring buffer per CPU, created and inserted by the daemon (`--buffer-size` each). The
@@ -111,7 +111,11 @@ static CFG_RI_NEXT_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static CFG_BLOCKED_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
-static CFG_STOP_SIGNAL: u32 = 0;
+static CFG_SIGHAND_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_SIGHAND_ACTION_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_K_SIGACTION_SIZE: u32 = 0;
 
 /// `--exits repair`: each stopped thread's [`RepairState`], by thread id (written here at a
 /// throw, read and updated by the daemon, removed by the daemon after the catch).
@@ -573,7 +577,8 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
             unsafe {
                 if (*r).state == repair_state::RESTORED {
                     (*r).state = repair_state::CATCHING;
-                    stop_thread(task);
+                    (*r).signal = stop_signal(task);
+                    send_signal((*r).signal);
                 }
             }
         }
@@ -624,31 +629,61 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
             return 0;
         }
         r.frames = n as u32;
+        r.signal = stop_signal(task);
         if REPAIRS.insert(&tid, &*scratch, 0).is_err() {
             return 0;
         }
+        send_signal(r.signal);
     }
-    stop_thread(task);
     0
 }
 
-/// Sends the stop signal to the current thread, or `SIGSTOP` when the thread blocks it (the
-/// daemon, its tracer, suppresses either).
-fn stop_thread(task: *const u8) {
-    let mut signal = setting(&CFG_STOP_SIGNAL);
+/// The signal that stops the current thread for its repair: the first of
+/// [`STOP_SIGNALS`] that it neither blocks nor catches (its handler is `SIG_DFL` or
+/// `SIG_IGN`, so the signal is harmless if its tracer is gone), else `SIGSTOP`. The tracer
+/// suppresses whichever it is.
+fn stop_signal(task: *const u8) -> u32 {
+    const SIGSTOP: u32 = 19;
     let blocked_offset = setting(&CFG_BLOCKED_OFFSET);
-    if blocked_offset != 0 && blocked_offset < 65536 && signal > 0 && signal <= 64 {
+    let sighand_offset = setting(&CFG_SIGHAND_OFFSET);
+    let action_offset = u64::from(setting(&CFG_SIGHAND_ACTION_OFFSET) & 0xffff);
+    let action_size = u64::from(setting(&CFG_K_SIGACTION_SIZE) & 0xff);
+    if blocked_offset == 0
+        || blocked_offset >= 65536
+        || sighand_offset == 0
+        || sighand_offset >= 65536
+        || action_size == 0
+    {
+        return SIGSTOP;
+    }
+    // SAFETY: kernel reads checked by the helper.
+    let (Ok(blocked), Ok(sighand)) = (unsafe {
+        (
+            bpf_probe_read_kernel(task.add(blocked_offset as usize) as *const u64),
+            bpf_probe_read_kernel(task.add(sighand_offset as usize) as *const u64),
+        )
+    }) else {
+        return SIGSTOP;
+    };
+    if sighand == 0 {
+        return SIGSTOP;
+    }
+    for signal in STOP_SIGNALS {
+        let bit = 1u64 << (signal - 1);
+        let at = sighand + action_offset + u64::from(signal - 1) * action_size;
         // SAFETY: kernel read checked by the helper.
-        let blocked =
-            unsafe { bpf_probe_read_kernel(task.add(blocked_offset as usize) as *const u64) };
-        if blocked.is_ok_and(|mask| mask & (1u64 << (signal - 1)) != 0) {
-            signal = 19; // SIGSTOP
+        let handler = unsafe { bpf_probe_read_kernel(at as *const u64) };
+        // SIG_DFL is 0, SIG_IGN 1: anything else is the program's handler.
+        if blocked & bit == 0 && handler.is_ok_and(|h| h <= 1) {
+            return signal;
         }
     }
-    if signal != 0 {
-        // SAFETY: plain helper call.
-        unsafe { bpf_send_signal_thread(signal) };
-    }
+    SIGSTOP
+}
+
+fn send_signal(signal: u32) {
+    // SAFETY: plain helper call.
+    unsafe { bpf_send_signal_thread(signal) };
 }
 
 #[uprobe]

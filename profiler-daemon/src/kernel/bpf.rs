@@ -38,9 +38,9 @@ pub struct LoadOptions {
     /// Place every probe as its own perf event even where `uprobe_multi` links exist (the
     /// fallback path, for tests and benchmarks).
     pub perf_events_only: bool,
-    /// `--exits repair`: where the kernel keeps a thread's return-probe instances, and the
-    /// signal that stops a thread for its repair.
-    pub repair: Option<(crate::kernel::btf::RepairOffsets, u32)>,
+    /// `--exits repair`: where the kernel keeps a thread's return-probe instances and its
+    /// signal handlers.
+    pub repair: Option<crate::kernel::btf::RepairOffsets>,
 }
 
 /// The loaded programs and maps. Dropping it detaches every probe.
@@ -103,20 +103,7 @@ impl Tracer {
         // rates, this covers bursts.
         let wakeup = u64::from(ring_bytes / 2);
         let exit_code_offset = crate::kernel::btf::task_exit_code_offset().unwrap_or(0);
-        let (offsets, stop_signal) = match options.repair {
-            Some((o, signal)) => (o, signal),
-            None => (
-                crate::kernel::btf::RepairOffsets {
-                    utask: 0,
-                    return_instances: 0,
-                    ri_stack: 0,
-                    ri_orig: 0,
-                    ri_next: 0,
-                    blocked: 0,
-                },
-                0,
-            ),
-        };
+        let offsets = options.repair.unwrap_or_default();
         let trampoline = crate::kernel::btf::trampoline_offsets().unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::TASK_MM_OFFSET, &trampoline.task_mm, true)
@@ -132,7 +119,13 @@ impl Tracer {
             .override_global(globals::RI_ORIG_OFFSET, &offsets.ri_orig, true)
             .override_global(globals::RI_NEXT_OFFSET, &offsets.ri_next, true)
             .override_global(globals::BLOCKED_OFFSET, &offsets.blocked, true)
-            .override_global(globals::STOP_SIGNAL, &stop_signal, true)
+            .override_global(globals::SIGHAND_OFFSET, &offsets.sighand, true)
+            .override_global(
+                globals::SIGHAND_ACTION_OFFSET,
+                &offsets.sighand_action,
+                true,
+            )
+            .override_global(globals::K_SIGACTION_SIZE, &offsets.k_sigaction_size, true)
             .override_global(globals::NARGS, &nargs, true)
             .override_global(globals::MAX_EVENT_BYTES, &options.max_event_bytes, true)
             .override_global(globals::WAKEUP_BYTES, &wakeup, true)

@@ -15,8 +15,9 @@ pub fn task_exit_code_offset() -> Option<u32> {
 }
 
 /// Where `--exits repair` finds a thread's pending return-probe instances (see
-/// `profiler_common::RepairState`) and its blocked signals.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `profiler_common::RepairState`), its blocked signals and its signal handlers. All zero:
+/// repair off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RepairOffsets {
     /// `task_struct.utask`.
     pub utask: u32,
@@ -28,6 +29,11 @@ pub struct RepairOffsets {
     pub ri_next: u32,
     /// `task_struct.blocked`.
     pub blocked: u32,
+    /// `task_struct.sighand`, `sighand_struct.action`, `sizeof(struct k_sigaction)`: the
+    /// thread's signal handlers.
+    pub sighand: u32,
+    pub sighand_action: u32,
+    pub k_sigaction_size: u32,
 }
 
 /// The offsets `--exits repair` needs, or which one this kernel's BTF lacks.
@@ -44,6 +50,10 @@ pub fn repair_offsets() -> Result<RepairOffsets, String> {
         ri_orig: find("return_instance", "orig_ret_vaddr")?,
         ri_next: find("return_instance", "next")?,
         blocked: find("task_struct", "blocked")?,
+        sighand: find("task_struct", "sighand")?,
+        sighand_action: find("sighand_struct", "action")?,
+        k_sigaction_size: struct_size(&btf, "k_sigaction")
+            .ok_or("the kernel's BTF has no struct k_sigaction")?,
     })
 }
 
@@ -67,6 +77,17 @@ pub fn trampoline_offsets() -> Option<TrampolineOffsets> {
             + member_offset(&btf, "uprobes_state", "xol_area")?,
         xol_vaddr: member_offset(&btf, "xol_area", "vaddr")?,
     })
+}
+
+/// The size of `struct ty` in bytes.
+fn struct_size(btf: &Btf, ty: &str) -> Option<u32> {
+    btf.resolve_types_by_name(ty)
+        .ok()?
+        .iter()
+        .find_map(|t| match t {
+            Type::Struct(s) => u32::try_from(s.size()).ok(),
+            _ => None,
+        })
 }
 
 /// Byte offset of the byte-aligned member `member` of `struct ty`, looking into its anonymous
@@ -125,5 +146,9 @@ mod tests {
         let mut ri = [o.ri_stack, o.ri_orig, o.ri_next];
         ri.sort_unstable();
         assert!(ri[0] < ri[1] && ri[1] < ri[2] && ri[2] < 256, "{o:?}");
+        // x86-64: struct k_sigaction is a struct sigaction (handler, flags, restorer, mask),
+        // 32 bytes; sighand_struct keeps its 64 actions after its count and lock.
+        assert_eq!(o.k_sigaction_size, 32, "{o:?}");
+        assert!(o.sighand > 0 && o.sighand_action > 0, "{o:?}");
     }
 }

@@ -75,7 +75,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         }
         let offsets = crate::kernel::btf::repair_offsets()
             .map_err(|why| anyhow::anyhow!("--exits repair: {why}"))?;
-        Some((offsets, repair::STOP_SIGNAL as u32))
+        Some(offsets)
     } else {
         None
     };

@@ -42,11 +42,6 @@ use std::os::fd::{AsRawFd as _, FromRawFd as _, RawFd};
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// The signal that stops a thread for its repair: its default action is to be ignored, so a
-/// stop signal still pending when fdr-profiled dies does the program no harm (unless it
-/// catches SIGURG: rare outside Go, whose programs XRay does not instrument).
-pub const STOP_SIGNAL: i32 = libc::SIGURG;
-
 /// Probes the unwinder's throw functions and the catch functions of `image` (the launched
 /// command's objects, before it runs) for `pid`; returns the descriptors of their links, for
 /// the [`Keeper`]. Errors when the image has no unwinder: then nothing can throw and
@@ -359,10 +354,12 @@ impl Repairer {
     /// A signal about to be delivered to `tid`: ours (a repair is due) or the program's.
     fn signal_stop(&mut self, tid: u32, signal: i32) {
         let state = self.repairs.get(&tid, 0).ok().map(|s| s.0);
-        let ours = (signal == STOP_SIGNAL || signal == libc::SIGSTOP)
-            && state.is_some_and(|s| {
-                s.state == repair_state::THROWN || s.state == repair_state::CATCHING
-            });
+        // The stop the program sent (`profiler_common::STOP_SIGNALS`) names its signal: any
+        // other, even the same number arriving meanwhile, is the program's.
+        let ours = state.is_some_and(|s| {
+            (s.state == repair_state::THROWN || s.state == repair_state::CATCHING)
+                && s.signal == signal as u32
+        });
         let stats = self.stats.entry(tid).or_default();
         if !ours {
             stats.signals_passed_on += 1;
