@@ -297,6 +297,18 @@ const CONFIGS: &[Config] = &[
         floor: Some(CPP_FLOOR),
     },
     Config {
+        name: "C++: fdr-profiled --exits repair",
+        workload: Workload::Cpp,
+        tool: Tool::Daemon {
+            exits: Some("repair"),
+            floor: false,
+            ablate: 0,
+            functions: None,
+        },
+        calls: 1_000_000,
+        floor: Some(CPP_FLOOR),
+    },
+    Config {
         name: "C++: fdr-profiled --exits sleds",
         workload: Workload::Cpp,
         tool: Tool::Daemon {
