@@ -88,3 +88,71 @@ fn busy_process_by_pid_is_recorded_only_while_every_probe_is_in_place() {
     }
     assert_eq!(threads, 2, "{}", session.json);
 }
+
+/// A SIGINT that comes while the probes are still being placed ends the session as soon as it
+/// starts, even when fdr-profiled inherited SIGINT ignored (as a background job of a
+/// non-interactive shell does): it is held, not discarded, and not fatal half-attached. The
+/// signal is sent once the daemon holds it (SIGINT in its blocked mask, before it has read the
+/// process's objects); the traced program goes on.
+#[test]
+fn sigint_while_attaching_ends_the_session_even_when_inherited_ignored() {
+    use std::os::unix::process::CommandExt as _;
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+    use tests::fixtures::workloads::calls_fixture;
+    let scratch = tests::scratch_dir("pid-early-sigint");
+    let out = scratch.path().join("out");
+    let fixture = tests::run::spawn_fixture(
+        "calls",
+        &calls_fixture(),
+        &["--threads", "1", "--seconds", "60", "--quiet"],
+    );
+    let mut cmd = Command::new(tests::fdr_profiled());
+    cmd.args(["--pid", &fixture.pid().to_string(), "--no-report", "--out"])
+        .arg(&out);
+    // SAFETY: signal(2) is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let tracer = tests::run::Running::spawn("fdr-profiled", &mut cmd);
+    let blocked = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                let mask = s.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
+                u64::from_str_radix(mask.trim(), 16).ok()
+            })
+            .is_some_and(|mask| mask & (1 << (libc::SIGINT - 1)) != 0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !blocked(tracer.pid()) {
+        assert!(Instant::now() < deadline, "fdr-profiled never held SIGINT");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let (_, stderr) = tracer.output_so_far();
+    assert!(
+        !stderr.contains("every probe is in place"),
+        "the signal must come before recording starts:\n{stderr}"
+    );
+    tracer.signal(libc::SIGINT);
+    // The program runs for a minute: only the SIGINT can end the session this early.
+    let done = tracer.finish(Duration::from_secs(30));
+    tests::run::assert_success("fdr-profiled, interrupted while attaching", &done);
+    assert!(
+        done.stderr
+            .contains("fdr-profiled: recording: every probe is in place")
+            && done.stderr.contains("fdr-profiled: session summary"),
+        "{}",
+        done.stderr
+    );
+    // SAFETY: kill(2) with signal 0 only checks that the fixture still runs.
+    assert_eq!(
+        unsafe { libc::kill(fixture.pid() as i32, 0) },
+        0,
+        "the program goes on"
+    );
+    fixture.signal(libc::SIGKILL);
+}

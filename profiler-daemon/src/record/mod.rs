@@ -38,18 +38,55 @@ const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// of microseconds; only files not seen before are opened.
 const RESCAN_INTERVAL: Duration = Duration::from_millis(200);
 
+/// SIGINT and SIGTERM blocked from the start of a session until its event loop handles them.
+/// One that comes while the probes are being placed stays pending, and ends the session as
+/// soon as it starts, rather than killing the daemon half-attached or being lost: a background
+/// job of a non-interactive shell inherits SIGINT ignored, and the kernel discards an ignored
+/// signal unless it is blocked.
+struct HeldStopSignals {
+    /// The mask before: the launched command gets it back.
+    previous: libc::sigset_t,
+}
+
+impl HeldStopSignals {
+    fn hold() -> HeldStopSignals {
+        // SAFETY: sigset_t is plain data; the calls get valid pointers.
+        unsafe {
+            let mut stops: libc::sigset_t = std::mem::zeroed();
+            let mut previous: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut stops);
+            libc::sigaddset(&mut stops, libc::SIGINT);
+            libc::sigaddset(&mut stops, libc::SIGTERM);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &stops, &mut previous);
+            HeldStopSignals { previous }
+        }
+    }
+
+    fn previous(&self) -> &libc::sigset_t {
+        &self.previous
+    }
+
+    /// Puts the mask back (the handlers must be in place).
+    fn release(self) {
+        // SAFETY: a valid mask, from hold().
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.previous, std::ptr::null_mut()) };
+    }
+}
+
 /// What to trace.
 enum Target {
     /// Every process running the binary.
     Attach,
-    /// A command we launched, parked until the probes are in place.
-    Launch(HeldChild),
+    /// A command we launched, parked until the probes are in place, and under
+    /// `--exits repair` its tracer.
+    Launch(HeldChild, Option<repair::Keeper>),
     /// A running process, and a pidfd that tells when it exits.
     Pid(u32, OwnedFd),
 }
 
 /// Runs a recording session as the command line says; returns the process exit code.
 pub fn run(cli: &RecordArgs) -> Result<u8> {
+    let held_signals = HeldStopSignals::hold();
     // Reading the binary first gives the most precise error for bad input, root or not.
     let process = cli.pid.map(TracedProcess::find).transpose()?;
     let program = match (&process, &cli.attach, cli.command.first()) {
@@ -92,19 +129,19 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     let out = OutputDir::create_root(&cli.out_dir())?;
 
     // Fork before any thread exists (the runtime starts below): see launch.rs.
-    let target = match (&process, &program) {
+    let mut target = match (&process, &program) {
         // The pidfd is taken before attaching, so an exit during the attach is not missed.
         (Some(process), _) => Target::Pid(process.pid, process::open_pidfd(process.pid)?),
         (None, Some(program)) => {
-            let child = HeldChild::spawn(program, &cli.command)?;
+            let child = HeldChild::spawn(program, &cli.command, held_signals.previous())?;
             planned.watch_child(child.pid(), program);
-            Target::Launch(child)
+            Target::Launch(child, None)
         }
         (None, None) => Target::Attach,
     };
     let scope = match &target {
         Target::Attach => Scope::AllProcesses,
-        Target::Launch(child) => {
+        Target::Launch(child, _) => {
             Scope::Process(NonZeroU32::new(child.pid()).context("fork returned pid 0")?)
         }
         Target::Pid(pid, _) => Scope::Process(NonZeroU32::new(*pid).context("pid 0")?),
@@ -140,7 +177,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             tracer.set_armed(true)
         });
     if let Err(err) = placed {
-        if let Target::Launch(child) = target {
+        if let Target::Launch(child, _) = target {
             launch::reap(child);
         }
         return Err(err);
@@ -168,23 +205,20 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     let rings = tracer.take_rings();
     let books = tracer.take_books()?;
     // Forked before the runtime starts any thread (see repair::Keeper::start).
-    let keeper = match (&repair, &target) {
-        (Some(_), Target::Launch(child)) => {
-            let keeper = tracer
-                .take_repairs()
-                .and_then(|repairs| repair::Keeper::start(child.pid(), repairs, &repair_links));
-            match keeper {
-                Ok(keeper) => Some(keeper),
-                Err(err) => {
-                    if let Target::Launch(child) = target {
-                        launch::reap(child);
-                    }
-                    return Err(err);
+    if let (Some(_), Target::Launch(child, keeper)) = (&repair, &mut target) {
+        let started = tracer
+            .take_repairs()
+            .and_then(|repairs| repair::Keeper::start(child.pid(), repairs, &repair_links));
+        match started {
+            Ok(started) => *keeper = Some(started),
+            Err(err) => {
+                if let Target::Launch(child, _) = target {
+                    launch::reap(child);
                 }
+                return Err(err);
             }
         }
-        _ => None,
-    };
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -198,7 +232,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             scope,
             tracer,
         };
-        record(cli, target, intake, books, session, probing, keeper).await
+        record(cli, target, intake, books, session, probing, held_signals).await
     })
 }
 
@@ -245,11 +279,13 @@ async fn record(
     mut books: KernelBooks,
     mut session: Session,
     mut probing: Probing,
-    keeper: Option<repair::Keeper>,
+    held_signals: HeldStopSignals,
 ) -> Result<u8> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    // Handled from here on: one that came meanwhile is delivered now.
+    held_signals.release();
 
     let (exit_tx, mut exit_rx) =
         tokio::sync::oneshot::channel::<Result<(ChildExit, Option<RepairsByThread>)>>();
@@ -273,7 +309,7 @@ async fn record(
             );
             false
         }
-        Target::Launch(child) => {
+        Target::Launch(child, keeper) => {
             let pid = child.release()?;
             if let Some(keeper) = &keeper {
                 eprintln!(

@@ -60,7 +60,8 @@ fn is_executable(path: &Path) -> bool {
 impl HeldChild {
     /// Forks a child that will exec `program` with `args` (`args[0]` is `argv[0]`) once released.
     /// Must be called while the daemon is single-threaded (before the async runtime starts).
-    pub fn spawn(program: &Path, args: &[OsString]) -> Result<HeldChild> {
+    /// The command runs with the signal mask `mask` (the one fdr-profiled started with).
+    pub fn spawn(program: &Path, args: &[OsString], mask: &libc::sigset_t) -> Result<HeldChild> {
         let c_program = CString::new(program.as_os_str().as_bytes())
             .context("the command's path contains a NUL byte")?;
         let c_args: Vec<CString> = args
@@ -79,7 +80,8 @@ impl HeldChild {
         }
         let (wait_fd, go_fd) = (fds[0], fds[1]);
         // SAFETY: the daemon is single-threaded here; the child only makes async-signal-safe
-        // calls (close, read, execv, write, _exit) on memory prepared before the fork.
+        // calls (close, read, sigprocmask, execv, write, _exit) on memory prepared before the
+        // fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             let err = std::io::Error::last_os_error();
@@ -105,6 +107,7 @@ impl HeldChild {
                     // The daemon gave up (attach failed) or died: never run untraced.
                     libc::_exit(127);
                 }
+                libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut());
                 // ETXTBSY means another process still has the file open for writing (a build or
                 // copy finishing): wait up to a second for it rather than fail the launch.
                 for _ in 0..100 {
