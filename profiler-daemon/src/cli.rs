@@ -45,6 +45,9 @@ pub enum Tool {
     Verify(crate::tools::verify::VerifyArgs),
     /// Per-function statistics of a session: calls, total and self time, min, median, p90,
     /// p99, max (as `llvm-xray account`), over all threads and processes or per thread.
+    ///
+    /// Percentiles marked `~` come from a histogram (3 significant digits): past a number of
+    /// calls a function's durations are not all kept.
     Report(crate::tools::report::ReportArgs),
     /// Convert a session to a Chrome/Perfetto trace, a speedscope profile, folded stacks or a
     /// flame graph SVG.

@@ -23,6 +23,12 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // service with the unit's capability bounding set.
     "systemd",
     "util-linux",
+    // `cargo xtask bench cxx_suite` builds yaml-cpp's own test suite: gtest and gmock, and its
+    // source tarball fetched with curl and unpacked with xz.
+    "libgtest-dev",
+    "libgmock-dev",
+    "curl",
+    "xz-utils",
 ];
 
 /// bpf-linker release line that works with aya-ebpf 0.2 (platform.md).
@@ -213,8 +219,9 @@ fn bpf_linker() -> Result<()> {
     Ok(())
 }
 
-/// Where set-up keeps what must outlive a build: bpf-linker's rpath points into it.
-fn cache_dir() -> PathBuf {
+/// Where set-up keeps what must outlive a build: bpf-linker's rpath points into it (and the
+/// benchmarks keep what they build once).
+pub(crate) fn cache_dir() -> PathBuf {
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| "/root".into());

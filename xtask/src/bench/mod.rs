@@ -10,6 +10,7 @@
 //! one line to [`SECTIONS`]. Nothing else needs to change.
 mod attach;
 mod calls;
+mod cxx_suite;
 mod report;
 mod service;
 mod support;
@@ -47,6 +48,10 @@ const SECTIONS: &[Section] = &[
     Section {
         name: "service",
         run: service::run,
+    },
+    Section {
+        name: "cxx_suite",
+        run: cxx_suite::run,
     },
 ];
 
