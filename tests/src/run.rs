@@ -387,3 +387,13 @@ pub fn launched_child(parent: u32, bin: &Path, timeout: Duration) -> i32 {
     }
     panic!("no child of {parent} runs {}", bin.display());
 }
+
+/// A signal mask of `pid`'s main thread from /proc/PID/status (`field`: "SigBlk", "SigCgt",
+/// "SigIgn", "SigPnd"); None when the process or the field is gone.
+pub fn signal_mask(pid: i64, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    u64::from_str_radix(mask.trim(), 16).ok()
+}

@@ -370,12 +370,7 @@ fn repair_passes_signals_and_stops_on_unchanged() {
     // handler is in place (the caught-signal mask in /proc/PID/status).
     let deadline = std::time::Instant::now() + TIMEOUT;
     let handler_installed = || {
-        std::fs::read_to_string(format!("/proc/{child}/status"))
-            .ok()
-            .and_then(|s| {
-                let mask = s.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
-                u64::from_str_radix(mask.trim(), 16).ok()
-            })
+        tests::run::signal_mask(child.into(), "SigCgt")
             .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
     };
     while !handler_installed() {
@@ -388,26 +383,14 @@ fn repair_passes_signals_and_stops_on_unchanged() {
     // fdr-profiled holds SIGINT and SIGTERM blocked while it attaches: the command must get
     // the mask fdr-profiled started with (nothing blocked here). glibc blocks every signal for
     // a moment while it creates a thread, so the main thread's mask is read until it is empty.
-    let blocked = || {
-        std::fs::read_to_string(format!("/proc/{child}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("SigBlk:"))
-                    .map(|m| m.trim().to_owned())
-            })
-    };
+    let blocked = || tests::run::signal_mask(child.into(), "SigBlk");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let mut mask = blocked();
-    while mask.as_deref() != Some("0000000000000000") && std::time::Instant::now() < deadline {
+    while mask != Some(0) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(100));
         mask = blocked();
     }
-    assert_eq!(
-        mask.as_deref(),
-        Some("0000000000000000"),
-        "the command's blocked signals"
-    );
+    assert_eq!(mask, Some(0), "the command's blocked signals");
     for i in 0..70 {
         // Every fourth a SIGURG: the program catches it, so the repairs must stop its threads
         // with another signal and leave every SIGURG to it.

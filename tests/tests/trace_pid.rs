@@ -119,12 +119,7 @@ fn sigint_while_attaching_ends_the_session_even_when_inherited_ignored() {
     }
     let tracer = tests::run::Running::spawn("fdr-profiled", &mut cmd);
     let blocked = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                let mask = s.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
-                u64::from_str_radix(mask.trim(), 16).ok()
-            })
+        tests::run::signal_mask(pid.into(), "SigBlk")
             .is_some_and(|mask| mask & (1 << (libc::SIGINT - 1)) != 0)
     };
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -31,7 +31,6 @@
 //! ignores the terminal's signals and exits with the command.
 use crate::kernel::bpf::{PodRepairState, Scope, Tracer};
 use crate::session::summary::RepairsByThread;
-use crate::traced::launch::ChildExit;
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::repair_state;
@@ -214,7 +213,7 @@ fn keeper_main(
         return 1;
     }
     match Repairer::new(command, repairs).serve() {
-        Ok((_, stats)) => {
+        Ok(stats) => {
             // fdr-profiled may be gone: then nobody reads it, which is fine.
             let _ = reports.write_all(serde_json::to_string(&stats).unwrap_or_default().as_bytes());
             0
@@ -302,7 +301,7 @@ impl Repairer {
 
     /// Serves every stop of every thread of the command until its main thread's exit is
     /// reported (after all the others').
-    fn serve(mut self) -> Result<(ChildExit, RepairsByThread)> {
+    fn serve(mut self) -> Result<RepairsByThread> {
         loop {
             let mut status = 0;
             // SAFETY: valid pointer to an int.
@@ -318,12 +317,8 @@ impl Repairer {
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 self.restored.remove(&tid);
                 if tid == self.pid {
-                    let exit = if libc::WIFEXITED(status) {
-                        ChildExit::Code(libc::WEXITSTATUS(status))
-                    } else {
-                        ChildExit::Signal(libc::WTERMSIG(status))
-                    };
-                    return Ok((exit, self.stats));
+                    // How it ended is fdr-profiled's to read: it is the command's parent.
+                    return Ok(self.stats);
                 }
                 continue;
             }
