@@ -1002,3 +1002,110 @@ fn a_flight_recorder_snapshot_holds_the_windows_calls_exactly() {
     assert!(window["expired"].as_u64().unwrap() > 0, "{window}");
     assert_eq!(window["evicted"], 0, "{window}");
 }
+
+/// Starts `fdr-profiled service` on the configuration file `config` (control socket in
+/// `scratch`); returns it once ready.
+fn spawn_service(scratch: &Path, config: &Path) -> Running {
+    let mut service = Running::spawn(
+        "fdr-profiled service",
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--config"])
+            .arg(config)
+            .arg("--socket")
+            .arg(scratch.join("control.sock")),
+    );
+    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    service
+}
+
+/// The exact calls of each `(pid, stdout)` run found in `dir`'s trace.
+fn assert_runs_in(dir: &Path, bin: &Path, runs: &[(u32, String)]) {
+    let trace = check_trace_dir(dir, bin);
+    let want: std::collections::BTreeSet<u32> = runs.iter().map(|(p, _)| *p).collect();
+    assert_eq!(trace.pids(), want, "{}", dir.display());
+    for (pid, stdout) in runs {
+        assert_process_calls(
+            &trace,
+            &ProcessExpectation {
+                pid: *pid,
+                calls: &expected_calls(&parse_count_lines(stdout)),
+                known: CALLS_FUNCTIONS,
+                main_fn: "main",
+                main: MainCall::Traced,
+                only_known: true,
+            },
+        );
+    }
+}
+
+/// Runs `bin --iterations n` to its end: (pid, stdout).
+fn run_calls(bin: &Path, n: u32) -> (u32, String) {
+    let r = Running::spawn(
+        "calls",
+        Command::new(bin).args(["--iterations", &n.to_string()]),
+    );
+    let pid = r.pid();
+    let done = r.finish(TIMEOUT);
+    assert!(done.status.success());
+    (pid, done.stdout)
+}
+
+/// Two record-mode targets under a `max_disk` far below what they write: `open`'s only
+/// segment, opened first (so the oldest of all), stays open for the whole test while `rot`'s
+/// segments rotate and the oldest are deleted to stay under the cap. The open segment is never
+/// deleted: at the end it holds both of `open`'s processes, every call, and every segment left
+/// is valid.
+#[test]
+fn retention_never_deletes_another_targets_open_segment() {
+    let scratch = tests::scratch_dir("service-retention-open");
+    let copy = |name: &str| {
+        let dir = scratch.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        private_copy(&calls_fixture(), &dir)
+    };
+    let (open_bin, rot_bin) = (copy("open"), copy("rot"));
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    const CAP: u64 = 150_000;
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\nmax_disk = \"{CAP}B\"\n\
+             [[target]]\nname = \"open\"\nbinary = \"{}\"\nmode = \"record\"\n\
+             segment_size = \"100MB\"\nsegment_age = \"1h\"\n\
+             [[target]]\nname = \"rot\"\nbinary = \"{}\"\nmode = \"record\"\n\
+             segment_size = \"50KB\"\nsegment_age = \"1h\"\n",
+            output.display(),
+            open_bin.display(),
+            rot_bin.display()
+        ),
+    )
+    .unwrap();
+    let service = spawn_service(scratch.path(), &config);
+    let mut open_runs = vec![run_calls(&open_bin, 3000)];
+    // A status tick flushes it: its bytes count against the cap from now on.
+    std::thread::sleep(Duration::from_millis(1_300));
+    for _ in 0..8 {
+        run_calls(&rot_bin, 4000);
+        std::thread::sleep(Duration::from_millis(1_100));
+    }
+    open_runs.push(run_calls(&open_bin, 500));
+    std::thread::sleep(Duration::from_millis(300));
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("to stay under max_disk"),
+        "rot's segments were deleted: {}",
+        done.stderr
+    );
+    assert!(!done.stderr.contains("error"), "{}", done.stderr);
+    let open = snapshots(&output, "open");
+    assert_eq!(open.len(), 1, "{open:?}\n{}", done.stderr);
+    assert_runs_in(&open[0], &open_bin, &open_runs);
+    let rot = snapshots(&output, "rot");
+    assert!(!rot.is_empty() && rot.len() < 8, "{rot:?}");
+    for d in &rot {
+        check_trace_dir(d, &rot_bin);
+    }
+}

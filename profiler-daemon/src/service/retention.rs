@@ -3,10 +3,46 @@
 //! `min_free` left.
 //!
 //! Only directories the service itself names (`OUTPUT/<target>/<UTC time>-<trigger>`, the time
-//! first, so that names sort by age) are ever deleted, and never the one just written; nothing
-//! is followed through a symlink.
+//! first, so that names sort by age) are ever deleted, never the one just written and never
+//! one still being written (every target's open segment, a snapshot in progress: each holds a
+//! [`Writing`] while it is written); nothing is followed through a symlink.
 use crate::service::config::MinFree;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The directories this process is writing now, whichever target or retention they belong
+/// to: no [`Retention`] deletes them.
+static WRITING: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+
+/// A directory being written: retention spares it until this is dropped.
+#[derive(Debug)]
+pub struct Writing {
+    dir: PathBuf,
+}
+
+impl Writing {
+    /// Marks `dir` as being written.
+    pub fn start(dir: &Path) -> Writing {
+        writing().insert(dir.to_path_buf());
+        Writing {
+            dir: dir.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        writing().remove(&self.dir);
+    }
+}
+
+/// The set of directories being written (a panic elsewhere does not make it unusable).
+fn writing() -> std::sync::MutexGuard<'static, BTreeSet<PathBuf>> {
+    WRITING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// The limits of one output root.
 #[derive(Clone, Debug)]
@@ -65,8 +101,13 @@ impl Retention {
         all
     }
 
-    /// Deletes the oldest snapshots until all of them take at most `max_disk`, never `keep`;
-    /// returns what it deleted.
+    /// Bytes held by every snapshot and segment under the root, those being written included.
+    pub fn disk_used(&self) -> u64 {
+        self.snapshots().iter().map(|s| s.bytes).sum()
+    }
+
+    /// Deletes the oldest snapshots until all of them take at most `max_disk`, never `keep`
+    /// and never a directory being written ([`Writing`]); returns what it deleted.
     pub fn enforce(&self, keep: &Path) -> Vec<Snapshot> {
         let all = self.snapshots();
         let mut total: u64 = all.iter().map(|s| s.bytes).sum();
@@ -75,7 +116,7 @@ impl Retention {
             if total <= self.max_disk {
                 break;
             }
-            if s.dir == keep {
+            if s.dir == keep || writing().contains(&s.dir) {
                 continue;
             }
             if std::fs::remove_dir_all(&s.dir).is_ok() {
@@ -180,6 +221,26 @@ mod tests {
         let r = Retention::new(root.path(), 10, MinFree::Percent(0.0));
         r.enforce(&c);
         assert!(!b.exists() && c.exists());
+    }
+
+    #[test]
+    fn a_directory_being_written_is_never_deleted() {
+        let root = tempfile::tempdir().unwrap();
+        // Another target's open segment: the oldest of all.
+        let open = snapshot(root.path(), "b", "20260101T000000.000Z-segment", 1000);
+        let old = snapshot(root.path(), "a", "20260101T000001.000Z-segment", 1000);
+        let new = snapshot(root.path(), "a", "20260101T000002.000Z-segment", 1000);
+        let r = Retention::new(root.path(), 10, MinFree::Percent(0.0));
+        let writing = Writing::start(&open);
+        let deleted = r.enforce(&new);
+        assert_eq!(deleted.iter().map(|s| &s.dir).collect::<Vec<_>>(), [&old]);
+        assert!(open.exists() && !old.exists() && new.exists());
+        assert_eq!(r.disk_used(), 2000);
+        // Closed, it is the oldest and goes first.
+        drop(writing);
+        r.enforce(&new);
+        assert!(!open.exists() && new.exists());
+        assert_eq!(r.disk_used(), 1000);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::plan::AttachPlan;
 use crate::service::config::{Mode, ServiceConfig, TargetConfig};
 use crate::service::control;
 use crate::service::libraries::{self, Libraries, TAG_SHIFT};
-use crate::service::retention::Retention;
+use crate::service::retention::{Retention, Writing};
 use crate::service::segments::{SegmentSpec, Segments};
 use crate::service::slow::{SlowCall, SlowCalls};
 use crate::session::flight::FlightRecorder;
@@ -976,7 +976,10 @@ fn snapshot_binary(
         );
         return None;
     }
-    match snapshot(&dir, target, w) {
+    let writing = Writing::start(&dir);
+    let written = snapshot(&dir, target, w);
+    drop(writing);
+    match written {
         Ok(()) => {
             // Retention first: the snapshot line says everything is done.
             for gone in retention.enforce(&dir) {

@@ -5,13 +5,13 @@
 //!
 //! A call that spans a segment boundary has its entry in one segment and its exit in the next,
 //! where it is counted as an exit without entry, as in any session that starts mid-call. The
-//! oldest segments and snapshots are deleted to stay under `max_disk` (never the segment being
-//! written); no segment is opened while the filesystem has less than `min_free` left, and the
+//! oldest segments and snapshots are deleted to stay under `max_disk` (never a segment being
+//! written, this binary's or another target's); no segment is opened while the filesystem has less than `min_free` left, and the
 //! events that arrive meanwhile are counted as not written.
 use crate::kernel::intake::Event;
 use crate::plan::exits::ExitsChoice;
 use crate::plan::AttachPlan;
-use crate::service::retention::Retention;
+use crate::service::retention::{Retention, Writing};
 use crate::session::order::Gap;
 use crate::session::output::OutputDir;
 use crate::session::{Executable, IntakeLosses, Session};
@@ -56,6 +56,8 @@ struct Open {
     session: Session,
     dir: PathBuf,
     opened: Instant,
+    /// Keeps every target's retention off it until it is closed.
+    _writing: Writing,
 }
 
 impl Segments {
@@ -166,6 +168,7 @@ impl Segments {
             .spec
             .root
             .join(format!("{stamp}-segment{}", self.spec.suffix));
+        let writing = Writing::start(&dir);
         let out = OutputDir::create_root(&dir)?;
         let plan = &self.spec.plan;
         let mut session = Session::new(
@@ -186,6 +189,7 @@ impl Segments {
             session,
             dir,
             opened: Instant::now(),
+            _writing: writing,
         })
     }
 }
