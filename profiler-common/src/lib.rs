@@ -326,6 +326,11 @@ pub const FLOOR_RETURN_PROGRAM: &str = "floor_return";
 pub const THREAD_EXIT_PROGRAM: &str = "thread_exit";
 /// Name of the program that stops a thread for `--exits repair` (see [`RepairState`]).
 pub const UNWIND_STOP_PROGRAM: &str = "unwind_stop";
+/// Name of the task iterator that copies a traced process's pending return-probe instances
+/// when `--exits repair` lets a running process go (see [`repair_state::RELEASE`]).
+pub const REPAIR_RELEASE_PROGRAM: &str = "repair_release";
+/// Name of the one-entry array holding the process `repair_release` copies (0: none).
+pub const RELEASE_TGID_MAP: &str = "RELEASE_TGID";
 /// Name of the hash map of [`RepairState`] by thread id.
 pub const REPAIRS_MAP: &str = "REPAIRS";
 
@@ -373,6 +378,11 @@ pub mod repair_state {
     pub const RESTORED: u32 = 2;
     /// The catch stopped the thread; the daemon has not hooked its live frames again yet.
     pub const CATCHING: u32 = 3;
+    /// A running process (`--pid`) is let go: every thread is stopped, and the
+    /// `repair_release` iterator copied each one's pending instances, so that the tracer puts
+    /// the original return address back into every live frame still hooked before it
+    /// detaches (no frame is left for an exception to find hooked without a tracer).
+    pub const RELEASE: u32 = 4;
 }
 
 /// Default size of each per-CPU ring buffer in bytes (a power of two, as the kernel requires).
@@ -422,6 +432,9 @@ pub mod globals {
     pub const SIGHAND_OFFSET: &str = "CFG_SIGHAND_OFFSET";
     pub const SIGHAND_ACTION_OFFSET: &str = "CFG_SIGHAND_ACTION_OFFSET";
     pub const K_SIGACTION_SIZE: &str = "CFG_K_SIGACTION_SIZE";
+    /// u32: `task_struct.pid` and `.tgid` (from the kernel's BTF), for `repair_release`.
+    pub const TASK_PID_OFFSET: &str = "CFG_TASK_PID_OFFSET";
+    pub const TASK_TGID_OFFSET: &str = "CFG_TASK_TGID_OFFSET";
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 //! - `unwind_stop` (uprobe) is attached, with `--exits repair`, at the unwinder's raise
 //!   functions and at the catch functions: it stops the thread for the daemon to repair the
 //!   stack (see `profiler_common::RepairState`).
+//! - `repair_release` (task iterator) copies the pending return probes of a running process's
+//!   threads when `--exits repair` lets it go.
 //! - `floor` / `floor_return` are empty: the benchmark's measure of the kernel's own cost.
 //!
 //! Each event goes to the ring buffer of the CPU it happened on (no cross-CPU contention) and
@@ -116,6 +118,15 @@ static CFG_SIGHAND_OFFSET: u32 = 0;
 static CFG_SIGHAND_ACTION_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static CFG_K_SIGACTION_SIZE: u32 = 0;
+/// `task_struct.pid` and `.tgid`, for `repair_release`.
+#[unsafe(no_mangle)]
+static CFG_TASK_PID_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_TASK_TGID_OFFSET: u32 = 0;
+
+/// The process whose threads `repair_release` copies (set by the daemon; 0: none).
+#[map(name = "RELEASE_TGID")]
+static RELEASE_TGID: Array<u32> = Array::with_max_entries(1, 0);
 
 /// `--exits repair`: each stopped thread's [`RepairState`], by thread id (written here at a
 /// throw, read and updated by the daemon, removed by the daemon after the catch).
@@ -371,6 +382,10 @@ fn write<T: Copy>(ring: *mut c_void, rec: &T, seq: u64) -> bool {
 /// What every probe starts with: the attach cookie, the CPU, the thread, and the thread's
 /// state (`None`, counted, when the state table is full). A catch does not start a thread's
 /// books: it only matters to threads that ran traced code.
+// Inlined: the BTF of a function of its own would describe its `Option` in a layout the
+// kernel refuses (a union member at a non-zero offset), and the task iterator makes the
+// object's BTF a must.
+#[inline(always)]
 fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, u64, &'static mut ThreadState)> {
     // SAFETY: plain helper calls on the kernel's context.
     let (cookie, cpu) = unsafe {
@@ -561,8 +576,7 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
 /// again if the daemon restored frames of it. See `profiler_common::RepairState`.
 #[uprobe]
 pub fn unwind_stop(ctx: ProbeContext) -> u32 {
-    let utask_offset = setting(&CFG_UTASK_OFFSET);
-    if utask_offset == 0 || utask_offset >= 65536 {
+    if setting(&CFG_UTASK_OFFSET) == 0 {
         return 0;
     }
     // SAFETY: plain helper calls.
@@ -590,11 +604,32 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
     let Some(scratch) = REPAIR_SCRATCH.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: per-CPU slot, valid for the program's run; kernel reads are checked by the helper.
+    // SAFETY: per-CPU slot, valid for the program's run.
+    let r = unsafe { &mut *scratch };
+    r.state = repair_state::THROWN;
+    if copy_return_instances(task, r) == 0 {
+        return 0;
+    }
+    r.signal = stop_signal(task);
+    if REPAIRS.insert(&tid, &*r, 0).is_err() {
+        return 0;
+    }
+    send_signal(r.signal);
+    0
+}
+
+/// Copies the pending return-probe instances of `task` (`task->utask->return_instances`,
+/// newest first: slot and original address of each) into `r`; returns how many. Inlined:
+/// the BTF of a function of its own would describe `Option`s in a layout the kernel refuses.
+#[inline(always)]
+fn copy_return_instances(task: *const u8, r: &mut RepairState) -> usize {
+    r.frames = 0;
+    let utask_offset = setting(&CFG_UTASK_OFFSET);
+    if utask_offset == 0 || utask_offset >= 65536 {
+        return 0;
+    }
+    // SAFETY: kernel reads are checked by the helper.
     unsafe {
-        let r = &mut *scratch;
-        r.state = repair_state::THROWN;
-        r.frames = 0;
         let Ok(utask) = bpf_probe_read_kernel(task.add(utask_offset as usize) as *const u64) else {
             return 0;
         };
@@ -625,15 +660,57 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
             n = i + 1;
             ri = next;
         }
-        if n == 0 {
-            return 0;
-        }
         r.frames = n as u32;
-        r.signal = stop_signal(task);
-        if REPAIRS.insert(&tid, &*scratch, 0).is_err() {
-            return 0;
-        }
-        send_signal(r.signal);
+        n
+    }
+}
+
+/// `--exits repair` of a running process, when it is let go (a task iterator, run once by the
+/// repair keeper while every thread of the process is stopped): copies each thread's pending
+/// return-probe instances into `REPAIRS` with state `RELEASE`, for the keeper to put the
+/// original addresses back into the live frames still hooked. Other tasks are skipped.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub fn repair_release(ctx: *mut c_void) -> i32 {
+    let target = RELEASE_TGID.get(0).copied().unwrap_or(0);
+    let (pid_at, tgid_at) = (
+        setting(&CFG_TASK_PID_OFFSET),
+        setting(&CFG_TASK_TGID_OFFSET),
+    );
+    if target == 0 || pid_at == 0 || pid_at >= 65536 || tgid_at == 0 || tgid_at >= 65536 {
+        return 0;
+    }
+    // The context is `struct bpf_iter__task { struct bpf_iter_meta *meta; struct task_struct
+    // *task; }`; the task is read as a plain address (NULL at the end of the iteration).
+    // SAFETY: kernel reads are checked by the helper.
+    let Ok(task) = (unsafe { bpf_probe_read_kernel((ctx as *const u64).wrapping_add(1)) }) else {
+        return 0;
+    };
+    if task == 0 {
+        return 0;
+    }
+    let task = task as *const u8;
+    // SAFETY: kernel reads are checked by the helper.
+    let (Ok(tgid), Ok(tid)) = (unsafe {
+        (
+            bpf_probe_read_kernel(task.wrapping_add(tgid_at as usize) as *const u32),
+            bpf_probe_read_kernel(task.wrapping_add(pid_at as usize) as *const u32),
+        )
+    }) else {
+        return 0;
+    };
+    if tgid != target {
+        return 0;
+    }
+    let Some(scratch) = REPAIR_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU slot, valid for the program's run.
+    let r = unsafe { &mut *scratch };
+    r.state = repair_state::RELEASE;
+    r.signal = 0;
+    if copy_return_instances(task, r) > 0 {
+        let _ = REPAIRS.insert(&tid, &*r, 0);
     }
     0
 }

@@ -9,8 +9,9 @@ use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
     cookie_flags, counter, event_kind, globals, Cookie, RepairState, SledKind, ThreadState,
-    ARMED_MAP, COUNTERS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, REPAIRS_MAP, RETURN_PROGRAM,
-    RINGS_MAP, SLED_PROGRAM, THREADS_MAP, THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
+    ARMED_MAP, COUNTERS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, RELEASE_TGID_MAP, REPAIRS_MAP,
+    REPAIR_RELEASE_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, THREADS_MAP,
+    THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
 };
 use std::num::NonZeroU32;
 use std::path::Path;
@@ -126,6 +127,8 @@ impl Tracer {
                 true,
             )
             .override_global(globals::K_SIGACTION_SIZE, &offsets.k_sigaction_size, true)
+            .override_global(globals::TASK_PID_OFFSET, &offsets.task_pid, true)
+            .override_global(globals::TASK_TGID_OFFSET, &offsets.task_tgid, true)
             .override_global(globals::NARGS, &nargs, true)
             .override_global(globals::MAX_EVENT_BYTES, &options.max_event_bytes, true)
             .override_global(globals::WAKEUP_BYTES, &wakeup, true)
@@ -313,6 +316,40 @@ impl Tracer {
         };
         let fd = data.fd().as_fd().as_raw_fd();
         Ok((BpfHashMap::try_from(map)?, fd))
+    }
+
+    /// `--exits repair` of a running process: the `repair_release` task iterator, loaded and
+    /// attached, as the file whose one read runs it over every task (see
+    /// `profiler_common::repair_state::RELEASE`). The repair keeper reads it once every thread
+    /// of the process is stopped.
+    pub fn release_iterator(&mut self, pid: NonZeroU32) -> Result<std::fs::File> {
+        {
+            let map = self
+                .ebpf
+                .map_mut(RELEASE_TGID_MAP)
+                .context("the eBPF object has no release map")?;
+            let mut tgid: aya::maps::Array<_, u32> = aya::maps::Array::try_from(map)?;
+            tgid.set(0, pid.get(), 0)
+                .context("naming the process to release")?;
+        }
+        let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+        let program: &mut aya::programs::Iter = self
+            .ebpf
+            .program_mut(REPAIR_RELEASE_PROGRAM)
+            .with_context(|| format!("the eBPF object has no {REPAIR_RELEASE_PROGRAM} program"))?
+            .try_into()?;
+        program.load("task", &btf).map_err(|e| {
+            anyhow!(
+                "the kernel refused the {REPAIR_RELEASE_PROGRAM} program: {}",
+                one_line(&e)
+            )
+        })?;
+        let id = program
+            .attach()
+            .map_err(|e| anyhow!("cannot attach the task iterator: {}", one_line(&e)))?;
+        let link = program.take_link(id)?;
+        link.into_file()
+            .map_err(|e| anyhow!("cannot create the task iterator: {}", one_line(&e)))
     }
 
     /// Whether probes are placed with `uprobe_multi` links (else one perf event each).

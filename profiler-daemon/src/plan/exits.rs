@@ -29,11 +29,14 @@ pub enum ExitMode {
     Sleds,
     /// Return probes at function entry.
     Return,
+    /// The best safe method: for a launched command that can unwind, `repair`; otherwise
+    /// `per-function`.
+    Auto,
     /// Return probes where no unwinding can pass through a frame, exit sleds otherwise:
     /// decided for each function from its machine code.
-    Auto,
-    /// Return probes everywhere, the stack repaired at each throw (a launched command only:
-    /// fdr-profiled becomes its ptrace tracer; see `record::repair`).
+    PerFunction,
+    /// Return probes everywhere, the stack repaired at each throw (a launched command or a
+    /// running process: fdr-profiled becomes its ptrace tracer; see `record::repair`).
     Repair,
 }
 
@@ -113,7 +116,7 @@ pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (ExitPolicy, ExitsChoice) {
                     .into(),
             },
         ),
-        ExitMode::Auto => match image.iter().find_map(|p| personality_in(p).map(|s| (p, s))) {
+        ExitMode::Auto | ExitMode::PerFunction => match unwinder(image) {
             Some((path, symbol)) => (
                 ExitPolicy::PerFunction,
                 ExitsChoice {
@@ -139,6 +142,11 @@ pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (ExitPolicy, ExitsChoice) {
             ),
         },
     }
+}
+
+/// The first object of `image` with an unwinding personality routine, and the routine.
+pub fn unwinder(image: &[PathBuf]) -> Option<(&PathBuf, &'static str)> {
+    image.iter().find_map(|p| personality_in(p).map(|s| (p, s)))
 }
 
 /// Each instrumented function of the object at `path` with the method `policy` gives it and

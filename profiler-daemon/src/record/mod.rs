@@ -25,6 +25,7 @@ use fdr_analysis::symbolize::Symbolizer;
 use std::num::NonZeroU32;
 use std::os::fd::AsRawFd as _;
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// How often the ring buffers are drained. Events are written without waking the daemon, so
@@ -80,8 +81,9 @@ enum Target {
     /// A command we launched, parked until the probes are in place, and under
     /// `--exits repair` its tracer.
     Launch(HeldChild, Option<repair::Keeper>),
-    /// A running process, and a pidfd that tells when it exits.
-    Pid(u32, OwnedFd),
+    /// A running process, a pidfd that tells when it exits, and under `--exits repair` its
+    /// tracer.
+    Pid(u32, OwnedFd, Option<repair::Keeper>),
 }
 
 /// Runs a recording session as the command line says; returns the process exit code.
@@ -105,16 +107,10 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
-    let (policy, exits_choice) = crate::plan::exits::choose(cli.exits, &planned.image);
-    let repair = if cli.exits == ExitMode::Repair {
-        if program.is_none() {
-            bail!("--exits repair traces a launched command only (-- COMMAND): it makes fdr-profiled the command's ptrace tracer");
-        }
-        let offsets = crate::kernel::btf::repair_offsets()
-            .map_err(|why| anyhow::anyhow!("--exits repair: {why}"))?;
-        Some(offsets)
-    } else {
-        None
+    let repair = repair_wanted(cli, program.is_some(), &planned.image)?;
+    let (mut policy, mut exits_choice) = match &repair {
+        Some(wanted) => wanted.choice(),
+        None => crate::plan::exits::choose(cli.exits, &planned.image),
     };
     // Loading validates --buffer-size too; only then is anything created on disk.
     let mut tracer = Tracer::load(LoadOptions {
@@ -124,14 +120,14 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         floor: cli.floor,
         ablate: cli.ablate,
         perf_events_only: cli.no_uprobe_multi,
-        repair,
+        repair: repair.as_ref().map(|r| r.offsets),
     })?;
     let out = OutputDir::create_root(&cli.out_dir())?;
 
     // Fork before any thread exists (the runtime starts below): see launch.rs.
     let mut target = match (&process, &program) {
         // The pidfd is taken before attaching, so an exit during the attach is not missed.
-        (Some(process), _) => Target::Pid(process.pid, process::open_pidfd(process.pid)?),
+        (Some(process), _) => Target::Pid(process.pid, process::open_pidfd(process.pid)?, None),
         (None, Some(program)) => {
             let child = HeldChild::spawn(program, &cli.command, held_signals.previous())?;
             planned.watch_child(child.pid(), program);
@@ -144,10 +140,36 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         Target::Launch(child, _) => {
             Scope::Process(NonZeroU32::new(child.pid()).context("fork returned pid 0")?)
         }
-        Target::Pid(pid, _) => Scope::Process(NonZeroU32::new(*pid).context("pid 0")?),
+        Target::Pid(pid, ..) => Scope::Process(NonZeroU32::new(*pid).context("pid 0")?),
     };
+    // The repair keeper must trace the process before its first frame is hooked: forked now,
+    // before any probe is placed and before the runtime starts a thread.
+    let mut repair_links = Vec::new();
+    if let Some(wanted) = &repair {
+        let started = start_keeper(&mut tracer, &planned, scope, &mut target, &mut repair_links);
+        if let Err(err) = started {
+            match (&target, wanted.asked) {
+                // A running process that cannot be traced (a debugger has it) is traced all the
+                // same, with what is safe without a tracer.
+                (Target::Pid(..), _) | (Target::Launch(..), false) => {
+                    (policy, exits_choice) =
+                        crate::plan::exits::choose(ExitMode::PerFunction, &planned.image);
+                    exits_choice.reason = format!("{} (no repair: {err:#})", exits_choice.reason);
+                    eprintln!("fdr-profiled: warning: --exits repair is not possible here ({err:#}); each function's exits are chosen from its code instead");
+                }
+                (Target::Launch(..), true) | (Target::Attach, _) => {
+                    if let Target::Launch(child, _) = target {
+                        launch::reap(child);
+                    }
+                    return Err(err);
+                }
+            }
+        }
+    }
     if let Some(discovery) = &mut planned.discovery {
-        if cli.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return) {
+        if matches!(cli.exits, ExitMode::Auto | ExitMode::PerFunction)
+            && policy == ExitPolicy::All(Exits::Return)
+        {
             discovery.guard_unwinding();
         }
     }
@@ -162,16 +184,12 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         .iter()
         .map(|p| p.undecodable_event_sleds)
         .sum();
-    let mut repair_links = Vec::new();
     let placed = std::mem::take(&mut planned.plans)
         .into_iter()
         .try_for_each(|plan| {
             objects::attach(&mut tracer, &mut session, plan, policy, scope).map(drop)
         })
         .and_then(|()| {
-            if repair.is_some() {
-                repair_links = repair::attach(&mut tracer, &planned.image, scope)?;
-            }
             attach_catches(&mut tracer, &planned, scope);
             // Every probe is in place: only now does anything get recorded.
             tracer.set_armed(true)
@@ -204,21 +222,6 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     }
     let rings = tracer.take_rings();
     let books = tracer.take_books()?;
-    // Forked before the runtime starts any thread (see repair::Keeper::start).
-    if let (Some(_), Target::Launch(child, keeper)) = (&repair, &mut target) {
-        let started = tracer
-            .take_repairs()
-            .and_then(|repairs| repair::Keeper::start(child.pid(), repairs, &repair_links));
-        match started {
-            Ok(started) => *keeper = Some(started),
-            Err(err) => {
-                if let Target::Launch(child, _) = target {
-                    launch::reap(child);
-                }
-                return Err(err);
-            }
-        }
-    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -234,6 +237,109 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         };
         record(cli, target, intake, books, session, probing, held_signals).await
     })
+}
+
+/// `--exits repair`, as asked for or as `auto` chose it, with what it needs of the kernel.
+struct RepairWanted {
+    offsets: crate::kernel::btf::RepairOffsets,
+    /// `--exits repair` given (an error when impossible); else `auto` chose it (a fallback).
+    asked: bool,
+    /// `auto`: the object that can unwind, and its personality routine.
+    unwinder: Option<(PathBuf, &'static str)>,
+}
+
+impl RepairWanted {
+    fn choice(&self) -> (ExitPolicy, crate::plan::exits::ExitsChoice) {
+        let (policy, mut choice) = crate::plan::exits::choose(ExitMode::Repair, &[]);
+        if let Some((path, symbol)) = &self.unwinder {
+            choice.reason = format!(
+                "auto: {} has {symbol} and fdr-profiled launches the command: return probes \
+                 everywhere, the stack repaired at each throw (--exits per-function decides \
+                 each function instead, without a tracer)",
+                path.display()
+            );
+        }
+        (policy, choice)
+    }
+}
+
+/// Whether the session repairs the stack (see `record::repair`): `--exits repair` (a launched
+/// command or `--pid`), or `auto` for a launched command whose image can unwind, where this
+/// kernel allows it (its BTF, `uprobe_multi` links).
+fn repair_wanted(
+    cli: &RecordArgs,
+    launched: bool,
+    image: &[PathBuf],
+) -> Result<Option<RepairWanted>> {
+    match cli.exits {
+        ExitMode::Repair => {
+            if cli.attach.is_some() {
+                bail!("--exits repair traces a launched command (-- COMMAND) or a running process (--pid), not --attach: it makes fdr-profiled each traced process's ptrace tracer");
+            }
+            let offsets = crate::kernel::btf::repair_offsets()
+                .map_err(|why| anyhow::anyhow!("--exits repair: {why}"))?;
+            Ok(Some(RepairWanted {
+                offsets,
+                asked: true,
+                unwinder: None,
+            }))
+        }
+        ExitMode::Auto if launched && !cli.floor && !cli.no_uprobe_multi => {
+            let Some((path, symbol)) = crate::plan::exits::unwinder(image) else {
+                return Ok(None);
+            };
+            let has_throw = image
+                .iter()
+                .any(|o| !crate::plan::catches::throw_points(o).is_empty());
+            let offsets = crate::kernel::btf::repair_offsets().ok();
+            Ok(offsets
+                .filter(|_| has_throw && crate::kernel::uprobe_multi::supported())
+                .map(|offsets| RepairWanted {
+                    offsets,
+                    asked: false,
+                    unwinder: Some((path.clone(), symbol)),
+                }))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Places the throw and catch probes of `--exits repair` and starts its keeper, the ptrace
+/// tracer of `target` (see `record::repair::Keeper`).
+fn start_keeper(
+    tracer: &mut Tracer,
+    planned: &objects::Planned,
+    scope: Scope,
+    target: &mut Target,
+    links: &mut Vec<std::os::fd::RawFd>,
+) -> Result<()> {
+    let placed;
+    (placed, *links) = repair::attach(tracer, &planned.image, scope)?;
+    let mut start = || -> Result<repair::Keeper> {
+        let tracee = match target {
+            Target::Launch(child, _) => repair::Tracee::Launched(child.pid()),
+            Target::Pid(pid, ..) => {
+                let nz = NonZeroU32::new(*pid).context("pid 0")?;
+                repair::Tracee::Running(*pid, tracer.release_iterator(nz)?)
+            }
+            Target::Attach => bail!("--exits repair cannot trace --attach"),
+        };
+        repair::Keeper::start(tracee, tracer.take_repairs()?, links)
+    };
+    match start() {
+        Ok(keeper) => {
+            if let Target::Launch(_, slot) | Target::Pid(_, _, slot) = target {
+                *slot = Some(keeper);
+            }
+            Ok(())
+        }
+        Err(err) => {
+            // Without a tracer, the throw probes must not stop any thread.
+            tracer.detach(placed);
+            links.clear();
+            Err(err)
+        }
+    }
 }
 
 /// Probes where exceptions and panics are caught (see `plan::catches`), in the objects of the
@@ -290,13 +396,21 @@ async fn record(
     let (exit_tx, mut exit_rx) =
         tokio::sync::oneshot::channel::<Result<(ChildExit, Option<RepairsByThread>)>>();
     let mut pidfd = None;
+    let mut pid_keeper = None;
     let launched = match target {
         Target::Attach => {
             drop(exit_tx);
             false
         }
-        Target::Pid(_, fd) => {
+        Target::Pid(_, fd, keeper) => {
             drop(exit_tx);
+            if let Some(keeper) = &keeper {
+                eprintln!(
+                    "fdr-profiled: repair: the process's tracer is process {} (fdr-repair) until the session ends",
+                    keeper.pid()
+                );
+            }
+            pid_keeper = keeper;
             // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so it stays open and refers to the
             // same pidfd for the AsyncFd's whole life.
             let registered = unsafe {
@@ -394,6 +508,17 @@ async fn record(
         unattributed_lost: books.unattributed_lost(),
         malformed: intake.malformed() + order.stale(),
     };
+    if let Some(mut keeper) = pid_keeper {
+        // Our probes go first (the keeper holds only the throw and catch probes): then no new
+        // frame is hooked, and the keeper puts back the return addresses of those still
+        // hooked before it detaches.
+        drop(probing);
+        keeper.release();
+        match keeper.finish() {
+            Ok(by_thread) => session.set_repairs(by_thread),
+            Err(err) => eprintln!("fdr-profiled: warning: {err:#}"),
+        }
+    }
     let out_dir = session.out_dir().to_path_buf();
     let object_files = session.take_object_files();
     let report = session.finish(losses)?;

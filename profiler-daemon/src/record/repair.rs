@@ -29,7 +29,7 @@
 //! the throw and catch probes. Whatever happens to fdr-profiled (Ctrl-C, `--duration`, a
 //! crash, SIGKILL), frames it hooked go on being repaired until the command exits; the keeper
 //! ignores the terminal's signals and exits with the command.
-use crate::kernel::bpf::{PodRepairState, Scope, Tracer};
+use crate::kernel::bpf::{Attachment, PodRepairState, Scope, Tracer};
 use crate::session::summary::RepairsByThread;
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -41,13 +41,40 @@ use std::os::fd::{AsRawFd as _, FromRawFd as _, RawFd};
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Probes the unwinder's throw functions and the catch functions of `image` (the launched
-/// command's objects, before it runs) for `pid`; returns the descriptors of their links, for
-/// the [`Keeper`]. Errors when the image has no unwinder: then nothing can throw and
-/// `--exits return` does the same at no cost.
-pub fn attach(tracer: &mut Tracer, image: &[PathBuf], scope: Scope) -> Result<Vec<RawFd>> {
+/// Probes the unwinder's throw functions and the catch functions of `image` (the traced
+/// process's objects) for `pid`; returns them (to remove them again) and the descriptors of
+/// their links, for the [`Keeper`].
+/// Errors when the image has no unwinder (then nothing can throw and `--exits return` does
+/// the same at no cost), or when the probes are not `uprobe_multi` links; nothing placed here
+/// stays in place then.
+pub fn attach(
+    tracer: &mut Tracer,
+    image: &[PathBuf],
+    scope: Scope,
+) -> Result<(Attachment, Vec<RawFd>)> {
     // Only what is placed here goes to the keeper.
     drop(tracer.take_attachment());
+    let placed = place_unwind_stops(tracer, image, scope);
+    let attachment = tracer.take_attachment();
+    let fds = placed.and_then(|throws| {
+        if throws == 0 {
+            bail!("--exits repair: no unwinder (_Unwind_RaiseException) in the image: nothing can throw, use --exits return");
+        }
+        tracer.link_fds(&attachment).context(
+            "--exits repair needs uprobe_multi links (Linux 6.6 or later): a perf-event probe cannot be handed to the repair keeper",
+        )
+    });
+    match fds {
+        Ok(fds) => Ok((attachment, fds)),
+        Err(err) => {
+            tracer.detach(attachment);
+            Err(err)
+        }
+    }
+}
+
+/// Places the `unwind_stop` probes; returns how many throw points it probed.
+fn place_unwind_stops(tracer: &mut Tracer, image: &[PathBuf], scope: Scope) -> Result<usize> {
     let mut throws = 0;
     for object in image {
         for point in crate::plan::catches::throw_points(object) {
@@ -72,19 +99,34 @@ pub fn attach(tracer: &mut Tracer, image: &[PathBuf], scope: Scope) -> Result<Ve
                 .with_context(|| format!("probing {} in {}", point.name, object.display()))?;
         }
     }
-    if throws == 0 {
-        bail!("--exits repair: no unwinder (_Unwind_RaiseException) in the command's image: nothing can throw, use --exits return");
-    }
-    let placed = tracer.take_attachment();
-    tracer.link_fds(&placed).context(
-        "--exits repair needs uprobe_multi links (Linux 6.6 or later): a perf-event probe cannot be handed to the repair keeper",
-    )
+    Ok(throws)
 }
 
-/// The process that traces the launched command and repairs its stack until the command
-/// exits, whatever happens to fdr-profiled meanwhile.
+/// What the keeper traces.
+pub enum Tracee {
+    /// A command fdr-profiled launched, still parked before its exec: traced from its first
+    /// instruction until it exits, whatever happens to fdr-profiled meanwhile.
+    Launched(u32),
+    /// A running process (`--pid`), every thread seized where it is: let go when fdr-profiled
+    /// asks ([`Keeper::release`]) or dies, after the original return address is put back into
+    /// every live frame still hooked (read from the kernel by `release`, the `repair_release`
+    /// task iterator), so that no exception ever finds a hooked frame without a tracer.
+    Running(u32, File),
+}
+
+impl Tracee {
+    fn pid(&self) -> u32 {
+        match self {
+            Tracee::Launched(pid) | Tracee::Running(pid, _) => *pid,
+        }
+    }
+}
+
+/// The process that traces the command (or the running process) and repairs its stack.
 pub struct Keeper {
     pid: libc::pid_t,
+    /// Whether it traces a running process, which it lets go when asked.
+    running: bool,
     /// Its reports: a line once it traces the command, its [`RepairsByThread`] (JSON) at the
     /// end.
     reports: std::io::BufReader<std::fs::File>,
@@ -97,7 +139,7 @@ impl Keeper {
     /// removes every other probe. Call it before any thread exists: the child of a fork runs
     /// only the forking thread.
     pub fn start(
-        command: u32,
+        tracee: Tracee,
         (repairs, repairs_fd): (BpfHashMap<MapData, u32, PodRepairState>, RawFd),
         links: &[RawFd],
     ) -> Result<Keeper> {
@@ -112,19 +154,27 @@ impl Keeper {
         let mut keep: Vec<RawFd> = links.to_vec();
         keep.push(repairs_fd);
         keep.push(write_end.as_raw_fd());
+        if let Tracee::Running(_, release) = &tracee {
+            keep.push(release.as_raw_fd());
+        }
+        let running = matches!(tracee, Tracee::Running(..));
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
         // SAFETY: no other thread exists (see above), so the child may run any code.
         match unsafe { libc::fork() } {
             -1 => Err(std::io::Error::last_os_error()).context("--exits repair: fork"),
             0 => {
-                let code = keeper_main(command, repairs, write_end, &keep);
+                let code = keeper_main(tracee, parent, repairs, write_end, &keep);
                 // SAFETY: the keeper ends here, without running the parent's destructors.
                 unsafe { libc::_exit(code) }
             }
             pid => {
                 drop(write_end);
                 drop(repairs);
+                drop(tracee);
                 let mut keeper = Keeper {
                     pid,
+                    running,
                     reports: std::io::BufReader::new(read_end),
                 };
                 let mut line = String::new();
@@ -134,7 +184,8 @@ impl Keeper {
                     why => {
                         keeper.reap();
                         bail!(
-                            "--exits repair: cannot trace the command: {}",
+                            "--exits repair: cannot trace the {}: {}",
+                            if running { "process" } else { "command" },
                             if why.is_empty() {
                                 "the keeper died"
                             } else {
@@ -152,8 +203,33 @@ impl Keeper {
         self.pid as u32
     }
 
-    /// Waits for the keeper to end (after the command) and returns what its repairs did
-    /// (blocking: run it on its own thread).
+    /// Asks the keeper of a running process to let it go (see [`Tracee::Running`]); call it
+    /// once fdr-profiled's own probes are removed, then [`Keeper::finish`]. The keeper looks
+    /// for the request at least every [`RELEASE_POLL`], so the signal is sent until it
+    /// answers.
+    pub fn release(&mut self) {
+        if !self.running {
+            return;
+        }
+        let fd = self.reports.get_ref().as_raw_fd();
+        loop {
+            // SAFETY: plain system calls; the keeper is our child, not yet reaped.
+            unsafe { libc::kill(self.pid, RELEASE_SIGNAL) };
+            let mut poll = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let ready = unsafe { libc::poll(&mut poll, 1, 100) };
+            if ready != 0 {
+                return;
+            }
+        }
+    }
+
+    /// Waits for the keeper to end (after the command, or once it let the process go) and
+    /// returns what its repairs did (blocking: run it on its own thread).
     pub fn finish(mut self) -> Result<RepairsByThread> {
         let mut report = String::new();
         let read = self.reports.read_to_string(&mut report);
@@ -180,7 +256,8 @@ impl Keeper {
 /// nothing open but what it needs; traces `command` and serves its stops until it exits, then
 /// reports what the repairs did to fdr-profiled if it is still there.
 fn keeper_main(
-    command: u32,
+    tracee: Tracee,
+    parent: libc::pid_t,
     repairs: BpfHashMap<MapData, u32, PodRepairState>,
     mut reports: File,
     keep: &[RawFd],
@@ -203,16 +280,27 @@ fn keeper_main(
         libc::prctl(libc::PR_SET_NAME, c"fdr-repair".as_ptr());
     }
     close_all_but(keep);
-    let seized = seize(command);
+    if matches!(tracee, Tracee::Running(..)) {
+        listen_for_release(parent);
+    }
+    let command = tracee.pid();
+    let seized = match &tracee {
+        Tracee::Launched(pid) => seize(*pid).map(|()| vec![*pid]),
+        Tracee::Running(pid, _) => seize_all(*pid),
+    };
     let line = match &seized {
-        Ok(()) => "tracing\n".to_owned(),
+        Ok(_) => "tracing\n".to_owned(),
         Err(err) => format!("{err:#}\n"),
     };
     let _ = reports.write_all(line.as_bytes());
-    if seized.is_err() {
+    let Ok(threads) = seized else {
         return 1;
-    }
-    match Repairer::new(command, repairs).serve() {
+    };
+    let release = match tracee {
+        Tracee::Running(_, file) => Some(file),
+        Tracee::Launched(_) => None,
+    };
+    match Repairer::new(command, threads, repairs).serve(release) {
         Ok(stats) => {
             // fdr-profiled may be gone: then nobody reads it, which is fine.
             let _ = reports.write_all(serde_json::to_string(&stats).unwrap_or_default().as_bytes());
@@ -271,9 +359,91 @@ fn seize(pid: u32) -> Result<()> {
     Ok(())
 }
 
+/// Seizes every thread of the running process `pid`, new ones included (a thread created
+/// meanwhile by one not seized yet shows up in the next listing; after that, the clone option
+/// traces them); returns their ids. Fails when one cannot be traced: another tracer (a
+/// debugger) has it.
+fn seize_all(pid: u32) -> Result<Vec<u32>> {
+    let mut seized: Vec<u32> = Vec::new();
+    loop {
+        let listed = crate::traced::process::threads(pid)
+            .with_context(|| format!("listing the threads of process {pid}"))?;
+        let new: Vec<u32> = listed.into_iter().filter(|t| !seized.contains(t)).collect();
+        if new.is_empty() {
+            return Ok(seized);
+        }
+        for tid in new {
+            match seize(tid) {
+                Ok(()) => seized.push(tid),
+                // It exited meanwhile.
+                Err(_) if !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() => {}
+                Err(err) => {
+                    let tracer = crate::traced::process::tracer_of(tid).unwrap_or(0);
+                    return Err(if tracer != 0 {
+                        anyhow::anyhow!(
+                            "thread {tid} is already traced by process {tracer} (a debugger?)"
+                        )
+                    } else {
+                        err.context(format!("thread {tid}"))
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// How the keeper of a running process is asked to let it go, and how often at least it
+/// looks for the request.
+const RELEASE_SIGNAL: libc::c_int = libc::SIGUSR2;
+pub const RELEASE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Set by [`RELEASE_SIGNAL`]'s handler.
+static RELEASE_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_release_signal(_: libc::c_int) {
+    RELEASE_ASKED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The keeper of a running process lets it go when fdr-profiled asks ([`RELEASE_SIGNAL`]) or
+/// dies (the same signal, as its parent-death signal). A wait for the tracee's next stop is
+/// interrupted by it, and by a timer every [`RELEASE_POLL`] (a request that came just before
+/// a wait began is seen then).
+fn listen_for_release(parent: libc::pid_t) {
+    // SAFETY: installing async-signal-safe handlers (an atomic store, nothing) and a timer.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_release_signal as extern "C" fn(libc::c_int) as usize;
+        // No SA_RESTART: the wait returns EINTR.
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(RELEASE_SIGNAL, &action, std::ptr::null_mut());
+        let mut tick: libc::sigaction = std::mem::zeroed();
+        tick.sa_sigaction = on_tick as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut tick.sa_mask);
+        libc::sigaction(libc::SIGALRM, &tick, std::ptr::null_mut());
+        let every = libc::timeval {
+            tv_sec: 0,
+            tv_usec: RELEASE_POLL.as_micros() as libc::suseconds_t,
+        };
+        let timer = libc::itimerval {
+            it_interval: every,
+            it_value: every,
+        };
+        libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_PDEATHSIG, RELEASE_SIGNAL as libc::c_ulong);
+        // fdr-profiled died before the line above: nobody will ask.
+        if libc::getppid() != parent {
+            on_release_signal(RELEASE_SIGNAL);
+        }
+    }
+}
+
+extern "C" fn on_tick(_: libc::c_int) {}
+
 /// The tracer's state.
 struct Repairer {
     pid: u32,
+    /// Every thread it traces (seized, or traced from its creation), until its exit.
+    threads: std::collections::BTreeSet<u32>,
     repairs: BpfHashMap<MapData, u32, PodRepairState>,
     /// The kernel's return-probe trampoline in the command (its `[uprobes]` mapping), once
     /// known; after an `exec` it is looked up again.
@@ -289,9 +459,14 @@ const EVENT_CLONE: i32 = 3;
 const EVENT_STOP: i32 = 128;
 
 impl Repairer {
-    fn new(pid: u32, repairs: BpfHashMap<MapData, u32, PodRepairState>) -> Repairer {
+    fn new(
+        pid: u32,
+        threads: Vec<u32>,
+        repairs: BpfHashMap<MapData, u32, PodRepairState>,
+    ) -> Repairer {
         Repairer {
             pid,
+            threads: threads.into_iter().collect(),
             repairs,
             trampoline: None,
             restored: HashMap::new(),
@@ -300,24 +475,23 @@ impl Repairer {
     }
 
     /// Serves every stop of every thread of the command until its main thread's exit is
-    /// reported (after all the others').
-    fn serve(mut self) -> Result<RepairsByThread> {
+    /// reported (after all the others'), or, for a running process, until it is asked to let
+    /// it go (`release`: see [`Tracee::Running`]).
+    fn serve(mut self, release: Option<File>) -> Result<RepairsByThread> {
         loop {
-            let mut status = 0;
-            // SAFETY: valid pointer to an int.
-            let tid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
-            if tid < 0 {
-                let err = std::io::Error::last_os_error();
-                if err.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+            if let Some(release) = &release {
+                if RELEASE_ASKED.load(std::sync::atomic::Ordering::SeqCst) {
+                    self.release(release)?;
+                    return Ok(self.stats);
                 }
-                return Err(err).context("waiting for the launched command");
             }
-            let tid = tid as u32;
-            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-                self.restored.remove(&tid);
+            let Some((tid, status)) = wait_any()? else {
+                continue;
+            };
+            if self.exited(tid, status) {
                 if tid == self.pid {
-                    // How it ended is fdr-profiled's to read: it is the command's parent.
+                    // How it ended is fdr-profiled's to read (the command's parent, or the
+                    // pidfd of --pid).
                     return Ok(self.stats);
                 }
                 continue;
@@ -325,9 +499,12 @@ impl Repairer {
             if !libc::WIFSTOPPED(status) {
                 continue;
             }
+            self.threads.insert(tid);
             let signal = libc::WSTOPSIG(status);
             match status >> 16 {
-                0 => self.signal_stop(tid, signal),
+                0 => {
+                    self.signal_stop(tid, signal, true);
+                }
                 EVENT_STOP => {
                     if matches!(
                         signal,
@@ -346,8 +523,109 @@ impl Repairer {
         }
     }
 
-    /// A signal about to be delivered to `tid`: ours (a repair is due) or the program's.
-    fn signal_stop(&mut self, tid: u32, signal: i32) {
+    /// Whether `status` says `tid` is gone; forgets it then.
+    fn exited(&mut self, tid: u32, status: i32) -> bool {
+        let gone = libc::WIFEXITED(status) || libc::WIFSIGNALED(status);
+        if gone {
+            self.restored.remove(&tid);
+            self.threads.remove(&tid);
+        }
+        gone
+    }
+
+    /// Lets a running process go: stops every thread (`PTRACE_INTERRUPT`; a repair due
+    /// meanwhile is made, a signal meant for the program is kept for the detach), has the
+    /// `repair_release` iterator copy each thread's pending return-probe instances from the
+    /// kernel, puts the original return address back into every live slot that still holds
+    /// the trampoline, and detaches every thread. The frames so released return straight to
+    /// their callers; the kernel drops their instances as it drops those a `longjmp` left.
+    fn release(&mut self, mut iterator: &File) -> Result<()> {
+        // Signal to deliver at the detach, by stopped thread.
+        let mut stopped: HashMap<u32, i32> = HashMap::new();
+        for &tid in &self.threads {
+            request(libc::PTRACE_INTERRUPT, tid, 0);
+        }
+        while self.threads.iter().any(|t| !stopped.contains_key(t)) {
+            let Some((tid, status)) = wait_any()? else {
+                continue;
+            };
+            if self.exited(tid, status) {
+                stopped.remove(&tid);
+                if tid == self.pid {
+                    return Ok(());
+                }
+                continue;
+            }
+            if !libc::WIFSTOPPED(status) {
+                continue;
+            }
+            if self.threads.insert(tid) {
+                // Created meanwhile: its first stop is this one.
+                stopped.insert(tid, 0);
+                continue;
+            }
+            let signal = libc::WSTOPSIG(status);
+            let deliver = match status >> 16 {
+                0 => {
+                    if self.signal_stop(tid, signal, false) {
+                        // Ours: repaired, and resumed; stop it again.
+                        request(libc::PTRACE_INTERRUPT, tid, 0);
+                        continue;
+                    }
+                    signal
+                }
+                // An interrupt, a group stop, a clone: stopped all the same.
+                _ => 0,
+            };
+            // A second stop of one already stopped cannot come: it is not resumed.
+            stopped.insert(tid, deliver);
+        }
+        // Every thread is stopped: their instances cannot change until the detach.
+        let mut sink = Vec::new();
+        iterator
+            .read_to_end(&mut sink)
+            .context("running the repair_release task iterator")?;
+        let trampoline = self.trampoline();
+        for (&tid, &deliver) in &stopped {
+            let state = self.repairs.get(&tid, 0).ok().map(|s| s.0);
+            let _ = self.repairs.remove(&tid);
+            if let (Some(state), Some(trampoline), Some(sp)) =
+                (state, trampoline, stack_pointer(tid))
+            {
+                if state.state == repair_state::RELEASE {
+                    let stats = self.stats.entry(tid).or_default();
+                    let frames = (state.frames as usize).min(state.slots.len());
+                    let mut done: Vec<u64> = Vec::new();
+                    for i in 0..frames {
+                        let (slot, orig) = (state.slots[i], state.origs[i]);
+                        // Dead (at or below the stack pointer), or a tail call's shared slot.
+                        if slot <= sp || done.contains(&slot) {
+                            continue;
+                        }
+                        done.push(slot);
+                        match read_word(tid, slot) {
+                            Some(word) if word == trampoline => {
+                                if write_word(tid, slot, orig) {
+                                    stats.frames_released += 1;
+                                } else {
+                                    stats.slots_left_alone += 1;
+                                }
+                            }
+                            // Restored at a throw not caught yet, or overwritten.
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            request(libc::PTRACE_DETACH, tid, deliver);
+        }
+        Ok(())
+    }
+
+    /// A signal about to be delivered to `tid`: ours (a repair is due: made, and the thread
+    /// resumed; returns true) or the program's (returns false; passed on when `pass_on`, else
+    /// left for the caller to deliver).
+    fn signal_stop(&mut self, tid: u32, signal: i32, pass_on: bool) -> bool {
         let state = self.repairs.get(&tid, 0).ok().map(|s| s.0);
         // The stop the program sent (`profiler_common::STOP_SIGNALS`) names its signal: any
         // other, even the same number arriving meanwhile, is the program's.
@@ -358,8 +636,10 @@ impl Repairer {
         let stats = self.stats.entry(tid).or_default();
         if !ours {
             stats.signals_passed_on += 1;
-            request(libc::PTRACE_CONT, tid, signal);
-            return;
+            if pass_on {
+                request(libc::PTRACE_CONT, tid, signal);
+            }
+            return false;
         }
         let started = Instant::now();
         if let Some(state) = state {
@@ -378,6 +658,7 @@ impl Repairer {
         stats.repair_ns_total += took;
         stats.repair_ns_max = stats.repair_ns_max.max(took);
         request(libc::PTRACE_CONT, tid, 0);
+        true
     }
 
     /// At a throw: the original return address back into every live slot that holds the
@@ -448,6 +729,22 @@ impl Repairer {
         }
         self.trampoline
     }
+}
+
+/// The next stop or end of any tracee: `None` when the wait was interrupted (a release
+/// request, the poll timer).
+fn wait_any() -> Result<Option<(u32, i32)>> {
+    let mut status = 0;
+    // SAFETY: valid pointer to an int.
+    let tid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+    if tid < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() == std::io::ErrorKind::Interrupted {
+            return Ok(None);
+        }
+        return Err(err).context("waiting for the traced process");
+    }
+    Ok(Some((tid as u32, status)))
 }
 
 /// A ptrace request on a stopped tracee; a tracee that died meanwhile is no error.

@@ -231,6 +231,10 @@ pub struct RepairStats {
     pub slots_left_alone: u64,
     /// Signals and stops meant for the program, passed on.
     pub signals_passed_on: u64,
+    /// A running process let go (`--pid`): return addresses put back into the frames still
+    /// hooked at that moment.
+    #[serde(default)]
+    pub frames_released: u64,
     /// Time the program's thread stayed stopped for its repairs, in all and at worst
     /// (nanoseconds, from its stop being seen to its resumption).
     pub repair_ns_total: u64,
@@ -246,14 +250,23 @@ impl RepairStats {
         self.frames_hooked_again += other.frames_hooked_again;
         self.slots_left_alone += other.slots_left_alone;
         self.signals_passed_on += other.signals_passed_on;
+        self.frames_released += other.frames_released;
         self.repair_ns_total += other.repair_ns_total;
         self.repair_ns_max = self.repair_ns_max.max(other.repair_ns_max);
     }
 
     /// One line for the end of the summary.
     pub fn line(&self) -> String {
+        let released = if self.frames_released > 0 {
+            format!(
+                "; {} return addresses put back when the process was let go",
+                self.frames_released
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again), {} slots left alone; stopped {:.3} ms for repairs, worst {:.1} us; {} signals passed on",
+            "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again), {} slots left alone; stopped {:.3} ms for repairs, worst {:.1} us; {} signals passed on{}",
             self.throws,
             self.frames_restored,
             self.catches,
@@ -261,7 +274,8 @@ impl RepairStats {
             self.slots_left_alone,
             self.repair_ns_total as f64 / 1e6,
             self.repair_ns_max as f64 / 1e3,
-            self.signals_passed_on
+            self.signals_passed_on,
+            released
         )
     }
 }

@@ -111,6 +111,26 @@ pub fn start_time(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// The ids of the threads of process `pid` now (`/proc/PID/task`).
+pub fn threads(pid: u32) -> std::io::Result<Vec<u32>> {
+    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    Ok(tids)
+}
+
+/// The pid of the process ptrace-tracing thread `tid` (`TracerPid` in its status; 0: none).
+pub fn tracer_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// A pidfd: becomes readable when the process exits (no polling of /proc, no pid reuse races).
 pub fn open_pidfd(pid: u32) -> Result<OwnedFd> {
     // SAFETY: plain syscall; a non-negative result is a new descriptor we own.
