@@ -10,6 +10,10 @@
 //! An `E` event repeats its `B` event's name and args: speedscope's importer pairs them by
 //! both (Perfetto by order alone). Nothing else goes into a call's args, since speedscope
 //! shows them as part of the frame's name.
+//!
+//! A call at depth [`MAX_SHOWN_DEPTH`] is one slice named [`FOLDED_FRAME`] over its whole
+//! duration; the calls it made are not drawn (they are counted in a warning).
+use super::depth::{Folding, FOLDED_FRAME, MAX_SHOWN_DEPTH};
 use super::json::{micros, payload_text, JsonNames};
 use crate::replay::{self, Call, FunctionKey, ObjectTable, Session, TraceEvent, Visitor};
 use crate::report::render::site_text;
@@ -29,6 +33,7 @@ pub fn write(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>>
         "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"generator\":\"fdr-profiled\",\"session\":{dir}}},\"traceEvents\":["
     )?;
     let mut first = true;
+    let mut folding = Folding::default();
     let mut named_processes = std::collections::HashSet::new();
     for t in session.threads() {
         let pid = t.process.pid;
@@ -57,6 +62,7 @@ pub fn write(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>>
             start,
             first: &mut first,
             open: Vec::new(),
+            folding: &mut folding,
             error: None,
         };
         replay::replay_thread(&t, &mut v, &mut warnings);
@@ -64,6 +70,7 @@ pub fn write(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>>
             return Err(e);
         }
     }
+    warnings.extend(folding.warning());
     out.write_all(b"\n]}\n")?;
     out.flush()?;
     Ok(warnings)
@@ -85,8 +92,9 @@ struct ThreadWriter<'a, W: Write> {
     head: String,
     start: u64,
     first: &'a mut bool,
-    /// `"name":..,"args":{..}` of each open call, for its `E` event.
+    /// `"name":..,"args":{..}` of each open call shown, for its `E` event.
     open: Vec<String>,
+    folding: &'a mut Folding,
     error: Option<io::Error>,
 }
 
@@ -129,10 +137,17 @@ impl<W: Write> ThreadWriter<'_, W> {
 }
 
 impl<W: Write> Visitor for ThreadWriter<'_, W> {
-    fn enter(&mut self, id: u32, ts: u64, args: &[u64], _: usize) {
+    fn enter(&mut self, id: u32, ts: u64, args: &[u64], depth: usize) {
+        if self.folding.fold(depth) && depth > MAX_SHOWN_DEPTH {
+            return;
+        }
         let key = self.key(id);
-        let mut fragment = format!("\"name\":{}", self.names.get(key));
-        if !args.is_empty() {
+        let mut fragment = if depth == MAX_SHOWN_DEPTH {
+            format!("\"name\":\"{FOLDED_FRAME}\"")
+        } else {
+            format!("\"name\":{}", self.names.get(key))
+        };
+        if !args.is_empty() && depth < MAX_SHOWN_DEPTH {
             let list: Vec<String> = args
                 .iter()
                 .enumerate()
@@ -152,6 +167,9 @@ impl<W: Write> Visitor for ThreadWriter<'_, W> {
     }
 
     fn exit(&mut self, call: &Call) {
+        if call.depth > MAX_SHOWN_DEPTH {
+            return;
+        }
         let ts = micros(call.end.saturating_sub(self.start));
         let fragment = self.open.pop().unwrap_or_default();
         self.emit(|w| {

@@ -5,23 +5,37 @@
 //! kept in a trie, one node per distinct stack, so memory grows with the number of distinct
 //! stacks, not with the number of calls. A `;` inside a function name (Rust array types such
 //! as `[u8; 4]`) would split the frame, so it is written as a full-width `；`.
+//!
+//! Stacks are cut at [`MAX_SHOWN_DEPTH`] frames: the self time of a
+//! deeper call goes to `first frames;[deeper calls folded];its function`, so a stack is never
+//! longer than the cap plus two frames, and the distinct stacks stay as many as the distinct
+//! (shown stack, function) pairs.
+use super::depth::{Folding, FOLDED_FRAME, MAX_SHOWN_DEPTH};
 use crate::replay::{self, Call, FunctionKey, ObjectTable, Session, Visitor};
 use std::collections::HashMap;
 use std::io::{self, Write};
 
 const ROOT: u32 = u32::MAX;
 
+/// A frame of a stack: a function, or the mark where deeper frames were folded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Frame {
+    Function(FunctionKey),
+    Folded,
+}
+
 /// Distinct call stacks and their self time.
 #[derive(Default)]
 pub struct StackTrie {
     /// (parent, frame) per node.
-    nodes: Vec<(u32, FunctionKey)>,
+    nodes: Vec<(u32, Frame)>,
     self_ns: Vec<u64>,
-    index: HashMap<(u32, FunctionKey), u32>,
+    index: HashMap<(u32, Frame), u32>,
+    folding: Folding,
 }
 
 impl StackTrie {
-    fn child(&mut self, parent: u32, frame: FunctionKey) -> u32 {
+    fn child(&mut self, parent: u32, frame: Frame) -> u32 {
         let nodes = &mut self.nodes;
         let self_ns = &mut self.self_ns;
         *self.index.entry((parent, frame)).or_insert_with(|| {
@@ -41,7 +55,8 @@ impl StackTrie {
         self.nodes.is_empty()
     }
 
-    /// Reads every thread of `session`; returns problems found (one line each).
+    /// Reads every thread of `session`; returns problems found (one line each), the calls
+    /// folded below [`MAX_SHOWN_DEPTH`] among them.
     pub fn from_session(session: &Session) -> (StackTrie, Vec<String>) {
         let mut trie = StackTrie::default();
         let mut warnings = Vec::new();
@@ -53,6 +68,7 @@ impl StackTrie {
             };
             replay::replay_thread(&t, &mut v, &mut warnings);
         }
+        warnings.extend(trie.folding.warning());
         (trie, warnings)
     }
 
@@ -78,13 +94,16 @@ impl StackTrie {
                 if i > 0 {
                     line.push(';');
                 }
-                let name = names.entry(*frame).or_insert_with(|| {
-                    namer
-                        .function(*frame)
-                        .name
-                        .replace(';', "\u{ff1b}")
-                        .replace(['\n', '\r'], " ")
-                });
+                let name = match frame {
+                    Frame::Folded => FOLDED_FRAME,
+                    Frame::Function(key) => names.entry(*key).or_insert_with(|| {
+                        namer
+                            .function(*key)
+                            .name
+                            .replace(';', "\u{ff1b}")
+                            .replace(['\n', '\r'], " ")
+                    }),
+                };
                 line.push_str(name);
             }
             line.push(' ');
@@ -103,9 +122,17 @@ struct ThreadStacks<'a> {
 }
 
 impl Visitor for ThreadStacks<'_> {
-    fn enter(&mut self, id: u32, _: u64, _: &[u64], _: usize) {
-        let parent = self.stack.last().copied().unwrap_or(ROOT);
-        let node = self.trie.child(parent, self.objects.function(id));
+    fn enter(&mut self, id: u32, _: u64, _: &[u64], depth: usize) {
+        let frame = Frame::Function(self.objects.function(id));
+        let node = if self.trie.folding.fold(depth) {
+            // Under the last shown frame: the mark, then the function itself.
+            let shown = self.stack.get(MAX_SHOWN_DEPTH - 1).copied().unwrap_or(ROOT);
+            let mark = self.trie.child(shown, Frame::Folded);
+            self.trie.child(mark, frame)
+        } else {
+            let parent = self.stack.last().copied().unwrap_or(ROOT);
+            self.trie.child(parent, frame)
+        };
         self.stack.push(node);
     }
 

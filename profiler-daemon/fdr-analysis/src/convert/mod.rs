@@ -8,10 +8,22 @@
 //!
 //! The timelines stream: each record is written as it is read. Folded stacks and the flame
 //! graph need memory for each distinct stack, not for each call.
+//!
+//! Every format shows calls down to [`MAX_SHOWN_DEPTH`] levels; a call at that depth stands for
+//! itself and everything it called, as one frame named [`FOLDED_FRAME`] (in folded stacks, followed
+//! by the function whose self time it is). A trace of XRay's own runtime has no exit for a frame
+//! an exception or `longjmp` left, and no stack pointer to tell such a frame from a live one: it
+//! stays open until a caller's exit, so under a long-lived catcher every throw would add its frames
+//! to the depth of every later call, and folded stacks would grow as throws x depth. With the cap,
+//! sizes and memory grow with the distinct stacks and the events; the calls folded are counted in a
+//! warning. The report ([`crate::report`]) is not affected: its statistics stay exact.
 pub mod chrome;
+mod depth;
 pub mod folded;
 mod json;
 pub mod speedscope;
+
+pub use depth::{FOLDED_FRAME, MAX_SHOWN_DEPTH};
 
 use crate::replay::Session;
 use anyhow::{Context as _, Result};

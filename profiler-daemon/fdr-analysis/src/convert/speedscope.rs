@@ -4,6 +4,10 @@
 //!
 //! Written as the trace is read: the profiles come first, the frame table (known only at the
 //! end) last, which JSON allows.
+//!
+//! A call at depth [`MAX_SHOWN_DEPTH`] is opened and closed as the frame [`FOLDED_FRAME`]; the
+//! calls it made are not written (they are counted in a warning).
+use super::depth::{Folding, FOLDED_FRAME, MAX_SHOWN_DEPTH};
 use super::json::JsonNames;
 use crate::replay::{self, Call, FunctionKey, ObjectTable, Session, Visitor};
 use std::collections::HashMap;
@@ -13,8 +17,9 @@ use std::io::{self, Write};
 pub fn write(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>> {
     let start = session.start_ns();
     let mut names = JsonNames::new(session.namer());
-    let mut frames: HashMap<FunctionKey, u32> = HashMap::new();
-    let mut order: Vec<FunctionKey> = Vec::new();
+    let mut frames: HashMap<Option<FunctionKey>, u32> = HashMap::new();
+    let mut order: Vec<Option<FunctionKey>> = Vec::new();
+    let mut folding = Folding::default();
     let mut warnings = Vec::new();
     let title = serde_json::to_string(&format!("fdr-profiled {}", session.layout.dir.display()))?;
     write!(
@@ -41,6 +46,7 @@ pub fn write(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>>
             start,
             first: true,
             span: None,
+            folding: &mut folding,
             error: None,
         };
         replay::replay_thread(t, &mut v, &mut warnings);
@@ -50,11 +56,16 @@ pub fn write(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>>
         let (from, to) = v.span.unwrap_or((0, 0));
         write!(out, "],\"startValue\":{from},\"endValue\":{to}}}")?;
     }
+    warnings.extend(folding.warning());
     out.write_all(b"\n],\"shared\":{\"frames\":[")?;
     for (i, key) in order.iter().enumerate() {
         if i > 0 {
             out.write_all(b",")?;
         }
+        let Some(key) = key else {
+            write!(out, "\n{{\"name\":\"{FOLDED_FRAME}\"}}")?;
+            continue;
+        };
         let name = names.get(*key).to_owned();
         let info = names.namer().function(*key);
         write!(out, "\n{{\"name\":{name}")?;
@@ -78,21 +89,23 @@ pub fn write(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>>
 
 struct ProfileWriter<'a, W: Write> {
     out: &'a mut W,
-    frames: &'a mut HashMap<FunctionKey, u32>,
-    order: &'a mut Vec<FunctionKey>,
+    /// Frame index by function; `None` is the folded frame.
+    frames: &'a mut HashMap<Option<FunctionKey>, u32>,
+    order: &'a mut Vec<Option<FunctionKey>>,
     objects: ObjectTable,
     start: u64,
     first: bool,
     span: Option<(u64, u64)>,
+    folding: &'a mut Folding,
     error: Option<io::Error>,
 }
 
 impl<W: Write> ProfileWriter<'_, W> {
-    fn event(&mut self, open: bool, id: u32, ts: u64) {
-        if self.error.is_some() {
+    fn event(&mut self, open: bool, id: u32, ts: u64, depth: usize) {
+        if self.error.is_some() || depth > MAX_SHOWN_DEPTH {
             return;
         }
-        let key = self.objects.function(id);
+        let key = (depth < MAX_SHOWN_DEPTH).then(|| self.objects.function(id));
         let order = &mut *self.order;
         let frame = *self.frames.entry(key).or_insert_with(|| {
             order.push(key);
@@ -119,11 +132,12 @@ impl<W: Write> ProfileWriter<'_, W> {
 }
 
 impl<W: Write> Visitor for ProfileWriter<'_, W> {
-    fn enter(&mut self, id: u32, ts: u64, _: &[u64], _: usize) {
-        self.event(true, id, ts);
+    fn enter(&mut self, id: u32, ts: u64, _: &[u64], depth: usize) {
+        self.folding.fold(depth);
+        self.event(true, id, ts, depth);
     }
 
     fn exit(&mut self, call: &Call) {
-        self.event(false, call.id, call.end);
+        self.event(false, call.id, call.end, call.depth);
     }
 }
