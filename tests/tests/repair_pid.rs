@@ -1,0 +1,314 @@
+//! End to end: `--pid PID --exits repair` on a running C++ server (tests/fixtures/server.cpp).
+//!
+//! - It keeps serving: its worker threads throw and catch through hooked frames all along the
+//!   session, and after it; a long request entered during the session, blocked inside two
+//!   hooked frames when the session ends, is made to throw through them afterwards (it would
+//!   end in `std::terminate` had the frames been left hooked without a tracer); the server
+//!   then stops on SIGTERM through its handler and exits 0 with its totals exact.
+//! - Signals sent during the session (SIGUSR1, handled) are delivered, each once.
+//! - When the session ends no ptrace relation remains: `TracerPid: 0` in every thread.
+//! - The same holds when fdr-profiled is killed with SIGKILL mid-session: its keeper lets the
+//!   process go by itself.
+//! - A process that another tracer holds is traced all the same, with exits chosen per
+//!   function, saying why.
+//! - The files are valid for llvm-xray 14 and 19, every event is accounted for, and the
+//!   repairs are in the summary and `session.json`.
+//!
+//! Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tests::run::{spawn_fixture, start_pid, Running};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The server fixture, built once.
+fn server_fixture() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = tests::fixtures::fixture_cache_dir().join("server-cpp");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("server");
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/server.cpp");
+        let built = Command::new(tests::tools::clangxx())
+            .args(tests::fixtures::workloads::CXX_XRAY_FLAGS)
+            .arg(&source)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .expect("running clang++");
+        assert!(
+            built.status.success(),
+            "building {}: {}",
+            source.display(),
+            String::from_utf8_lossy(&built.stderr)
+        );
+        out
+    })
+    .clone()
+}
+
+/// A running server and the FIFO that feeds its long requests.
+struct Server {
+    running: Running,
+    fifo: std::fs::File,
+}
+
+impl Server {
+    fn start(scratch: &Path) -> Server {
+        let fifo_path = scratch.join("commands");
+        let c = std::ffi::CString::new(fifo_path.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let mut running = spawn_fixture(
+            "server",
+            &server_fixture(),
+            &["--fifo", fifo_path.to_str().unwrap()],
+        );
+        wait_stdout(&mut running, "server: ready");
+        // The server holds it open read-write: this open does not block.
+        let fifo = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo_path)
+            .unwrap();
+        Server { running, fifo }
+    }
+
+    fn pid(&self) -> u32 {
+        self.running.pid()
+    }
+
+    /// One command for the long-request thread: `r` return, `t` throw, `q` quit.
+    fn command(&mut self, c: u8) {
+        self.fifo.write_all(&[c]).unwrap();
+    }
+
+    /// SIGTERM (after letting the long-request thread quit): the server stops through its
+    /// handler. Returns its last line, after checking it exited 0.
+    fn stop(mut self) -> String {
+        self.command(b'q');
+        self.running.signal(libc::SIGTERM);
+        let done = self.running.finish(TIMEOUT);
+        tests::run::assert_success("server", &done);
+        done.stdout.lines().last().unwrap_or_default().to_owned()
+    }
+}
+
+fn wait_stdout(running: &mut Running, line: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !running.output_so_far().0.lines().any(|l| l == line) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {line:?}: {:?}",
+            running.output_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `key=<n>` in the server's last line.
+fn total(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+}
+
+/// The tracer of every thread of `pid` (TracerPid in /proc).
+fn tracers(pid: u32) -> Vec<u64> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let tracer = status
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap();
+        out.push(tracer);
+    }
+    out
+}
+
+/// The repair line of the summary.
+fn repair_line(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("repair: "))
+        .unwrap_or_else(|| panic!("no repair line in the summary:\n{stderr}"))
+        .to_owned()
+}
+
+/// The server's totals are exact: every request whose number is a multiple of 3 threw and was
+/// caught, the long thread's one throw was caught, every SIGUSR1 handled once.
+fn assert_server_totals(line: &str, usr1: u64, long_requests: u64) {
+    assert!(total(line, "requests") > 0, "{line}");
+    assert_eq!(total(line, "caught"), total(line, "third"), "{line}");
+    assert_eq!(total(line, "usr1"), usr1, "{line}");
+    assert_eq!(total(line, "long"), long_requests, "{line}");
+    assert_eq!(total(line, "long_caught"), 1, "{line}");
+}
+
+#[test]
+fn a_running_server_keeps_serving_under_repair_and_is_let_go() {
+    let scratch = tests::scratch_dir("repair-pid");
+    let mut server = Server::start(scratch.path());
+    let out = scratch.path().join("out");
+    let mut tracer = start_pid(
+        server.pid(),
+        &out,
+        &["--exits", "repair", "--duration", "4"],
+    );
+    tracer.wait_for_stderr_line("fdr-profiled: repair:", TIMEOUT);
+    assert!(
+        tracers(server.pid()).iter().all(|&t| t != 0),
+        "every thread is traced by the keeper: {:?}",
+        tracers(server.pid())
+    );
+    // The long request blocked since before the session returns; the next one is entered
+    // while return probes are placed: it blocks inside two hooked frames.
+    server.command(b'r');
+    for _ in 0..3 {
+        server.running.signal(libc::SIGUSR1);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let done = tracer.finish(TIMEOUT);
+    tests::run::assert_success("fdr-profiled --pid --exits repair", &done);
+    assert_eq!(
+        tracers(server.pid()),
+        vec![0; tracers(server.pid()).len()],
+        "no ptrace relation is left"
+    );
+    let repair = repair_line(&done.stderr);
+    assert!(
+        repair.contains(" return addresses put back when the process was let go"),
+        "the long request's hooked frames are released: {repair}"
+    );
+    // Throw through the two released frames: caught, as untraced.
+    server.command(b't');
+    std::thread::sleep(Duration::from_millis(300));
+    let last = server.stop();
+    assert_server_totals(&last, 3, 3);
+
+    let trace = tests::trace::check_trace_dir(&out, &server_fixture());
+    let session = &trace.session;
+    assert_eq!(session.json["exits"], "repair", "{}", session.json);
+    assert_eq!(session.events_lost, 0, "{}", session.json);
+    tests::assert_every_event_accounted(session);
+    let total = &session.json["repair"];
+    // The long request's two frames, exactly; a worker may have had a frame hooked too.
+    let long_tid = trace
+        .threads
+        .iter()
+        .find(|t| t.calls().contains_key("sv_long_request"))
+        .map(|t| t.tid)
+        .expect("the long-request thread was recorded");
+    let long_thread = session.json["processes"][0]["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == long_tid)
+        .expect("the long-request thread in session.json");
+    assert_eq!(
+        long_thread["repair"]["frames_released"].as_u64(),
+        Some(2),
+        "{long_thread}"
+    );
+    assert!(total["frames_released"].as_u64().unwrap() >= 2, "{total}");
+    assert!(
+        total["throws"].as_u64().unwrap() > 100,
+        "the workers threw through repaired frames: {total}"
+    );
+    assert_eq!(total["throws"], total["catches"], "{total}");
+    // The signals came through the keeper, which passed each on once (the handler counted 3).
+    assert_eq!(total["signals_passed_on"].as_u64(), Some(3), "{total}");
+    // Every worker call recorded is closed once: by its return, or at the catch.
+    let mut sv_requests = 0;
+    for t in &trace.threads {
+        for (function, c) in t.calls() {
+            assert!(
+                c.exits() <= c.entries() + 1,
+                "{function} in tid {}: {c:?}",
+                t.tid
+            );
+            if function == "sv_request" {
+                sv_requests += c.entries();
+            }
+        }
+    }
+    assert!(sv_requests > 100, "requests were recorded: {sv_requests}");
+}
+
+#[test]
+fn a_running_server_is_let_go_when_fdr_profiled_is_killed() {
+    let scratch = tests::scratch_dir("repair-pid-kill");
+    let mut server = Server::start(scratch.path());
+    let out = scratch.path().join("out");
+    let mut tracer = start_pid(server.pid(), &out, &["--exits", "repair"]);
+    tracer.wait_for_stderr_line("fdr-profiled: repair:", TIMEOUT);
+    server.command(b'r');
+    std::thread::sleep(Duration::from_millis(500));
+    tracer.signal(libc::SIGKILL);
+    let _ = tracer.finish(TIMEOUT);
+    // The keeper lets the process go by itself.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tracers(server.pid()).iter().any(|&t| t != 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still traced 10 s after fdr-profiled died: {:?}",
+            tracers(server.pid())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.running.signal(libc::SIGUSR1);
+    server.command(b't');
+    std::thread::sleep(Duration::from_millis(300));
+    let last = server.stop();
+    assert_server_totals(&last, 1, 3);
+}
+
+#[test]
+fn a_process_another_tracer_holds_gets_exits_per_function() {
+    let scratch = tests::scratch_dir("repair-pid-traced");
+    let mut server = Server::start(scratch.path());
+    // A first session's keeper is the process's tracer (as a debugger would be).
+    let mut first = start_pid(
+        server.pid(),
+        &scratch.path().join("first"),
+        &["--exits", "repair", "--no-report"],
+    );
+    first.wait_for_stderr_line("fdr-profiled: repair:", TIMEOUT);
+    let second = start_pid(
+        server.pid(),
+        &scratch.path().join("second"),
+        &["--exits", "repair", "--duration", "1", "--no-report"],
+    );
+    let second = second.finish(TIMEOUT);
+    tests::run::assert_success("the second fdr-profiled", &second);
+    assert!(
+        second.stderr.lines().any(|l| l
+            .starts_with("fdr-profiled: warning: --exits repair is not possible here")
+            && l.contains("already traced by process")),
+        "{}",
+        second.stderr
+    );
+    let session = tests::read_session(&scratch.path().join("second"));
+    assert_eq!(session.json["exits"], "per-function", "{}", session.json);
+    assert!(
+        session.json["exits_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("no repair: ")),
+        "{}",
+        session.json
+    );
+    let first = tests::run::interrupt_and_finish(first, TIMEOUT);
+    tests::run::assert_success("the first fdr-profiled", &first);
+    server.command(b'r');
+    server.command(b't');
+    std::thread::sleep(Duration::from_millis(300));
+    let last = server.stop();
+    assert_server_totals(&last, 0, 3);
+}
