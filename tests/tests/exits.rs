@@ -1,8 +1,9 @@
-//! End to end: `--exits sleds|return|auto`.
+//! End to end: `--exits sleds|return|auto|per-function|repair`.
 //!
 //! - The C++ exception fixture (exceptions thrown through instrumented frames, caught above
-//!   them) runs to its normal end under `auto` and `sleds`; `auto` says it decided per
-//!   function and chose exit sleds wherever an exception can pass (stderr and session.json); per thread, entries equal the calls the fixture counted and
+//!   them) runs to its normal end under `auto` (a launched command: repaired), `repair`,
+//!   `per-function` and `sleds`; `per-function` says it decided per function and chose exit
+//!   sleds wherever an exception can pass (stderr and session.json); per thread, entries equal the calls the fixture counted and
 //!   exits the calls that returned normally; the call structure equals compiler-rt's own FDR
 //!   trace of the same program.
 //! - `auto` chooses return probes for the plain C fixture; return probes there give exact
@@ -80,7 +81,7 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
 
     let line = run.exits_line();
     assert!(!run.session_str("exits_reason").is_empty());
-    if daemon_args.is_empty() {
+    if mode_label == "per-function" {
         // Only ex_report (printf, fflush, syscall) and the signal handler's leaf ex_on_signal
         // are proven safe for a return probe: every other function can be left by the
         // exception or calls one that can.
@@ -101,12 +102,19 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
             };
             assert_eq!(f["exit"], want, "{f}");
         }
-    } else if mode_label == "repair" {
+    } else if mode_label == "repair" || mode_label == "auto" {
         assert!(
             line.starts_with("return probes ("),
             "{mode_label}: exits line {line:?}"
         );
         assert_eq!(run.session_str("exits"), "repair");
+        if mode_label == "auto" {
+            // The defaults repair a launched command whose image can unwind, and say why.
+            assert!(
+                line.contains("auto: ") && line.contains("personality"),
+                "{line:?}"
+            );
+        }
         // Every throw was repaired, and every catch hooked the live frames again.
         let caught: u64 = EXCEPTIONS_DONE_20
             .split_whitespace()
@@ -233,6 +241,15 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
         "report.txt does not count the {unwound} frames closed at a catch:\n{report}"
     );
 
+    // Durations bounded by the caller: in the timeline every call, the unwound ones included,
+    // begins and ends within the call that made it, and in `report --per-thread` no function's
+    // longest call outlasts its callers' (a frame closed only at the thread's end would).
+    tests::durations::assert_durations_within_callers(
+        &run.out,
+        run.scratch.path(),
+        &["ex_middle", "ex_thrower"],
+    );
+
     // The structure of compiler-rt's own trace of the same program.
     let native_dir = scratch_dir("exits-exceptions-native");
     let native_bin = exceptions_native_fixture();
@@ -249,12 +266,19 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
     );
 }
 
-/// `--exits` not given (auto): the C++ runtime is in the image, so each function is decided from
-/// its code (one return probe, exit sleds for the functions exceptions pass through); the
-/// program runs to its end.
+/// `--exits` not given (auto): the C++ runtime is in the image and fdr-profiled launches the
+/// command, so it repairs the stack (return probes everywhere); the program runs to its end
+/// with the same exact counts, catches and native structure.
 #[test]
 fn exceptions_complete_under_auto() {
     exceptions_under(&[], "auto");
+}
+
+/// `--exits per-function`: each function is decided from its code (two return probes, exit
+/// sleds for the functions exceptions pass through); the program runs to its end.
+#[test]
+fn exceptions_complete_under_per_function() {
+    exceptions_under(&["--exits", "per-function"], "per-function");
 }
 
 /// `--exits repair`: return probes on every function, the stack repaired at each throw; the

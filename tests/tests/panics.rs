@@ -1,11 +1,14 @@
 //! End to end: a Rust program whose panics unwind traced frames and are caught with
-//! `catch_unwind`, traced with the defaults (exit sleds: the image has a personality routine).
+//! `catch_unwind`, traced with the defaults (the stack repaired: the image has a personality
+//! routine), with `--exits per-function` and with `--exits repair`.
 //!
 //! It runs to its normal end; per thread and function, entries equal the calls the fixture
 //! counted and every entry has exactly one exit: its return, or the exit the daemon writes at
 //! the catch (`__rust_panic_cleanup` is probed), which comes before the catching function goes
 //! on. Exactly the frames the panics left are counted as unwound, the catches equal the panics
-//! caught, every event is accounted for, and llvm-xray 14 and 19 read every file alike.
+//! caught, every event is accounted for, and llvm-xray 14 and 19 read every file alike. Every
+//! call, the unwound ones included, lies within its caller's in the Chrome timeline, and no
+//! function's longest call in `report --per-thread` outlasts its callers'.
 //!
 //! Needs root, BPF, llvm-xray 14/19, nightly rustc and a built daemon.
 use std::time::Duration;
@@ -18,9 +21,16 @@ use tests::launched::launch;
 use tests::structure::without_unwound_exits;
 use tests::LLVM_XRAY_VERSIONS;
 
+/// The defaults: fdr-profiled launches a program that can unwind, so it repairs its stack.
 #[test]
 fn panics_caught_with_catch_unwind_under_the_defaults() {
-    panics_under(&[], "per-function");
+    panics_under(&[], "repair");
+}
+
+/// `--exits per-function`: each function decided from its code.
+#[test]
+fn panics_caught_with_catch_unwind_under_per_function() {
+    panics_under(&["--exits", "per-function"], "per-function");
 }
 
 /// `--exits repair`: return probes on every function, the stack repaired at each panic's
@@ -32,7 +42,7 @@ fn panics_caught_with_catch_unwind_under_repair() {
 
 fn panics_under(daemon_args: &[&str], exits: &str) {
     let run = launch(
-        &format!("panics-{exits}"),
+        &format!("panics-{exits}-{}", daemon_args.len()),
         &panics_fixture(),
         daemon_args,
         &["--iterations", "20"],
@@ -51,7 +61,7 @@ fn panics_under(daemon_args: &[&str], exits: &str) {
         "the Rust runtime's catch function is probed:\n{}",
         run.done.stderr
     );
-    // Rust links rust_eh_personality: by default each function is decided from its code.
+    // Rust links rust_eh_personality: the defaults repair the stack of a launched program.
     assert_eq!(run.session_str("exits"), exits);
     assert_eq!(run.session.events_lost, 0, "{}", run.session.json);
     tests::assert_every_event_accounted(&run.session);
@@ -160,4 +170,13 @@ fn panics_under(daemon_args: &[&str], exits: &str) {
     }
     let catches: u64 = run.thread_u64("catches").values().sum();
     assert_eq!(catches, 60, "session.json catches");
+
+    // Durations bounded by the caller: in the timeline every call, the unwound ones included,
+    // begins and ends within the call that made it, and in `report --per-thread` no function's
+    // longest call outlasts its callers'.
+    tests::durations::assert_durations_within_callers(
+        &run.out,
+        run.scratch.path(),
+        &["pn_middle", "pn_thrower"],
+    );
 }

@@ -288,6 +288,15 @@ fn repair_wanted(
             let Some((path, symbol)) = crate::plan::exits::unwinder(image) else {
                 return Ok(None);
             };
+            if let Some((forker, call)) = crate::plan::exits::forker(image) {
+                eprintln!(
+                    "fdr-profiled: note: not repairing the stack: {} calls {call}() (a child inherits \
+                     hooked frames that no tracer repairs); each function's exits are chosen \
+                     from its code instead",
+                    forker.display()
+                );
+                return Ok(None);
+            }
             let has_throw = image
                 .iter()
                 .any(|o| !crate::plan::catches::throw_points(o).is_empty());

@@ -610,7 +610,8 @@ fn session_json(dir: &Path) -> Result<serde_json::Value> {
 }
 
 /// Fails unless `session.json`'s `functions` show `function` with `"exit": "return"`: the
-/// default `--exits auto` gave the hot leaf a return probe.
+/// default `--exits auto` gave the hot leaf a return probe (repairing the stack of the launched
+/// program, or deciding per function).
 fn check_return_probed(session: &serde_json::Value, function: &str) -> Result<()> {
     let entry = session
         .get("functions")
