@@ -15,6 +15,8 @@
 //!   llvm-xray versions; [`assert_process_calls`] compares it with a
 //!   fixture's `count` lines.
 //! - [`counts`]: the fixtures' `count tid=.. function=.. calls=..` lines.
+//! - [`durations`]: every call within its caller, in a session's Chrome timeline and in its
+//!   per-thread report.
 //! - [`run`]: running the daemon and fixtures as children with timeouts.
 //! - [`scenario`]: the `--attach` and `-- CMD` end-to-end runs shared by the
 //!   C++ and Rust tests.
@@ -30,6 +32,7 @@
 //! what to install.
 
 pub mod counts;
+pub mod durations;
 pub mod fixtures;
 pub mod launched;
 pub mod run;

@@ -248,6 +248,7 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
         &run.out,
         run.scratch.path(),
         &["ex_middle", "ex_thrower"],
+        &calls,
     );
 
     // The structure of compiler-rt's own trace of the same program.

@@ -178,5 +178,6 @@ fn panics_under(daemon_args: &[&str], exits: &str) {
         &run.out,
         run.scratch.path(),
         &["pn_middle", "pn_thrower"],
+        &calls,
     );
 }
