@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use tests::counts::{expected_calls, parse_count_lines};
 use tests::fixtures::workloads::{
-    exceptions_fixture, exceptions_native_fixture, native_trace, parse_returned_lines,
+    exceptions_fixture, exceptions_native_fixture, native_records, native_trace,
+    parse_returned_lines,
 };
 use tests::launched::launch;
 use tests::scratch_dir;
@@ -150,15 +151,15 @@ fn conversions_of_the_native_trace_of_ten_thousand_throws_are_bounded() {
     let sum =
         |m: &tests::ExpectedCalls, f: &str| -> u64 { m.values().filter_map(|c| c.get(f)).sum() };
 
-    // The reference readers agree on every record; per function, entries are the calls the
-    // fixture made and exits the calls that returned (XRay writes none for an unwound frame).
-    let map = format!("-instr_map={}", bin.display());
-    let converted = tests::xray_reference::both::convert(&file, &["-symbolize", &map]);
-    let events = converted.records.len() as u64;
+    // The reference readers agree on every thread's records; per function, entries are the
+    // calls the fixture made and exits the calls that returned (XRay writes none for an unwound
+    // frame).
+    let (_, by_thread) = native_records(&bin, &file);
+    let records: Vec<_> = by_thread.values().flatten().collect();
+    let events = records.len() as u64;
     for f in ["ex_thread", "ex_middle", "ex_thrower", "ex_report"] {
         let count = |exit: bool| {
-            converted
-                .records
+            records
                 .iter()
                 .filter(|r| {
                     r.function == f

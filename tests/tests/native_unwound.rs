@@ -16,14 +16,15 @@
 //!
 //! Needs clang-19 with compiler-rt's XRay runtime, llvm-xray 14/19 and a built daemon (no BPF).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tests::counts::{expected_calls, parse_count_lines, ExpectedCalls};
 use tests::fixtures::workloads::{
-    exceptions_native_fixture, longjmp_native_fixture, native_trace, native_trace_as_v1,
-    parse_returned_lines, EXCEPTIONS_DONE_20, EXCEPTIONS_FUNCTIONS, LONGJMP_DONE_20,
-    LONGJMP_FUNCTIONS,
+    exceptions_native_fixture, longjmp_native_fixture, native_records, native_trace,
+    native_trace_as_v1, parse_returned_lines, EXCEPTIONS_DONE_20, EXCEPTIONS_FUNCTIONS,
+    LONGJMP_DONE_20, LONGJMP_FUNCTIONS,
 };
 use tests::tools::{fdr_profiled, run_output, scratch_dir};
 
@@ -129,18 +130,19 @@ fn unwound_by_the_fixture(n: &Native) -> u64 {
     unwound
 }
 
-/// The reference readers: llvm-xray 14 and 19 read the same records (`convert`), per
+/// The reference readers: llvm-xray 14 and 19 read the same records (`convert`, thread by
+/// thread), per
 /// function as many entries as calls and as many exits as returns (no exit for a frame left);
 /// `account` refuses the exit that skips open frames, which is why the daemon writes an exit
 /// for each such frame. Returns the records.
-fn reference(n: &Native) -> Vec<tests::Record> {
+fn reference(n: &Native) -> BTreeMap<u32, Vec<tests::Record>> {
     let map = format!("-instr_map={}", n.bin.display());
-    let converted = tests::xray_reference::both::convert(&n.file, &["-symbolize", &map]);
-    assert_eq!(converted.header.version, n.version, "{}", n.label);
+    let (header, by_thread) = native_records(&n.bin, &n.file);
+    assert_eq!(header.version, n.version, "{}", n.label);
+    let records: Vec<_> = by_thread.values().flatten().collect();
     for f in n.functions {
         let count = |exit: bool| {
-            converted
-                .records
+            records
                 .iter()
                 .filter(|r| {
                     r.function == *f
@@ -175,7 +177,7 @@ fn reference(n: &Native) -> Vec<tests::Record> {
             n.version
         );
     }
-    converted.records
+    by_thread
 }
 
 /// `verify` calls the file valid and counts the frames closed by a caller's exit; `dump` reads
@@ -360,23 +362,20 @@ fn version_1_of_the_native_traces_reads_in_full() {
         let v5 = reference(&n);
         let n = as_v1(n, dir.path());
         let v1 = reference(&n);
-        let key = |r: &tests::Record| {
-            (
-                r.thread,
-                r.cpu,
-                r.tsc,
-                r.func_id,
-                r.kind.clone(),
-                r.args.clone(),
-            )
+        let key = |r: &tests::Record| (r.cpu, r.tsc, r.func_id, r.kind.clone(), r.args.clone());
+        let keys = |m: &BTreeMap<u32, Vec<tests::Record>>| -> Vec<(u32, Vec<_>)> {
+            m.iter()
+                .map(|(tid, rs)| (*tid, rs.iter().map(key).collect()))
+                .collect()
         };
         assert_eq!(
-            v1.iter().map(key).collect::<Vec<_>>(),
-            v5.iter().map(key).collect::<Vec<_>>(),
-            "{}: the version 1 file holds the records of the version 5 one",
+            keys(&v1),
+            keys(&v5),
+            "{}: the version 1 file holds the records of the version 5 one, thread by thread",
             n.label
         );
-        assert!(v5.len() > 1000, "{}: {} records", n.label, v5.len());
+        let records: usize = v5.values().map(Vec::len).sum();
+        assert!(records > 1000, "{}: {records} records", n.label);
         verify_and_dump(&n);
         report(&n);
     }
