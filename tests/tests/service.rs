@@ -1109,3 +1109,189 @@ fn retention_never_deletes_another_targets_open_segment() {
         check_trace_dir(d, &rot_bin);
     }
 }
+
+/// A tmpfs mounted for a test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = run_output(
+            Command::new("mount")
+                .args([
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    &format!("size={size},mode=0700"),
+                    "tmpfs",
+                ])
+                .arg(dir),
+        );
+        assert!(
+            out.status.success(),
+            "mount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Waits until `service`'s stderr holds `needle` `count` times; returns its stderr.
+fn wait_for_count(service: &Running, needle: &str, count: usize) -> String {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let (_, stderr) = service.output_so_far();
+        if stderr.matches(needle).count() >= count {
+            return stderr;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{needle:?} {count} times: {stderr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `min_free` on a 16 MiB tmpfs with 12 MiB to keep free: a record-mode target writing about
+/// 2.5 MB/s crosses it while its segment is open; the segment is closed at the next tick
+/// (valid), writing stops with an error line, and what comes meanwhile is counted as not
+/// written (`status`, and the `STATUS=` line's losses). Once space is freed writing starts
+/// again (logged), a new process is recorded whole, and crossing the limit again stops writing
+/// again (logged again).
+#[test]
+fn writing_stops_at_min_free_and_starts_again() {
+    use std::os::unix::net::UnixDatagram;
+    let scratch = tests::scratch_dir("service-min-free");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let output = scratch.path().join("out");
+    let _tmpfs = Tmpfs::mount(&output, "16m");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\nmin_free = \"12MiB\"\n[[target]]\nname = \"rec\"\nbinary = \"{}\"\n\
+             mode = \"record\"\nsegment_size = \"1GB\"\nsegment_age = \"1h\"\n",
+            output.display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let notify_path = scratch.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    // Read as systemd does, all along: a full queue would block the service's sends.
+    let statuses = std::thread::spawn(move || {
+        notify
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0u8; 4096];
+        let mut statuses = Vec::new();
+        while let Ok(n) = notify.recv(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if text.lines().any(|l| l == "STOPPING=1") {
+                break;
+            }
+            statuses.extend(
+                text.lines()
+                    .filter(|l| l.starts_with("STATUS="))
+                    .map(str::to_owned),
+            );
+        }
+        statuses
+    });
+    let mut service = Running::spawn(
+        "fdr-profiled service",
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(scratch.path().join("control.sock"))
+            .env("NOTIFY_SOCKET", &notify_path),
+    );
+    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    let status = || -> serde_json::Value {
+        let out = run_output(
+            Command::new(tests::fdr_profiled())
+                .args(["status", "--json", "--socket"])
+                .arg(scratch.path().join("control.sock")),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    const STOP: &str = "fdr-profiled: error: ";
+    const START: &str = "writing again: above min_free";
+    // About 100k calls a second, for 5 s: over 4 MiB in the first 2 s.
+    let busy = Running::spawn(
+        "calls",
+        Command::new(&bin).args(["--seconds", "5", "--per-second", "--quiet"]),
+    );
+    let stderr = wait_for_count(&service, STOP, 1);
+    assert!(
+        stderr.contains("rec: not writing: ") && stderr.contains("min_free"),
+        "{stderr}"
+    );
+    assert!(busy.finish(TIMEOUT).status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    let first = snapshots(&output, "rec");
+    assert_eq!(first.len(), 1, "{first:?}");
+    check_trace_dir(&first[0], &bin);
+    let json = status();
+    let lost = json["not_written"].as_u64().unwrap();
+    assert!(lost > 10_000, "{json}");
+    assert_eq!(json["targets"][0]["binaries"][0]["not_written"], lost);
+    assert!(
+        json["targets"][0]["binaries"][0]["segment"].is_null(),
+        "{json}"
+    );
+    // Room again: writing starts at the next tick, and a new process is recorded whole.
+    std::fs::remove_dir_all(&first[0]).unwrap();
+    wait_for_count(&service, START, 1);
+    let run = run_calls(&bin, 2000);
+    std::thread::sleep(Duration::from_millis(300));
+    let json = status();
+    assert_eq!(json["not_written"], lost, "nothing more lost: {json}");
+    // And it stops again, saying so again.
+    let busy = Running::spawn(
+        "calls",
+        Command::new(&bin).args(["--seconds", "5", "--per-second", "--quiet"]),
+    );
+    wait_for_count(&service, STOP, 2);
+    assert!(busy.finish(TIMEOUT).status.success());
+    std::thread::sleep(Duration::from_millis(1_200));
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert_eq!(done.stderr.matches(STOP).count(), 2, "{}", done.stderr);
+    assert_eq!(done.stderr.matches(START).count(), 1, "{}", done.stderr);
+    let segments = snapshots(&output, "rec");
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    let trace = check_trace_dir(&segments[0], &bin);
+    assert_process_calls(
+        &trace,
+        &ProcessExpectation {
+            pid: run.0,
+            calls: &expected_calls(&parse_count_lines(&run.1)),
+            known: CALLS_FUNCTIONS,
+            main_fn: "main",
+            main: MainCall::Traced,
+            only_known: true,
+        },
+    );
+    // The STATUS= lines count what was not written.
+    let statuses = statuses.join().unwrap();
+    let last_status = statuses.last().cloned().unwrap_or_default();
+    let counted: u64 = last_status
+        .rsplit_once("not written ")
+        .and_then(|(_, n)| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{last_status:?}"));
+    assert!(counted > lost, "{last_status}");
+}

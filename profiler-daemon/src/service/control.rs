@@ -170,9 +170,10 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
         return Ok(0);
     }
     println!(
-        "fdr-profiled service: {} events, {} lost; output {}; last snapshot {}",
+        "fdr-profiled service: {} events, {} lost, {} not written; output {}; last snapshot {}",
         reply["events"],
         reply["lost"],
+        reply["not_written"],
         reply["output"].as_str().unwrap_or("?"),
         reply["last_snapshot"].as_str().unwrap_or("none"),
     );

@@ -633,12 +633,23 @@ fn status_line(targets: &[Target], router: &Router, rate: f64) -> String {
         evicted += s.evicted;
     }
     format!(
-        "{} targets ({binaries} binaries); {} events, {rate:.0}/s; holding {held} events in {:.1} MiB; lost {}, evicted {evicted}",
+        "{} targets ({binaries} binaries); {} events, {rate:.0}/s; holding {held} events in {:.1} MiB; lost {}, evicted {evicted}, not written {}",
         targets.len(),
         router.events,
         bytes as f64 / f64::from(1 << 20),
         router.lost + router.unrouted,
+        not_written(targets),
     )
+}
+
+/// Events of record-mode targets not written because writing had stopped (`min_free`).
+fn not_written(targets: &[Target]) -> u64 {
+    targets
+        .iter()
+        .flat_map(|t| &t.binaries)
+        .filter_map(|w| w.segments.as_ref())
+        .map(|g| g.not_written)
+        .sum()
 }
 
 /// Where each event goes.
@@ -817,6 +828,7 @@ fn status_json(
     router: &Router,
     last_snapshot: Option<&Path>,
 ) -> serde_json::Value {
+    let not_written = not_written(targets);
     let targets: Vec<serde_json::Value> = targets
         .iter()
         .map(|t| {
@@ -861,6 +873,7 @@ fn status_json(
         "output": config.output,
         "events": router.events,
         "lost": router.lost + router.unrouted,
+        "not_written": not_written,
         "last_snapshot": last_snapshot,
         "targets": targets,
     })

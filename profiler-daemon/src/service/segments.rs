@@ -6,8 +6,10 @@
 //! A call that spans a segment boundary has its entry in one segment and its exit in the next,
 //! where it is counted as an exit without entry, as in any session that starts mid-call. The
 //! oldest segments and snapshots are deleted to stay under `max_disk` (never a segment being
-//! written, this binary's or another target's); no segment is opened while the filesystem has less than `min_free` left, and the
-//! events that arrive meanwhile are counted as not written.
+//! written, this binary's or another target's). Writing stops while the filesystem has less
+//! than `min_free` left: no segment is opened, and an open one is closed at the next tick
+//! (once a second); the events that arrive meanwhile are counted as not written, and writing
+//! starts again at the first tick that finds room. Each stop and each start is logged.
 use crate::kernel::intake::Event;
 use crate::plan::exits::ExitsChoice;
 use crate::plan::AttachPlan;
@@ -46,10 +48,25 @@ pub struct Segments {
     spec: SegmentSpec,
     retention: Retention,
     current: Option<Open>,
+    /// Writing stopped (`min_free` crossed, or no segment could be opened): events are counted
+    /// in `not_written` until a tick finds room again.
+    stopped: Option<Stopped>,
+    /// Opening a segment failed and is being tried again (quietly, once a tick, until it
+    /// works).
+    retrying: bool,
     /// Segments closed.
     pub closed: u64,
-    /// Events not written because the filesystem was too full.
+    /// Events not written because the filesystem was too full (or no segment could be opened).
     pub not_written: u64,
+}
+
+/// Why writing stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stopped {
+    /// Less than `min_free` left on the output's filesystem.
+    NoRoom,
+    /// A segment could not be created; tried again at the next tick.
+    OpenFailed,
 }
 
 struct Open {
@@ -66,28 +83,46 @@ impl Segments {
             spec,
             retention,
             current: None,
+            stopped: None,
+            retrying: false,
             closed: 0,
             not_written: 0,
         }
     }
 
-    /// Writes a thread's next event into the current segment, opening one if needed.
+    /// Writes a thread's next event into the current segment, opening one if needed; while
+    /// writing is stopped the event is counted as not written (free space is looked at again
+    /// by [`Segments::tick`], not for every event).
     pub fn record(&mut self, event: Event, gap: Option<Gap>) {
         if self.current.is_none() {
+            if self.stopped.is_some() {
+                self.not_written += 1;
+                return;
+            }
             if let Err(why) = self.retention.room() {
-                if self.not_written == 0 {
-                    tracing::error!("{}: not writing: {why}", self.spec.root.display());
-                }
+                self.stop(Stopped::NoRoom, &why);
                 self.not_written += 1;
                 return;
             }
             match self.open() {
-                Ok(open) => self.current = Some(open),
+                Ok(open) => {
+                    if std::mem::take(&mut self.retrying) {
+                        tracing::info!(
+                            "{}: writing again: segment {} opened ({} events not written so far)",
+                            self.spec.root.display(),
+                            open.dir.display(),
+                            self.not_written
+                        );
+                    }
+                    self.current = Some(open);
+                }
                 Err(err) => {
-                    if self.not_written == 0 {
-                        tracing::error!(
-                            "{}: cannot open a segment: {err:#}",
-                            self.spec.root.display()
+                    if self.retrying {
+                        self.stopped = Some(Stopped::OpenFailed);
+                    } else {
+                        self.stop(
+                            Stopped::OpenFailed,
+                            &format!("cannot open a segment: {err:#}"),
                         );
                     }
                     self.not_written += 1;
@@ -100,16 +135,49 @@ impl Segments {
         }
     }
 
-    /// Makes the files complete on disk, and closes the segment when it is too big or too old.
+    /// Makes the files complete on disk; closes the segment when it is too big or too old, or
+    /// when the filesystem has less than `min_free` left (writing then stops until a tick
+    /// finds room again).
     pub fn tick(&mut self) {
         let Some(open) = &mut self.current else {
+            if let Some(why) = self.stopped {
+                if let Ok(()) = self.retention.room() {
+                    self.stopped = None;
+                    match why {
+                        Stopped::NoRoom => tracing::info!(
+                            "{}: writing again: above min_free ({} events not written so far)",
+                            self.spec.root.display(),
+                            self.not_written
+                        ),
+                        Stopped::OpenFailed => self.retrying = true,
+                    }
+                }
+            }
             return;
         };
         open.session.flush();
+        if let Err(why) = self.retention.room() {
+            self.stop(Stopped::NoRoom, &why);
+            self.close();
+            return;
+        }
         let full = tree_bytes(&open.dir) >= self.spec.max_bytes;
         if full || open.opened.elapsed() >= self.spec.max_age {
             self.close();
         }
+    }
+
+    /// Stops writing, saying why, unless it already stopped for the same reason.
+    fn stop(&mut self, why: Stopped, message: &str) {
+        if self.stopped == Some(why) {
+            return;
+        }
+        self.stopped = Some(why);
+        tracing::error!(
+            "{}: not writing: {message} ({} events not written so far)",
+            self.spec.root.display(),
+            self.not_written
+        );
     }
 
     /// Closes the current segment: its files final, `session.json` and `report.txt` written;
