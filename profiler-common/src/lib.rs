@@ -311,8 +311,12 @@ pub mod counter {
     /// Events lost at the end of threads whose exit record was lost and whose id was reused
     /// before the daemon read their state.
     pub const TRAILING_LOST_UNATTRIBUTED: u32 = 2;
+    /// Return probes that fired for calls entered before recording began (hooked by the
+    /// kernel while the probes were being placed, or, under `--exits repair`, before the
+    /// session armed them): not events of the trace.
+    pub const RETURNS_BEFORE_TRACING: u32 = 3;
     /// Number of counters.
-    pub const COUNT: u32 = 3;
+    pub const COUNT: u32 = 4;
 }
 /// Name of the program attached (as a uprobe) to every sled.
 pub const SLED_PROGRAM: &str = "sled";

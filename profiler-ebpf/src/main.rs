@@ -511,6 +511,8 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
     // The kernel skipped the instances of frames below this one (a non-local exit left them).
     drop_dead_returns::<false>(state, slot);
     if state.returns_pending == 0 {
+        // A call entered before recording began: its return is no event of the trace.
+        count(counter::RETURNS_BEFORE_TRACING, 1);
         return 0;
     }
     state.returns_pending -= 1;

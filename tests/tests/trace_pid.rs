@@ -73,6 +73,13 @@ fn busy_process_by_pid_is_recorded_only_while_every_probe_is_in_place() {
                 unmatched <= 3,
                 "{unmatched} exits without entry in one thread, more than frames can be open: {t}"
             );
+            // The program neither throws nor jumps: every exit without entry is proven to be
+            // of a call entered before recording began (each above the last).
+            assert_eq!(
+                t["exits_entered_before_tracing"].as_u64(),
+                Some(unmatched),
+                "{t}"
+            );
             assert!(
                 t["events"].as_u64().unwrap() > 1000,
                 "the loop was traced: {t}"

@@ -167,7 +167,10 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         }
     }
     if let Some(discovery) = &mut planned.discovery {
-        if matches!(cli.exits, ExitMode::Auto | ExitMode::PerFunction)
+        // Under repair every frame may be hooked: the throws of an object loaded later go
+        // through the unwinder already probed.
+        if exits_choice.mode != "repair"
+            && matches!(cli.exits, ExitMode::Auto | ExitMode::PerFunction)
             && policy == ExitPolicy::All(Exits::Return)
         {
             discovery.guard_unwinding();
@@ -515,6 +518,7 @@ async fn record(
     order.finish(&books.threads(), &mut |e, g| session.record(e, g));
     let losses = IntakeLosses {
         unattributed_lost: books.unattributed_lost(),
+        returns_before_tracing: books.counter(profiler_common::counter::RETURNS_BEFORE_TRACING),
         malformed: intake.malformed() + order.stale(),
     };
     if let Some(mut keeper) = pid_keeper {

@@ -52,6 +52,8 @@ pub struct IntakeLosses {
     pub unattributed_lost: u64,
     /// Records that could not be decoded or numbered.
     pub malformed: u64,
+    /// Return probes of calls entered before recording began (no event).
+    pub returns_before_tracing: u64,
 }
 
 /// The traced executable as the manifest names it.
@@ -280,6 +282,8 @@ impl Session {
             events_malformed: losses.malformed,
             events_dropped_write_errors: 0,
             dropped_unmatched_exits: 0,
+            exits_entered_before_tracing: 0,
+            returns_before_tracing: losses.returns_before_tracing,
             events_ignored: self.ignored,
             custom_events: 0,
             custom_events_truncated: 0,
@@ -305,6 +309,7 @@ impl Session {
             for t in &threads {
                 report.events_lost += t.events_lost;
                 report.dropped_unmatched_exits += t.dropped_unmatched_exits;
+                report.exits_entered_before_tracing += t.exits_entered_before_tracing;
                 report.events_dropped_write_errors += t.dropped_write_errors;
                 report.custom_events += t.custom_events;
                 report.custom_events_truncated += t.custom_events_truncated;

@@ -94,6 +94,11 @@ pub struct ThreadReport {
     pub catches: u64,
     /// Exits dropped because their entry was never seen (tracing started inside the call).
     pub dropped_unmatched_exits: u64,
+    /// Of `dropped_unmatched_exits`: the exits proven to be of calls entered before tracing
+    /// began (each above every frame the trace entered and above the previous one: at most one
+    /// per frame open then). The rest are of frames left in a way no probe saw.
+    #[serde(default)]
+    pub exits_entered_before_tracing: u64,
     /// Events dropped because the file could not be written.
     pub dropped_write_errors: u64,
     /// Custom events written.
@@ -311,6 +316,12 @@ pub struct SessionReport {
     pub events_dropped_write_errors: u64,
     /// Exits dropped because their entry was never seen.
     pub dropped_unmatched_exits: u64,
+    /// Of those, the exits of calls entered before tracing began (see [`ThreadReport`]).
+    pub exits_entered_before_tracing: u64,
+    /// Return probes that fired for calls entered before recording began (the kernel hooked
+    /// them while the probes were being placed): never events, as their calls are not in
+    /// the trace, and counted here.
+    pub returns_before_tracing: u64,
     /// Events that could not be given a file.
     pub events_ignored: u64,
     /// Custom events written.
@@ -478,11 +489,20 @@ impl SessionReport {
         if lost_entries > 0 {
             let _ = writeln!(s, "  exits of lost entries (not written): {lost_entries}");
         }
-        if self.dropped_unmatched_exits > 0 {
+        if self.exits_entered_before_tracing > 0 || self.returns_before_tracing > 0 {
             let _ = writeln!(
                 s,
-                "  exits without a traced entry (calls already running when their probes were armed; not written): {}",
-                self.dropped_unmatched_exits
+                "  exits of calls entered before recording began (not written): {} events, {} return probes that made no event",
+                self.exits_entered_before_tracing, self.returns_before_tracing
+            );
+        }
+        let unexplained = self
+            .dropped_unmatched_exits
+            .saturating_sub(self.exits_entered_before_tracing);
+        if unexplained > 0 {
+            let _ = writeln!(
+                s,
+                "  exits without a traced entry, of frames left in a way no probe saw (not written): {unexplained}"
             );
         }
         if self.events_ignored > 0 {

@@ -58,6 +58,10 @@ pub struct ThreadCounts {
     pub frames_beyond_return_limit: u64,
     /// Exits whose frame was never entered in the trace (tracing began inside the call).
     pub exits_without_entry: u64,
+    /// Of `exits_without_entry`: those proven to be of calls entered before tracing began, each
+    /// above every frame the trace entered and above the previous such exit (the stack
+    /// unwinding through what was open then): at most one per frame open at that moment.
+    pub exits_entered_before_tracing: u64,
     /// Events dropped because the file could not be written.
     pub dropped_write_errors: u64,
     /// Custom events written.
@@ -122,6 +126,9 @@ pub struct ThreadTrace {
     /// The highest slot any written entry had: an exit above it belongs to a call entered
     /// before tracing began.
     highest_slot: u64,
+    /// The slot of the last exit of a call entered before tracing began: each next one is
+    /// above it.
+    before_tracing_slot: u64,
     /// Gaps of lost events so far.
     losses: u64,
     timer: CallTimer,
@@ -138,6 +145,7 @@ impl ThreadTrace {
             file,
             frames: Vec::new(),
             highest_slot: 0,
+            before_tracing_slot: 0,
             losses: 0,
             timer: CallTimer::default(),
             last_ts: 0,
@@ -285,7 +293,13 @@ impl ThreadTrace {
                         self.close_dead(writer, at_or_below, ts, cpu, totals)?;
                         self.unmatched_exit(true)
                     }
-                    _ => self.unmatched_exit(sp <= self.highest_slot),
+                    _ => {
+                        if sp > self.highest_slot && sp > self.before_tracing_slot {
+                            self.before_tracing_slot = sp;
+                            self.counts.exits_entered_before_tracing += 1;
+                        }
+                        self.unmatched_exit(sp <= self.highest_slot)
+                    }
                 }
             }
             Some(kind @ (SledKind::CustomEvent | SledKind::TypedEvent)) => {
@@ -345,6 +359,7 @@ impl ThreadTrace {
             frames_beyond_return_limit: c.frames_beyond_return_limit,
             catches: c.catches,
             dropped_unmatched_exits: c.exits_without_entry,
+            exits_entered_before_tracing: c.exits_entered_before_tracing,
             dropped_write_errors,
             events_written: c.events_written,
             dropped_too_deep: c.dropped_too_deep,
