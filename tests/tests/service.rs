@@ -375,8 +375,37 @@ fn status_and_snapshot_requests_over_the_control_socket() {
     // main, cx_loop, 1000 cx_tiny, cx_report: entries and exits, and the thread's end.
     assert_eq!(b["events"], 2 * 1003 + 1, "{json}");
     assert_eq!(json["events"], 2 * 1003 + 1, "{json}");
+    assert_eq!(json["disk_used"], 0, "nothing written yet: {json}");
+    assert_eq!(json["not_written"], 0, "{json}");
+    // Events per second, over the last second: the run's events, then none.
+    let status_json = || -> serde_json::Value {
+        let out = client(&["status", "--json"]);
+        assert!(out.status.success());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let rate = loop {
+        let json = status_json();
+        let rate = json["events_per_second"]
+            .as_u64()
+            .expect("events_per_second");
+        if rate > 0 || std::time::Instant::now() > deadline {
+            break rate;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // 2007 events in a period of about a second (ticks may come late, not early).
+    assert!((1..=2 * 2007).contains(&rate), "{rate} events/s");
+    std::thread::sleep(Duration::from_millis(2_200));
+    assert_eq!(status_json()["events_per_second"], 0);
     let human = client(&["status"]);
-    assert!(String::from_utf8_lossy(&human.stdout).contains("  calls ("));
+    let text = String::from_utf8_lossy(&human.stdout).into_owned();
+    assert!(text.contains("  calls ("), "{text}");
+    assert!(
+        text.starts_with("fdr-profiled service: 2007 events, 0/s, 0 lost, 0 not written; output ")
+            && text.contains(": 0 B used;"),
+        "{text}"
+    );
 
     let snap = client(&["snapshot", "calls"]);
     assert!(
@@ -395,6 +424,15 @@ fn status_and_snapshot_requests_over_the_control_socket() {
     let status = client(&["status", "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(json["last_snapshot"], printed.as_str(), "{json}");
+    // The disk used is the snapshot's bytes.
+    let used = tree_bytes(&dirs[0]);
+    assert!(used > 0);
+    assert_eq!(json["disk_used"], used, "{json}");
+    let text = String::from_utf8_lossy(&client(&["status"]).stdout).into_owned();
+    assert!(
+        text.contains(&format!(": {used} B (")) && text.contains(" used; last snapshot "),
+        "{text}"
+    );
 
     let unknown = client(&["snapshot", "nope"]);
     assert!(!unknown.status.success());
@@ -403,6 +441,30 @@ fn status_and_snapshot_requests_over_the_control_socket() {
         "{}",
         String::from_utf8_lossy(&unknown.stderr)
     );
+    // A process running now is listed under its binary, in the text too.
+    let go = scratch.path().join("go");
+    let mut waiting = Running::spawn(
+        "calls",
+        Command::new(&bin)
+            .args(["--iterations", "10", "--wait-file"])
+            .arg(&go),
+    );
+    waiting.wait_for_stderr_line("fixture: waiting for ", TIMEOUT);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let listed = format!("      process {} (0 libraries probed)", waiting.pid());
+    loop {
+        let json = status_json();
+        let text = String::from_utf8_lossy(&client(&["status"]).stdout).into_owned();
+        if text.lines().any(|l| l == listed) {
+            let processes = &json["targets"][0]["binaries"][0]["processes"];
+            assert_eq!(processes[0]["pid"], waiting.pid(), "{json}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{listed:?} in {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::write(&go, "").unwrap();
+    assert!(waiting.finish(TIMEOUT).status.success());
     // Not root: the socket is closed to it.
     let nobody = run_output(
         Command::new("setpriv")

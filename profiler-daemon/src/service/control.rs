@@ -170,11 +170,17 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
         return Ok(0);
     }
     println!(
-        "fdr-profiled service: {} events, {} lost, {} not written; output {}; last snapshot {}",
+        "fdr-profiled service: {} events, {}/s, {} lost, {} not written; output {}: {} used{}; last snapshot {}",
         reply["events"],
+        reply["events_per_second"],
         reply["lost"],
         reply["not_written"],
         reply["output"].as_str().unwrap_or("?"),
+        bytes(&reply["disk_used"]),
+        match reply["max_disk"].as_u64() {
+            Some(_) => format!(" of max_disk {}", bytes(&reply["max_disk"])),
+            None => String::new(),
+        },
         reply["last_snapshot"].as_str().unwrap_or("none"),
     );
     for t in reply["targets"].as_array().into_iter().flatten() {
@@ -184,18 +190,50 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
             t["pattern"].as_str().unwrap_or("?")
         );
         for b in t["binaries"].as_array().into_iter().flatten() {
-            println!(
-                "    {}: {} threads, {} events held in {} bytes, {} aged out, {} evicted",
-                b["path"].as_str().unwrap_or("?"),
-                b["threads"],
-                b["events"],
-                b["bytes"],
-                b["expired"],
-                b["evicted"]
-            );
+            if b["mode"] == "record" {
+                println!(
+                    "    {}: record, {} segments closed, writing {}, {} events not written",
+                    b["path"].as_str().unwrap_or("?"),
+                    b["segments_closed"],
+                    b["segment"].as_str().unwrap_or("nothing"),
+                    b["not_written"]
+                );
+            } else {
+                println!(
+                    "    {}: {} threads, {} events held in {}, {} aged out, {} evicted",
+                    b["path"].as_str().unwrap_or("?"),
+                    b["threads"],
+                    b["events"],
+                    bytes(&b["bytes"]),
+                    b["expired"],
+                    b["evicted"]
+                );
+            }
+            let processes = b["processes"].as_array().map_or(&[][..], Vec::as_slice);
+            if processes.is_empty() {
+                println!("      no process seen");
+            }
+            for p in processes {
+                println!(
+                    "      process {} ({} libraries probed)",
+                    p["pid"], p["libraries"]
+                );
+            }
         }
     }
     Ok(0)
+}
+
+/// A byte count of a reply, in bytes and binary units (`123456 B (120.6 KiB)`).
+fn bytes(value: &serde_json::Value) -> String {
+    let Some(n) = value.as_u64() else {
+        return "?".into();
+    };
+    match n {
+        0..1024 => format!("{n} B"),
+        1024..1_048_576 => format!("{n} B ({:.1} KiB)", n as f64 / 1024.0),
+        _ => format!("{n} B ({:.1} MiB)", n as f64 / 1_048_576.0),
+    }
 }
 
 #[cfg(test)]

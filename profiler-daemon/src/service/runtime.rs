@@ -443,6 +443,8 @@ async fn serve(
     let mut ping = tokio::time::interval(Duration::from_micros(watchdog_usec.max(2) / 2));
     let mut status = tokio::time::interval(STATUS_INTERVAL);
     let mut last_status = (std::time::Instant::now(), 0u64);
+    // Events per second over the last status period.
+    let mut rate = 0.0;
     let mut last_snapshot: Option<PathBuf> = None;
     loop {
         tokio::select! {
@@ -479,7 +481,7 @@ async fn serve(
                 let answer = match control::read_request(&mut stream).await {
                     Err(why) => serde_json::json!({ "error": why }),
                     Ok(control::Request::Status) => {
-                        status_json(svc.config, svc.targets, &router, last_snapshot.as_deref())
+                        status_json(svc.config, svc.targets, &router, rate, last_snapshot.as_deref())
                     }
                     Ok(control::Request::Snapshot(name)) => {
                         if name.as_ref().is_some_and(|n| !svc.targets.iter().any(|t| &t.config.name == n)) {
@@ -507,7 +509,7 @@ async fn serve(
                     }
                 }
                 let (at, events) = last_status;
-                let rate = (router.events - events) as f64 / at.elapsed().as_secs_f64().max(1e-3);
+                rate = (router.events - events) as f64 / at.elapsed().as_secs_f64().max(1e-3);
                 last_status = (std::time::Instant::now(), router.events);
                 let text = status_line(svc.targets, &router, rate);
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&text)]);
@@ -821,14 +823,17 @@ fn snapshot_all(
         .collect()
 }
 
-/// The service's state for `fdr-profiled status`.
+/// The service's state for `fdr-profiled status`; `rate` is the events per second of the
+/// last status period.
 fn status_json(
     config: &ServiceConfig,
     targets: &[Target],
     router: &Router,
+    rate: f64,
     last_snapshot: Option<&Path>,
 ) -> serde_json::Value {
     let not_written = not_written(targets);
+    let disk_used = Retention::new(&config.output, config.max_disk, config.min_free).disk_used();
     let targets: Vec<serde_json::Value> = targets
         .iter()
         .map(|t| {
@@ -872,8 +877,11 @@ fn status_json(
     serde_json::json!({
         "output": config.output,
         "events": router.events,
+        "events_per_second": rate.round() as u64,
         "lost": router.lost + router.unrouted,
         "not_written": not_written,
+        "disk_used": disk_used,
+        "max_disk": (config.max_disk != u64::MAX).then_some(config.max_disk),
         "last_snapshot": last_snapshot,
         "targets": targets,
     })
