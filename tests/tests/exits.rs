@@ -191,6 +191,83 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
             unwound_in_thread,
             "tid {tid}: session.json frames_unwound"
         );
+        // session.json says exactly which records are the daemon's closing exits: per
+        // function, as many as its frames the exceptions left; without them (`dump
+        // --xray-stream`) the stream is XRay's own: entries = calls, exits = normal returns.
+        let thread_json = run.session.json["processes"][0]["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tid"] == *tid)
+            .unwrap_or_else(|| panic!("tid {tid} in session.json"));
+        let runs: Vec<(usize, usize)> = thread_json["closing_exits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                (
+                    r[0].as_u64().unwrap() as usize,
+                    r[1].as_u64().unwrap() as usize,
+                )
+            })
+            .collect();
+        let function_records: Vec<_> = c.records.iter().filter(|r| r.kind.is_function()).collect();
+        let mut closing_by_function: BTreeMap<&str, u64> = BTreeMap::new();
+        for (first, n) in &runs {
+            for r in &function_records[*first..first + n] {
+                assert!(r.kind.is_exit(), "tid {tid}: closing record {r:?}");
+                *closing_by_function.entry(r.function.as_str()).or_default() += 1;
+            }
+        }
+        for f in EXCEPTIONS_FUNCTIONS {
+            let want = want_calls.get(*f).copied().unwrap_or(0);
+            let want_ret = want_returns.get(*f).copied().unwrap_or(0);
+            assert_eq!(
+                closing_by_function.get(*f).copied().unwrap_or(0),
+                want - want_ret,
+                "tid {tid} {f}: closing exits in session.json"
+            );
+        }
+        let file = files.iter().find(|f| f.tid == *tid).unwrap();
+        let dump = |extra: &[&str]| {
+            let out = tests::tools::run_output(
+                std::process::Command::new(tests::tools::fdr_profiled())
+                    .arg("dump")
+                    .arg(&file.path)
+                    .arg("--session")
+                    .arg(&run.out)
+                    .args(extra),
+            );
+            assert!(out.status.success(), "dump: {out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let count =
+            |text: &str, what: &str| text.lines().filter(|l| l.contains(what)).count() as u64;
+        let xray = dump(&["--xray-stream"]);
+        let marked = dump(&[]);
+        let calls_total: u64 = want_calls.values().sum();
+        let returns_total: u64 = EXCEPTIONS_FUNCTIONS
+            .iter()
+            .map(|f| want_returns.get(*f).copied().unwrap_or(0))
+            .sum();
+        // main (not counted by the fixture) enters and returns once, in the main thread.
+        let main_calls = u64::from(*tid == pid);
+        assert_eq!(
+            count(&xray, "<Function Enter"),
+            calls_total + main_calls,
+            "tid {tid}"
+        );
+        assert_eq!(
+            count(&xray, "<Function Exit") + count(&xray, "<Function Tail Exit"),
+            returns_total + main_calls,
+            "tid {tid}"
+        );
+        assert_eq!(count(&xray, "closed by fdr-profiled"), 0, "tid {tid}");
+        assert_eq!(
+            count(&marked, "closed by fdr-profiled"),
+            calls_total - returns_total,
+            "tid {tid}"
+        );
         // Each catch closes its frames before the catching function goes on: the record after
         // a run of closing exits is the catcher's own exit, later.
         let (kept, _) = without_unwound_exits(c.records.iter());

@@ -99,6 +99,12 @@ pub struct ThreadReport {
     /// per frame open then). The rest are of frames left in a way no probe saw.
     #[serde(default)]
     pub exits_entered_before_tracing: u64,
+    /// The `Exit` records this recorder wrote to close frames proven gone (unwound, skipped by
+    /// a `longjmp`, beyond the return-probe limit, or whose exit was lost), which XRay's own
+    /// runtime does not write: runs of `[index of the first among the file's function
+    /// records, count]`. `fdr-profiled dump --session DIR --xray-stream` leaves them out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub closing_exits: Vec<[u64; 2]>,
     /// Events dropped because the file could not be written.
     pub dropped_write_errors: u64,
     /// Custom events written.

@@ -131,6 +131,9 @@ pub struct ThreadTrace {
     before_tracing_slot: u64,
     /// Gaps of lost events so far.
     losses: u64,
+    /// The exits this recorder wrote to close frames proven gone (XRay's runtime writes none):
+    /// runs of `[index of the first among the file's function records, count]`.
+    closing_exits: Vec<[u64; 2]>,
     timer: CallTimer,
     last_ts: u64,
     /// Counters.
@@ -147,6 +150,7 @@ impl ThreadTrace {
             highest_slot: 0,
             before_tracing_slot: 0,
             losses: 0,
+            closing_exits: Vec::new(),
             timer: CallTimer::default(),
             last_ts: 0,
             counts: ThreadCounts::default(),
@@ -216,7 +220,12 @@ impl ThreadTrace {
             if !dead(top.slot) {
                 break;
             }
+            let index = writer.stats().records;
             writer.function(FunctionAction::Exit, top.function_id, ts, cpu)?;
+            match self.closing_exits.last_mut() {
+                Some([first, count]) if *first + *count == index => *count += 1,
+                _ => self.closing_exits.push([index, 1]),
+            }
             self.timer.exit(top.function_id, ts, totals);
             self.frames.pop();
             if top.no_return {
@@ -360,6 +369,7 @@ impl ThreadTrace {
             catches: c.catches,
             dropped_unmatched_exits: c.exits_without_entry,
             exits_entered_before_tracing: c.exits_entered_before_tracing,
+            closing_exits: self.closing_exits,
             dropped_write_errors,
             events_written: c.events_written,
             dropped_too_deep: c.dropped_too_deep,

@@ -27,6 +27,12 @@ pub struct DumpArgs {
     /// the manifest.
     #[arg(long, value_name = "DIR")]
     pub session: Option<PathBuf>,
+    /// With --session: leave out the `Exit` records fdr-profiled wrote to close frames proven
+    /// gone (unwound by an exception, skipped by a `longjmp`, ...), which XRay's own runtime
+    /// does not write: the records are then exactly the stream XRay's FDR runtime would have
+    /// written (deltas are printed as in the file). Without it, those records are marked.
+    #[arg(long, requires = "session")]
+    pub xray_stream: bool,
 }
 
 /// Runs `dump`; returns the exit code.
@@ -38,10 +44,19 @@ pub fn run(args: &DumpArgs) -> Result<u8> {
         )?)?),
         (None, None) => None,
     };
+    let closing = match &args.session {
+        Some(dir) => closing_exits_from_session(dir, &args.file)?,
+        None => ClosingExits::default(),
+    };
     let bytes = std::fs::read(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let mut out = BufWriter::new(io::stdout().lock());
-    match dump(&bytes, names.as_ref(), &mut out) {
+    let view = View {
+        names: names.as_ref(),
+        closing: &closing,
+        xray_stream: args.xray_stream,
+    };
+    match dump(&bytes, &view, &mut out) {
         Ok(Ok(())) => {}
         // `dump | head` closes the pipe early: not an error.
         Ok(Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(0),
@@ -57,11 +72,21 @@ pub fn run(args: &DumpArgs) -> Result<u8> {
     }
 }
 
+/// What a dump shows besides the records.
+pub struct View<'a> {
+    /// Function names.
+    pub names: Option<&'a FunctionNames>,
+    /// The exits fdr-profiled wrote to close frames proven gone.
+    pub closing: &'a ClosingExits,
+    /// Leave those out (else mark them).
+    pub xray_stream: bool,
+}
+
 /// Writes the dump of `bytes` to `out`. The outer error is the file's first violation, the
 /// inner one an output failure.
 pub fn dump(
     bytes: &[u8],
-    names: Option<&FunctionNames>,
+    view: &View<'_>,
     out: &mut impl Write,
 ) -> Result<io::Result<()>, xray_fdr::ReadError> {
     let mut reader = Reader::new(bytes)?;
@@ -80,13 +105,79 @@ pub fn dump(
         return Ok(Err(e));
     }
     let mut base = 0;
+    // Index of the next function record among the file's function records.
+    let mut function_records = 0u64;
     while let Some(step) = reader.next_step()? {
-        if let Err(e) = writeln!(out, "{}", line(&step, base, names)) {
+        let mut text = line(&step, base, view.names);
+        base = step.context.base;
+        if matches!(step.record, RawRecord::Function { .. }) && !step.ignored {
+            let closing = view.closing.contains(function_records);
+            function_records += 1;
+            if closing {
+                if view.xray_stream {
+                    continue;
+                }
+                text.push_str(" (closed by fdr-profiled: the frame was proven gone here; XRay's runtime writes no such record)");
+            }
+        }
+        if let Err(e) = writeln!(out, "{text}") {
             return Ok(Err(e));
         }
-        base = step.context.base;
     }
     Ok(Ok(()))
+}
+
+/// The `Exit` records the recorder wrote to close frames proven gone, as `session.json` lists
+/// them for one file (`closing_exits`: runs of `[first function record, count]`).
+#[derive(Debug, Default)]
+pub struct ClosingExits(Vec<[u64; 2]>);
+
+impl ClosingExits {
+    /// Whether function record `index` of the file is one.
+    pub fn contains(&self, index: u64) -> bool {
+        // Runs are in file order: the last run starting at or before `index`.
+        let at = self.0.partition_point(|r| r[0] <= index);
+        at > 0 && index - self.0[at - 1][0] < self.0[at - 1][1]
+    }
+}
+
+/// The closing exits `dir/session.json` lists for `file` (the thread whose `file` is `file`'s
+/// path under `dir`); none when the manifest does not list the file.
+pub fn closing_exits_from_session(dir: &Path, file: &Path) -> Result<ClosingExits> {
+    let json = read_manifest(dir)?;
+    let name = |p: &Path| -> Option<String> {
+        let parent = p.parent()?.file_name()?.to_str()?;
+        Some(format!("{parent}/{}", p.file_name()?.to_str()?))
+    };
+    let Some(want) = name(file) else {
+        return Ok(ClosingExits::default());
+    };
+    let thread = json["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["threads"].as_array().into_iter().flatten())
+        .find(|t| t["file"].as_str() == Some(want.as_str()));
+    let mut runs: Vec<[u64; 2]> = thread
+        .and_then(|t| t["closing_exits"].as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|r| Some([r.get(0)?.as_u64()?, r.get(1)?.as_u64()?]))
+        .collect();
+    runs.sort_unstable();
+    Ok(ClosingExits(runs))
+}
+
+/// `dir/session.json`, parsed.
+fn read_manifest(dir: &Path) -> Result<serde_json::Value> {
+    let manifest = dir.join(fdr_analysis::manifest::MANIFEST);
+    let text = std::fs::read_to_string(&manifest).with_context(|| {
+        format!(
+            "cannot read {} (a session killed before its end has none; use --binary)",
+            manifest.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", manifest.display()))
 }
 
 /// One record's line; `base` is the delta base before the record (to mark no-op TSCWraps).
@@ -207,14 +298,7 @@ impl FunctionNames {
 /// directory holds `file`, or the only binary of the session.
 pub fn binary_from_session(dir: &Path, file: &Path) -> Result<PathBuf> {
     let manifest = dir.join(fdr_analysis::manifest::MANIFEST);
-    let text = std::fs::read_to_string(&manifest).with_context(|| {
-        format!(
-            "cannot read {} (a session killed before its end has none; use --binary)",
-            manifest.display()
-        )
-    })?;
-    let json: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not valid JSON", manifest.display()))?;
+    let json = read_manifest(dir)?;
     let processes = json["processes"]
         .as_array()
         .map(Vec::as_slice)
