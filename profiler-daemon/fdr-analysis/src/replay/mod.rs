@@ -180,6 +180,13 @@ pub fn replay_thread<V: Visitor>(
             if let Some(e) = &outcome.error {
                 warnings.push(format!("{path}: {e}; only the records before it are used"));
             }
+            if outcome.too_deep > 0 {
+                warnings.push(format!(
+                    "{path}: {} calls deeper than {} levels are left out (nor are their exits matched)",
+                    outcome.too_deep,
+                    thread::MAX_DEPTH
+                ));
+            }
             if let Some(tid) = outcome.tid.filter(|&tid| tid != t.thread.tid) {
                 warnings.push(format!(
                     "{path}: holds thread {tid} where thread {} was expected",

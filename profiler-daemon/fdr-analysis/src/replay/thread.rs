@@ -9,7 +9,14 @@
 //! - an exit whose function is not on the stack at all (the entry was before tracing began) is
 //!   counted and skipped;
 //! - calls still open at the end of the file (or at a corrupt record) end there, as
-//!   [`CallEnd::Unfinished`].
+//!   [`CallEnd::Unfinished`];
+//! - calls deeper than [`MAX_DEPTH`] are counted ([`Outcome::too_deep`]), not replayed.
+//!
+//! The stack grows with the depth, which a trace of XRay's own runtime can make large: it
+//! writes no exit for a frame an exception or `longjmp` left, so under a long-lived catcher
+//! such frames stay open until the catcher returns (10,200 throws of five frames in one
+//! loop: 25,500 levels in one thread). [`MAX_DEPTH`] keeps those exact while bounding the
+//! memory a hostile file can ask for.
 use std::path::Path;
 use xray_fdr::reader::{RawRecord, ReadError, Reader};
 use xray_fdr::records::FunctionAction;
@@ -92,6 +99,8 @@ pub struct Outcome {
     pub unwound: u64,
     /// Calls open at the end.
     pub unfinished: u64,
+    /// Entries deeper than [`MAX_DEPTH`], not replayed (nor their exits).
+    pub too_deep: u64,
     /// Custom and typed events.
     pub events: u64,
     /// First and last timestamps (ns).
@@ -100,8 +109,9 @@ pub struct Outcome {
     pub error: Option<ReadError>,
 }
 
-/// Deepest stack tracked; deeper calls are not reported (bounded memory on hostile input).
-const MAX_DEPTH: usize = 1 << 16;
+/// Deepest stack tracked; deeper calls are counted, not reported (bounded memory on hostile
+/// input: 24 bytes a level, 24 MiB at most, and as much again for a visitor's own stack).
+pub const MAX_DEPTH: usize = 1 << 20;
 /// How much of the mapping is walked before the pages behind are given back.
 const RELEASE_STEP: usize = 16 << 20;
 
@@ -171,6 +181,7 @@ impl State {
         outcome.entries += 1;
         if self.stack.len() >= MAX_DEPTH {
             self.too_deep += 1;
+            outcome.too_deep += 1;
             return;
         }
         v.enter(id, ts, &self.args, self.stack.len());
@@ -370,4 +381,96 @@ pub fn first_timestamp(path: &Path) -> Option<u64> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version-1 file of one thread: `records` as (function id, entry?) with one tick each.
+    fn file(records: impl IntoIterator<Item = (u32, bool)>) -> tempfile::NamedTempFile {
+        let meta = |kind: u8, payload: &[u8]| {
+            let mut r = [0u8; 16];
+            r[0] = (kind << 1) | 1;
+            r[1..1 + payload.len()].copy_from_slice(payload);
+            r
+        };
+        let mut body = Vec::new();
+        body.extend_from_slice(&meta(0, &7u32.to_le_bytes()));
+        body.extend_from_slice(&meta(4, &[0; 12]));
+        let mut cpu = vec![0u8, 0];
+        cpu.extend_from_slice(&1000u64.to_le_bytes());
+        body.extend_from_slice(&meta(2, &cpu));
+        for (id, entry) in records {
+            let action: u32 = if entry { 0 } else { 1 };
+            body.extend_from_slice(&((id << 4) | (action << 1)).to_le_bytes());
+            body.extend_from_slice(&1u32.to_le_bytes());
+        }
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&1u16.to_le_bytes());
+        bytes.extend_from_slice(&1u16.to_le_bytes());
+        bytes.extend_from_slice(&3u32.to_le_bytes());
+        bytes.extend_from_slice(&1_000_000_000u64.to_le_bytes());
+        bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&[0; 8]);
+        bytes.extend_from_slice(&body);
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), bytes).unwrap();
+        f
+    }
+
+    #[derive(Default)]
+    struct Ends {
+        returned: u64,
+        unwound: u64,
+        deepest: usize,
+    }
+
+    impl Visitor for Ends {
+        fn enter(&mut self, _: u32, _: u64, _: &[u64], depth: usize) {
+            self.deepest = self.deepest.max(depth);
+        }
+        fn exit(&mut self, call: &Call) {
+            match call.how {
+                CallEnd::Returned => self.returned += 1,
+                CallEnd::Unwound => self.unwound += 1,
+                CallEnd::Unfinished => {}
+            }
+        }
+    }
+
+    /// XRay's own runtime under a long-lived catcher: 70,000 frames left open (deeper than the
+    /// former limit of 65,536), closed by the catcher's exit; every call counted.
+    #[test]
+    fn a_pile_of_unwound_frames_deeper_than_65536_is_replayed_exactly() {
+        let n = 70_000;
+        let f = file(
+            std::iter::once((1, true))
+                .chain((0..n).map(|i| (2 + i % 2, true)))
+                .chain(std::iter::once((1, false))),
+        );
+        let mut ends = Ends::default();
+        let o = replay(f.path(), None, &mut ends).unwrap();
+        assert!(o.error.is_none(), "{:?}", o.error);
+        assert_eq!(
+            (o.entries, o.too_deep, o.unwound),
+            (n as u64 + 1, 0, n as u64)
+        );
+        assert_eq!(
+            (ends.returned, ends.unwound, ends.deepest),
+            (1, n as u64, n as usize)
+        );
+    }
+
+    /// Past [`MAX_DEPTH`], entries are counted as too deep, and the rest stays exact.
+    #[test]
+    fn calls_deeper_than_the_limit_are_counted() {
+        let n = MAX_DEPTH as u32 + 2;
+        let f = file((0..n).map(|_| (5, true)).chain((0..n).map(|_| (5, false))));
+        let mut ends = Ends::default();
+        let o = replay(f.path(), None, &mut ends).unwrap();
+        assert!(o.error.is_none(), "{:?}", o.error);
+        assert_eq!((o.entries, o.too_deep, o.unfinished), (u64::from(n), 2, 0));
+        assert_eq!((ends.returned, ends.unwound), (MAX_DEPTH as u64, 0));
+    }
 }
