@@ -16,6 +16,9 @@
 //! calls folded; `report` stays exact. Before that cap, 3,000 throws gave 304 MB of folded
 //! stacks (331 MB of memory), growing as throws x depth.
 //!
+//! Both traces are first read by llvm-xray 14 and 19, which must agree on every record and find
+//! the calls the fixture counted.
+//!
 //! Needs root, BPF, clang-19 (with compiler-rt's XRay runtime), llvm-xray 14/19 and a built
 //! daemon.
 use std::path::Path;
@@ -97,6 +100,31 @@ fn conversions_of_ten_thousand_throws_are_bounded() {
     assert_eq!(run.session.events_lost, 0, "{}", run.session.json);
     let unwound: u64 = run.thread_u64("frames_unwound").values().sum();
     assert_eq!(unwound, 10_200 * 5);
+    // The files: llvm-xray 14 and 19 read the same records; per thread and function, entries
+    // are the calls the fixture made, each closed by one exit (its return, or the catch's).
+    let calls = expected_calls(&parse_count_lines(&run.done.stdout));
+    for (tid, c) in run.converted_both() {
+        for (function, n) in &calls[&tid] {
+            let count = |exit: bool| {
+                c.records
+                    .iter()
+                    .filter(|r| {
+                        &r.function == function
+                            && if exit {
+                                r.kind.is_exit()
+                            } else {
+                                r.kind.is_entry()
+                            }
+                    })
+                    .count() as u64
+            };
+            assert_eq!(
+                (count(false), count(true)),
+                (*n, *n),
+                "tid {tid} {function}: (entries, exits)"
+            );
+        }
+    }
     let events = run.session.events;
     let out = run.out.as_os_str();
     let scratch = run.scratch.path();
