@@ -1357,3 +1357,60 @@ fn writing_stops_at_min_free_and_starts_again() {
         .unwrap_or_else(|| panic!("{last_status:?}"));
     assert!(counted > lost, "{last_status}");
 }
+
+/// SIGTERM while a traced process keeps calling (about 100k calls a second): the service
+/// disarms, drains and closes its open segment well within a generous bound, and the segment is
+/// complete and valid. With `stop_timeout = "0s"` it is made final without its `report.txt`,
+/// and says so.
+#[test]
+fn sigterm_finalizes_every_file_within_a_bounded_time() {
+    for (settings, report) in [("", true), ("stop_timeout = \"0s\"\n", false)] {
+        let scratch = tests::scratch_dir("service-stop");
+        let bin = private_copy(&calls_fixture(), scratch.path());
+        let output = scratch.path().join("out");
+        let config = scratch.path().join("fdr-profiled.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "output = \"{}\"\n{settings}[[target]]\nname = \"rec\"\nbinary = \"{}\"\n\
+                 mode = \"record\"\nsegment_size = \"1GB\"\nsegment_age = \"1h\"\n",
+                output.display(),
+                bin.display()
+            ),
+        )
+        .unwrap();
+        let service = spawn_service(scratch.path(), &config);
+        let busy = Running::spawn(
+            "calls",
+            Command::new(&bin).args(["--seconds", "120", "--per-second", "--quiet"]),
+        );
+        std::thread::sleep(Duration::from_millis(2_500));
+        let start = std::time::Instant::now();
+        service.signal(libc::SIGTERM);
+        let done = service.finish(TIMEOUT);
+        let took = start.elapsed();
+        busy.signal(libc::SIGKILL);
+        busy.finish(TIMEOUT);
+        assert!(done.status.success(), "{}", done.stderr);
+        eprintln!("{settings:?}: SIGTERM to exit: {took:?}");
+        assert!(took < Duration::from_secs(15), "{took:?}: {}", done.stderr);
+        let segments = snapshots(&output, "rec");
+        assert_eq!(segments.len(), 1, "{segments:?}");
+        let trace = check_trace_dir(&segments[0], &bin);
+        let tiny: u64 = trace
+            .threads
+            .iter()
+            .map(|t| t.calls().get("cx_tiny").map_or(0, |c| c.entries()))
+            .sum();
+        assert!(tiny > 100_000, "{tiny} calls recorded in 2.5 s");
+        assert_eq!(segments[0].join("report.txt").exists(), report);
+        assert_eq!(
+            done.stderr
+                .contains("report.txt not written: past the stop deadline"),
+            !report,
+            "{}",
+            done.stderr
+        );
+        assert!(done.stderr.contains("stopped in "), "{}", done.stderr);
+    }
+}

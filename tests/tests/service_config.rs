@@ -51,6 +51,14 @@ fn a_bad_configuration_is_refused_in_one_line_naming_where() {
             "output = \"/proc/version/out\"\n[[target]]\nbinary = \"/x\"\n",
             "fdr-profiled: error: FILE:1:10: output /proc/version/out is not writable",
         ),
+        (
+            "output = \"@OUT@\"\nstop_timeout = \"soon\"\n[[target]]\nbinary = \"/x\"\n",
+            "fdr-profiled: error: FILE:2:16: \"soon\" is not a duration",
+        ),
+        (
+            "output = \"@OUT@\"\nstop_timeout = \"2h\"\n[[target]]\nbinary = \"/x\"\n",
+            "fdr-profiled: error: FILE:2:16: stop_timeout \"2h\" is longer than an hour",
+        ),
     ] {
         let (ok, _, stderr) = check(text);
         assert!(!ok, "accepted: {text}");

@@ -5,6 +5,7 @@
 //! output = "/var/lib/fdr-profiled"      # root of all sessions
 //! max_disk = "2GiB"                      # retention cap over everything under output
 //! min_free = "5%"                        # stop writing before the filesystem is this full
+//! stop_timeout = "20s"                   # SIGTERM: files final within this, reports if time is left
 //! [[target]]
 //! binary = "/usr/bin/myserver"           # a path or a glob
 //! mode = "flight-recorder"               # or "record"
@@ -29,6 +30,11 @@ const MAX_CONFIG_BYTES: u64 = 1 << 20;
 const DEFAULT_WINDOW: Duration = Duration::from_secs(30);
 /// Default memory cap of one flight-recorder target.
 const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
+/// Default time SIGTERM gives the service to finish its files (under the unit's
+/// `TimeoutStopSec=30s`).
+const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest `stop_timeout` accepted.
+const MAX_STOP_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Default record-mode segment size and age.
 const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
 const DEFAULT_SEGMENT_AGE: Duration = Duration::from_secs(600);
@@ -92,6 +98,9 @@ pub struct ServiceConfig {
     pub max_disk: u64,
     /// Free space writing stops before crossing.
     pub min_free: MinFree,
+    /// After SIGTERM, the open segments are closed within this: past it, what is left is made
+    /// final without its `report.txt`.
+    pub stop_timeout: Duration,
     /// The programs to trace.
     pub targets: Vec<TargetConfig>,
 }
@@ -135,6 +144,7 @@ struct RawConfig {
     output: Spanned<String>,
     max_disk: Option<Spanned<String>>,
     min_free: Option<Spanned<String>>,
+    stop_timeout: Option<Spanned<String>>,
     #[serde(rename = "target", default)]
     targets: Vec<Spanned<RawTarget>>,
 }
@@ -224,6 +234,19 @@ impl ServiceConfig {
             Some(v) => parse_min_free(v.get_ref()).map_err(|m| at(v.span(), m))?,
             None => MinFree::Percent(5.0),
         };
+        let stop_timeout = match &raw.stop_timeout {
+            Some(v) => match parse_duration(v.get_ref()) {
+                Ok(d) if d <= MAX_STOP_TIMEOUT => d,
+                Ok(_) => {
+                    return Err(at(
+                        v.span(),
+                        format!("stop_timeout {:?} is longer than an hour", v.get_ref()),
+                    ))
+                }
+                Err(m) => return Err(at(v.span(), m)),
+            },
+            None => DEFAULT_STOP_TIMEOUT,
+        };
         if raw.targets.is_empty() {
             return Err(at(
                 0..0,
@@ -250,6 +273,7 @@ impl ServiceConfig {
             output,
             max_disk,
             min_free,
+            stop_timeout,
             targets,
         })
     }

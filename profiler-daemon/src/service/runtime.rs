@@ -127,7 +127,9 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
     };
     let result = runtime.block_on(serve(&mut service, intake, listener));
     let _ = std::fs::remove_file(socket);
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    if result.is_err() {
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    }
     if let Err(err) = tracer.set_armed(false) {
         tracing::warn!("{err:#}");
     }
@@ -538,14 +540,44 @@ async fn serve(
             _ = sigterm.recv() => break,
         }
     }
-    // Every event before now is in the buffers: the open segments get them, then close.
+    stop(svc, &mut intake, &mut order, &mut router);
+    Ok(())
+}
+
+/// The end (SIGTERM, SIGINT): no event after now, every event before it into the open
+/// segments, and those closed within the configured `stop_timeout` (past it, without their
+/// reports), so that the service is done before systemd's `TimeoutStopSec` kills it.
+fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, router: &mut Router) {
+    let started = std::time::Instant::now();
+    let deadline = started + svc.config.stop_timeout;
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    // Disarmed first, the last drain ends even while traced programs keep calling.
+    if let Err(err) = svc.tracer.set_armed(false) {
+        tracing::warn!("{err:#}");
+    }
     intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+    let mut closed = 0;
     for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
         if let Some(segments) = &mut w.segments {
-            segments.close();
+            if segments.current().is_some() {
+                segments.close_by(Some(deadline));
+                closed += 1;
+            }
         }
     }
-    Ok(())
+    let took = started.elapsed();
+    if took > svc.config.stop_timeout {
+        tracing::warn!(
+            "stopped in {:.3} s, past stop_timeout ({:?}): {closed} segments closed, the last without their reports",
+            took.as_secs_f64(),
+            svc.config.stop_timeout
+        );
+    } else {
+        tracing::info!(
+            "stopped in {:.3} s: {closed} segments closed",
+            took.as_secs_f64()
+        );
+    }
 }
 
 /// Reads the configuration again: targets whose settings did not change keep running (no

@@ -183,13 +183,28 @@ impl Segments {
     /// Closes the current segment: its files final, `session.json` and `report.txt` written;
     /// then the oldest output is deleted past `max_disk`.
     pub fn close(&mut self) {
+        self.close_by(None);
+    }
+
+    /// [`Segments::close`], at shutdown: once `deadline` has passed, the files are made final
+    /// and `session.json` written, but not `report.txt` (reading the whole segment back can
+    /// take longer than the service may still run); a report begun before the deadline is
+    /// finished.
+    pub fn close_by(&mut self, deadline: Option<Instant>) {
         let Some(open) = self.current.take() else {
             return;
         };
         let dir = open.dir.clone();
         match open.session.finish(IntakeLosses::default()) {
             Ok(_) => {
-                if let Err(err) = fdr_analysis::outputs::write_report(&dir, &Symbolizer::default())
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    tracing::warn!(
+                        fdr_segment = %dir.display(),
+                        "{}: report.txt not written: past the stop deadline (stop_timeout)",
+                        dir.display()
+                    );
+                } else if let Err(err) =
+                    fdr_analysis::outputs::write_report(&dir, &Symbolizer::default())
                 {
                     tracing::warn!("{}: no report: {err:#}", dir.display());
                 }
