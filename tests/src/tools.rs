@@ -97,7 +97,7 @@ pub struct ListedFunction {
     pub address: u64,
     /// Its sleds.
     pub sleds: usize,
-    /// How `--exits auto` observes its exits: `return` or `sleds`.
+    /// How `--exits per-function` observes its exits: `return` or `sleds`.
     pub exit: String,
     /// Its name as the summary shows it.
     pub name: String,

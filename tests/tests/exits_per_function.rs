@@ -53,7 +53,7 @@ fn list_decides_every_rule_as_known() {
     let returns = UNWIND_CASES.iter().filter(|c| c.1 == "return").count();
     assert!(
         header.ends_with(&format!(
-            "--exits auto: {returns} by return probe, {} by exit sleds",
+            "--exits per-function: {returns} by return probe, {} by exit sleds",
             UNWIND_CASES.len() - returns
         )),
         "{header}"

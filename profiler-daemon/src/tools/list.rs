@@ -38,7 +38,7 @@ fn resolve(target: &str) -> Result<Vec<Listed>> {
             .with_context(|| format!("{target}: not a pid"))?;
         let process = TracedProcess::find(pid)?;
         let planned = crate::record::objects::for_process(&process)?;
-        let (policy, _) = exits::choose(ExitMode::Auto, &planned.image);
+        let (policy, _) = exits::choose(ExitMode::PerFunction, &planned.image);
         return Ok(planned
             .plans
             .into_iter()
@@ -54,7 +54,7 @@ fn resolve(target: &str) -> Result<Vec<Listed>> {
             .collect());
     }
     let path = PathBuf::from(target);
-    let (policy, _) = exits::choose(ExitMode::Auto, &exits::static_image(&path));
+    let (policy, _) = exits::choose(ExitMode::PerFunction, &exits::static_image(&path));
     Ok(vec![Listed {
         path,
         shown: target.to_owned(),
@@ -113,7 +113,7 @@ fn render_object(listed: &Listed, target: &str, out: &mut String) -> Result<()> 
         .count();
     let _ = writeln!(
         out,
-        "{shown}: {} instrumented functions, {} sleds; --exits auto: {} by return probe, {} by exit sleds",
+        "{shown}: {} instrumented functions, {} sleds; --exits per-function: {} by return probe, {} by exit sleds",
         map.functions.len(),
         map.sleds.len(),
         returns,
