@@ -526,10 +526,17 @@ async fn record(
         // frame is hooked, and the keeper puts back the return addresses of those still
         // hooked before it detaches.
         drop(probing);
-        keeper.release();
-        match keeper.finish() {
-            Ok(by_thread) => session.set_repairs(by_thread),
-            Err(err) => eprintln!("fdr-profiled: warning: {err:#}"),
+        if keeper.release() {
+            match keeper.finish() {
+                Ok(by_thread) => session.set_repairs(by_thread),
+                Err(err) => eprintln!("fdr-profiled: warning: {err:#}"),
+            }
+        } else {
+            eprintln!(
+                "fdr-profiled: warning: repair: the keeper (process {}) has not let the process go within {:?}: a thread could not be stopped yet; it goes on by itself, and its repairs are not in this summary",
+                keeper.pid(),
+                repair::RELEASE_WAIT
+            );
         }
     }
     let out_dir = session.out_dir().to_path_buf();

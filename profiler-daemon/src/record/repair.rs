@@ -206,13 +206,16 @@ impl Keeper {
     /// Asks the keeper of a running process to let it go (see [`Tracee::Running`]); call it
     /// once fdr-profiled's own probes are removed, then [`Keeper::finish`]. The keeper looks
     /// for the request at least every [`RELEASE_POLL`], so the signal is sent until it
-    /// answers.
-    pub fn release(&mut self) {
+    /// answers. Returns false when it has not answered within [`RELEASE_WAIT`] (a thread it
+    /// must stop first is in an uninterruptible wait): it goes on by itself, and its report
+    /// is not waited for.
+    pub fn release(&mut self) -> bool {
         if !self.running {
-            return;
+            return true;
         }
         let fd = self.reports.get_ref().as_raw_fd();
-        loop {
+        let deadline = Instant::now() + RELEASE_WAIT;
+        while Instant::now() < deadline {
             // SAFETY: plain system calls; the keeper is our child, not yet reaped.
             unsafe { libc::kill(self.pid, RELEASE_SIGNAL) };
             let mut poll = libc::pollfd {
@@ -223,9 +226,10 @@ impl Keeper {
             // SAFETY: one valid pollfd.
             let ready = unsafe { libc::poll(&mut poll, 1, 100) };
             if ready != 0 {
-                return;
+                return true;
             }
         }
+        false
     }
 
     /// Waits for the keeper to end (after the command, or once it let the process go) and
@@ -396,6 +400,8 @@ fn seize_all(pid: u32) -> Result<Vec<u32>> {
 /// looks for the request.
 const RELEASE_SIGNAL: libc::c_int = libc::SIGUSR2;
 pub const RELEASE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long fdr-profiled waits for the keeper to have let the process go.
+pub const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Set by [`RELEASE_SIGNAL`]'s handler.
 static RELEASE_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
