@@ -144,10 +144,8 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     };
     // The repair keeper must trace the process before its first frame is hooked: forked now,
     // before any probe is placed and before the runtime starts a thread.
-    let mut repair_links = Vec::new();
     if let Some(wanted) = &repair {
-        let started = start_keeper(&mut tracer, &planned, scope, &mut target, &mut repair_links);
-        if let Err(err) = started {
+        if let Err(err) = start_keeper(&mut tracer, &planned, scope, &mut target) {
             match (&target, wanted.asked) {
                 // A running process that cannot be traced (a debugger has it) is traced all the
                 // same, with what is safe without a tracer.
@@ -323,10 +321,8 @@ fn start_keeper(
     planned: &objects::Planned,
     scope: Scope,
     target: &mut Target,
-    links: &mut Vec<std::os::fd::RawFd>,
 ) -> Result<()> {
-    let placed;
-    (placed, *links) = repair::attach(tracer, &planned.image, scope)?;
+    let (placed, links) = repair::attach(tracer, &planned.image, scope)?;
     let mut start = || -> Result<repair::Keeper> {
         let tracee = match target {
             Target::Launch(child, _) => repair::Tracee::Launched(child.pid()),
@@ -336,7 +332,7 @@ fn start_keeper(
             }
             Target::Attach => bail!("--exits repair cannot trace --attach"),
         };
-        repair::Keeper::start(tracee, tracer.take_repairs()?, links)
+        repair::Keeper::start(tracee, tracer.take_repairs()?, &links)
     };
     match start() {
         Ok(keeper) => {
@@ -348,7 +344,6 @@ fn start_keeper(
         Err(err) => {
             // Without a tracer, the throw probes must not stop any thread.
             tracer.detach(placed);
-            links.clear();
             Err(err)
         }
     }
