@@ -3,8 +3,8 @@
 //!
 //! Two workloads, each one thread calling a leaf in a tight loop: `tests/fixtures/calls.c`
 //! (`cx_tiny`, plain C) and `tests/fixtures/hot_leaf.cpp` (`hl_tiny`, in a C++ program that
-//! first throws and catches exceptions through other instrumented functions, so the default
-//! `--exits auto` decides per function). Each measures itself: `CLOCK_MONOTONIC` around the loop
+//! first throws and catches exceptions through other instrumented functions: the default
+//! `--exits auto` repairs its stack at each throw, `--exits per-function` decides per function). Each measures itself: `CLOCK_MONOTONIC` around the loop
 //! divided by the calls (`--bench`), so start-up, attach times and the throws are not counted.
 //! Each round runs every configuration once; a ratio is taken within a round (the floor and the
 //! measured run share that round's machine state), and the table gives the median over rounds.
@@ -297,10 +297,10 @@ const CONFIGS: &[Config] = &[
         floor: Some(CPP_FLOOR),
     },
     Config {
-        name: "C++: fdr-profiled --exits repair",
+        name: "C++: fdr-profiled --exits per-function",
         workload: Workload::Cpp,
         tool: Tool::Daemon {
-            exits: Some("repair"),
+            exits: Some("per-function"),
             floor: false,
             ablate: 0,
             functions: None,

@@ -56,8 +56,9 @@ pub fn render(
          The `C++:` rows run a C++ workload (tests/fixtures/hot_leaf.cpp, `clang++-19 {flags}`): \
          it first throws {CPP_THROWS} exceptions through two instrumented functions, each caught \
          in `main`, then times a loop calling the leaf `{}`. Under fdr-profiled's defaults \
-         (`--exits auto`) each function's exits are decided on its own: a return probe where the \
-         machine code proves no exception can leave it (the leaf), exit sleds elsewhere. Its floor \
+         (`--exits auto`, for a launched command: repair) every function has a return probe and \
+         the stack is repaired at each throw; under `--exits per-function` a return probe where \
+         the machine code proves no exception can leave it (the leaf), exit sleds elsewhere. Its floor \
          is a return probe on the leaf alone (`--functions {}`: the exceptions must not cross a \
          return probe); every C++ run must still catch all {CPP_THROWS} exceptions.\n",
         Workload::C.function(),
