@@ -618,9 +618,11 @@ fn record_mode_writes_every_call_into_rotated_segments() {
     );
 }
 
-/// SIGHUP with one target removed and one added: the kept target records on with no gap,
-/// the removed one has exactly its processes from before the reload, the added one those from
-/// after; a reload with a bad file changes nothing. Record mode, so every call is counted.
+/// SIGHUP with one target removed and one added: the kept target records on with no gap (a
+/// process of it calls all through both reloads, about 100k calls a second, and every call is
+/// in its files), the removed one has exactly its processes from before the reload, the added
+/// one those from after; a reload with a bad file changes nothing. Record mode, so every call
+/// is counted.
 #[test]
 fn a_reload_adds_and_removes_targets_and_keeps_the_others_running() {
     let scratch = tests::scratch_dir("service-reload");
@@ -664,16 +666,40 @@ fn a_reload_adds_and_removes_targets_and_keeps_the_others_running() {
         (pid, done.stdout)
     };
     let before: Vec<_> = vec![run(&a, 300), run(&b, 400), run(&a, 500), run(&b, 600)];
+    // A process of the kept target that runs across both reloads.
+    let across = Running::spawn(
+        "calls",
+        Command::new(&a).args(["--seconds", "3", "--per-second"]),
+    );
+    std::thread::sleep(Duration::from_millis(500));
 
     // A bad file changes nothing.
     std::fs::write(&config, "output = 3\n").unwrap();
     service.signal(libc::SIGHUP);
     service.wait_for_stderr_line("fdr-profiled: error: reload refused", TIMEOUT);
+    // It still runs when the reload begins.
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", across.pid())).unwrap();
+    let state = state.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+    assert!(matches!(state, Some("R" | "S")), "{state:?}");
     // The added target asks for more logged arguments than the service loaded.
     write(&[("a", &a, ""), ("c", &c, "args = 3\n")]);
     service.signal(libc::SIGHUP);
     service.wait_for_stderr_line("fdr-profiled: service: reloaded ", TIMEOUT);
-    let after: Vec<_> = vec![run(&a, 700), run(&b, 800), run(&c, 900)];
+    let across_pid = across.pid();
+    let across = across.finish(TIMEOUT);
+    assert!(across.status.success());
+    assert!(
+        across
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("span "))
+            .count()
+            >= 3,
+        "{}",
+        across.stdout
+    );
+    let mut after: Vec<_> = vec![run(&a, 700), run(&b, 800), run(&c, 900)];
+    after.push((across_pid, across.stdout.clone()));
     std::thread::sleep(Duration::from_millis(300));
     service.signal(libc::SIGTERM);
     let done = service.finish(TIMEOUT);
@@ -725,8 +751,8 @@ fn a_reload_adds_and_removes_targets_and_keeps_the_others_running() {
     };
     assert_eq!(
         recorded("a", &a),
-        sorted(vec![before[0].0, before[2].0, after[0].0]),
-        "a is kept: every run"
+        sorted(vec![before[0].0, before[2].0, after[0].0, across_pid]),
+        "a is kept: every run, the one across the reloads with every call"
     );
     assert_eq!(
         recorded("b", &b),
@@ -1002,7 +1028,7 @@ fn a_flight_recorder_snapshot_holds_the_windows_calls_exactly() {
     let scratch = tests::scratch_dir("service-window");
     let bin = private_copy(&calls_fixture(), scratch.path());
     let (mut service, output) = start_service(scratch.path(), "calls", &bin, "2s");
-    let run = run_output(Command::new(&bin).args(["--seconds", "5", "--per-second"]));
+    let run = run_output(Command::new(&bin).args(["--seconds", "3", "--per-second"]));
     assert!(run.status.success());
     let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
     // The span counts, in order.

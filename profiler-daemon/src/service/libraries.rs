@@ -179,11 +179,13 @@ impl Libraries {
         changes
     }
 
-    /// Removes the probes of every process (the target is removed).
-    pub fn detach_all(&mut self, tracer: &mut Tracer) {
-        for (_, p) in self.processes.drain() {
-            p.attachments.into_iter().for_each(|a| tracer.detach(a));
-        }
+    /// Takes the probes of every process out, for the caller to remove (the target is
+    /// removed).
+    pub fn take_attachments(&mut self) -> Vec<Attachment> {
+        self.processes
+            .drain()
+            .flat_map(|(_, p)| p.attachments)
+            .collect()
     }
 
     /// The tags of the libraries, to give back when the target is removed.

@@ -527,8 +527,16 @@ async fn serve(
                     snapshot_slow(svc.config, svc.targets, t, b, &slow);
                 }
                 // Removed targets stay in place (marked) until their last events are in, so
-                // that every tag still routes where it did; added ones come after them.
-                reload(svc);
+                // that every tag still routes where it did; added ones come after them. While
+                // probes are removed the rings are drained on (and the watchdog fed).
+                let mut fed = std::time::Instant::now();
+                reload(svc, &mut |targets| {
+                    intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+                    if watchdog && fed.elapsed() >= Duration::from_micros(watchdog_usec / 2) {
+                        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+                        fed = std::time::Instant::now();
+                    }
+                });
                 router.retarget(svc.targets);
                 intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
                 std::mem::take(&mut router.new_processes);
@@ -584,7 +592,12 @@ fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, route
 /// gap), removed and changed ones have their probes removed and are marked `removed` (their
 /// last events are then drained and [`finish_removed`] closes them), added and changed ones
 /// are attached after them. A file with an error changes nothing.
-fn reload(svc: &mut Service<'_>) {
+///
+/// Removing uprobes can take the kernel seconds (as long as a traced process with return
+/// probes pending keeps running, on 6.18): it is done on a thread of its own while `drain`
+/// is called here every [`DRAIN_INTERVAL`], so that the kept targets' events are read on
+/// and none is lost to a full ring.
+fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target])) {
     let new = match ServiceConfig::load(&svc.path) {
         Ok(new) => new,
         Err(err) => {
@@ -596,15 +609,24 @@ fn reload(svc: &mut Service<'_>) {
         }
     };
     let mut removed = 0;
+    let mut attachments = Vec::new();
     for target in svc.targets.iter_mut() {
         if !new.targets.contains(&target.config) {
             target.removed = true;
             removed += 1;
-            svc.tracer.detach(std::mem::take(&mut target.attachment));
+            attachments.push(std::mem::take(&mut target.attachment));
             for w in &mut target.binaries {
-                w.libraries.detach_all(svc.tracer);
+                attachments.extend(w.libraries.take_attachments());
             }
         }
+    }
+    if !attachments.is_empty() {
+        let started = std::time::Instant::now();
+        detach_draining(svc.tracer, attachments, &mut || drain(svc.targets));
+        tracing::debug!(
+            "reload: probes removed in {:.3} s",
+            started.elapsed().as_secs_f64()
+        );
     }
     let kept = svc.targets.len() - removed;
     let mut added = 0;
@@ -634,6 +656,41 @@ fn reload(svc: &mut Service<'_>) {
         svc.path.display(),
     );
     *svc.config = new;
+}
+
+/// Removes the probes of `attachments` on a thread of its own, calling `drain` on this one
+/// meanwhile (see [`reload`]).
+fn detach_draining(tracer: &mut Tracer, attachments: Vec<Attachment>, drain: &mut dyn FnMut()) {
+    let work = std::sync::Mutex::new(Some((tracer, attachments)));
+    let detach = || {
+        let taken = work
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some((tracer, attachments)) = taken {
+            for attachment in attachments {
+                tracer.detach(attachment);
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new()
+            .name("detach".into())
+            .spawn_scoped(scope, detach)
+        {
+            Ok(detaching) => {
+                while !detaching.is_finished() {
+                    drain();
+                    std::thread::sleep(DRAIN_INTERVAL);
+                }
+            }
+            // No thread to spare: removed here, without draining meanwhile.
+            Err(err) => {
+                tracing::warn!("reload: no thread to remove probes on ({err}): removing them here");
+                detach();
+            }
+        }
+    });
 }
 
 /// Closes what removed targets were writing, frees their tags and drops them.
