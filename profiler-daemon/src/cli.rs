@@ -52,14 +52,15 @@ pub enum Tool {
     /// Convert a session to a Chrome/Perfetto trace, a speedscope profile, folded stacks or a
     /// flame graph SVG.
     Convert(crate::tools::convert::ConvertArgs),
-    /// Run as a service tracing the programs a configuration file names (preview: flight
-    /// recorder mode, a snapshot of every target on SIGUSR1), or check such a file.
+    /// Run as a service tracing the programs a configuration file names (flight recorder or
+    /// record mode, snapshots on SIGUSR1, request, crash or slow call; retention; reload on
+    /// SIGHUP), or check such a file.
     Service(crate::service::ServiceArgs),
     /// Ask the running service for a snapshot of every target (or of TARGET) now; prints the
     /// directories written.
     Snapshot(crate::service::control::SnapshotArgs),
-    /// The running service's state: targets, binaries, threads, events held, losses, last
-    /// snapshot.
+    /// The running service's state: events and events/s, losses, disk used, last snapshot;
+    /// per target and binary its threads, events held, segments and processes.
     Status {
         #[command(flatten)]
         socket: crate::service::control::SocketArg,

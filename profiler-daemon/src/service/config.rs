@@ -28,7 +28,7 @@ use xray_fdr::FdrVersion;
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// Default flight-recorder window.
 const DEFAULT_WINDOW: Duration = Duration::from_secs(30);
-/// Default memory cap of one flight-recorder target.
+/// Default memory cap of the flight recorder of one binary of a target.
 const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
 /// Default time SIGTERM gives the service to finish its files (under the unit's
 /// `TimeoutStopSec=30s`).
@@ -116,8 +116,8 @@ pub struct TargetConfig {
     pub mode: Mode,
     /// Flight recorder: at least this much of every thread's most recent calls is kept.
     pub window: Duration,
-    /// Flight recorder: memory held for the target at most (older records are evicted first,
-    /// and counted).
+    /// Flight recorder: memory held at most for each binary the target's pattern matches (each
+    /// has a recorder and a budget of its own; older records are evicted first, and counted).
     pub max_memory: u64,
     /// `--functions` / `--exclude` patterns.
     pub functions: Vec<String>,

@@ -1,8 +1,14 @@
-//! `fdr-profiled service`: fdr-profiled as an always-on system service that traces the
-//! programs its configuration names. Built so far: the configuration ([`config`]),
-//! `service --check-config FILE`, which validates a configuration the way the service reads
-//! it, and the flight recorder ([`runtime`]): every process of every target traced, the last
-//! `window` of each thread held in memory, a snapshot of every target on `SIGUSR1`.
+//! `fdr-profiled service`: fdr-profiled as an always-on system service (`dist/` has its
+//! systemd unit) that traces the programs its configuration names ([`config`];
+//! `service --check-config FILE` validates a file the way the service reads it). The event
+//! loop ([`runtime`]) traces every process of every target, now or later, with the
+//! instrumented libraries of each ([`libraries`]); a flight-recorder target keeps the last
+//! `window` of each thread in memory and writes it as a snapshot on `SIGUSR1`, a request, a
+//! crash or a slow call ([`slow`]); a record-mode target writes every call into rotated
+//! segments ([`segments`]). [`retention`] keeps the output under `max_disk` and stops writing
+//! before `min_free`; [`control`] answers `fdr-profiled status` and `snapshot`; [`log`] goes
+//! to the journal under systemd. SIGHUP reloads the configuration, SIGTERM finishes every file
+//! within `stop_timeout`.
 pub mod config;
 pub mod control;
 pub mod libraries;
