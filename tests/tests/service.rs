@@ -1028,7 +1028,7 @@ fn a_flight_recorder_snapshot_holds_the_windows_calls_exactly() {
     let scratch = tests::scratch_dir("service-window");
     let bin = private_copy(&calls_fixture(), scratch.path());
     let (mut service, output) = start_service(scratch.path(), "calls", &bin, "2s");
-    let run = run_output(Command::new(&bin).args(["--seconds", "3", "--per-second"]));
+    let run = run_output(Command::new(&bin).args(["--seconds", "5", "--per-second"]));
     assert!(run.status.success());
     let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
     // The span counts, in order.
