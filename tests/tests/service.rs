@@ -377,6 +377,7 @@ fn status_and_snapshot_requests_over_the_control_socket() {
     assert_eq!(json["events"], 2 * 1003 + 1, "{json}");
     assert_eq!(json["disk_used"], 0, "nothing written yet: {json}");
     assert_eq!(json["not_written"], 0, "{json}");
+    assert_eq!(json["snapshots_not_written"], 0, "{json}");
     // Events per second, over the last second: the run's events, then none.
     let status_json = || -> serde_json::Value {
         let out = client(&["status", "--json"]);
@@ -402,7 +403,9 @@ fn status_and_snapshot_requests_over_the_control_socket() {
     let text = String::from_utf8_lossy(&human.stdout).into_owned();
     assert!(text.contains("  calls ("), "{text}");
     assert!(
-        text.starts_with("fdr-profiled service: 2007 events, 0/s, 0 lost, 0 not written; output ")
+        text.starts_with(
+            "fdr-profiled service: 2007 events, 0/s, 0 lost, 0 not written, 0 snapshots not written; output "
+        )
             && text.contains(": 0 B used;"),
         "{text}"
     );
@@ -1251,12 +1254,18 @@ fn wait_for_count(service: &Running, needle: &str, count: usize) -> String {
 /// (valid), writing stops with an error line, and what comes meanwhile is counted as not
 /// written (`status`, and the `STATUS=` line's losses). Once space is freed writing starts
 /// again (logged), a new process is recorded whole, and crossing the limit again stops writing
-/// again (logged again).
+/// again (logged again). A flight recorder's snapshot asked for meanwhile is not written, and
+/// counted.
 #[test]
 fn writing_stops_at_min_free_and_starts_again() {
     use std::os::unix::net::UnixDatagram;
     let scratch = tests::scratch_dir("service-min-free");
     let bin = private_copy(&calls_fixture(), scratch.path());
+    let fr_bin = {
+        let dir = scratch.path().join("fr");
+        std::fs::create_dir_all(&dir).unwrap();
+        private_copy(&calls_fixture(), &dir)
+    };
     let output = scratch.path().join("out");
     let _tmpfs = Tmpfs::mount(&output, "16m");
     let config = scratch.path().join("fdr-profiled.toml");
@@ -1264,9 +1273,11 @@ fn writing_stops_at_min_free_and_starts_again() {
         &config,
         format!(
             "output = \"{}\"\nmin_free = \"12MiB\"\n[[target]]\nname = \"rec\"\nbinary = \"{}\"\n\
-             mode = \"record\"\nsegment_size = \"1GB\"\nsegment_age = \"1h\"\n",
+             mode = \"record\"\nsegment_size = \"1GB\"\nsegment_age = \"1h\"\n\
+             [[target]]\nname = \"fr\"\nbinary = \"{}\"\n",
             output.display(),
-            bin.display()
+            bin.display(),
+            fr_bin.display()
         ),
     )
     .unwrap();
@@ -1315,7 +1326,7 @@ fn writing_stops_at_min_free_and_starts_again() {
         );
         serde_json::from_slice(&out.stdout).unwrap()
     };
-    const STOP: &str = "fdr-profiled: error: ";
+    const STOP: &str = "rec: not writing: ";
     const START: &str = "writing again: above min_free";
     // About 100k calls a second, for 5 s: over 4 MiB in the first 2 s.
     let busy = Running::spawn(
@@ -1340,6 +1351,19 @@ fn writing_stops_at_min_free_and_starts_again() {
         json["targets"][0]["binaries"][0]["segment"].is_null(),
         "{json}"
     );
+    assert_eq!(json["snapshots_not_written"], 0, "{json}");
+    // A snapshot now is not written either, and counted.
+    run_calls(&fr_bin, 100);
+    std::thread::sleep(Duration::from_millis(200));
+    service.signal(libc::SIGUSR1);
+    wait_for_count(&service, "target fr: snapshot not written: ", 1);
+    let json = status();
+    assert_eq!(json["snapshots_not_written"], 1, "{json}");
+    assert_eq!(
+        json["targets"][1]["binaries"][0]["snapshots_not_written"],
+        1
+    );
+    assert!(snapshots(&output, "fr").is_empty());
     // Room again: writing starts at the next tick, and a new process is recorded whole.
     std::fs::remove_dir_all(&first[0]).unwrap();
     wait_for_count(&service, START, 1);
@@ -1378,9 +1402,14 @@ fn writing_stops_at_min_free_and_starts_again() {
     let statuses = statuses.join().unwrap();
     let last_status = statuses.last().cloned().unwrap_or_default();
     let counted: u64 = last_status
-        .rsplit_once("not written ")
-        .and_then(|(_, n)| n.trim().parse().ok())
+        .split(", not written ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
         .unwrap_or_else(|| panic!("{last_status:?}"));
+    assert!(
+        last_status.ends_with(", snapshots not written 1"),
+        "{last_status}"
+    );
     assert!(counted > lost, "{last_status}");
 }
 

@@ -170,11 +170,12 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
         return Ok(0);
     }
     println!(
-        "fdr-profiled service: {} events, {}/s, {} lost, {} not written; output {}: {} used{}; last snapshot {}",
+        "fdr-profiled service: {} events, {}/s, {} lost, {} not written, {} snapshots not written; output {}: {} used{}; last snapshot {}",
         reply["events"],
         reply["events_per_second"],
         reply["lost"],
         reply["not_written"],
+        reply["snapshots_not_written"],
         reply["output"].as_str().unwrap_or("?"),
         bytes(&reply["disk_used"]),
         match reply["max_disk"].as_u64() {

@@ -66,6 +66,8 @@ struct Watched {
     segments: Option<Segments>,
     /// The instrumented shared objects its processes map, probed per process.
     libraries: Libraries,
+    /// Snapshots of it that could not be written (`min_free`, or an error).
+    snapshots_not_written: std::cell::Cell<u64>,
 }
 
 /// Runs the service until SIGTERM or SIGINT, listening for `status` and `snapshot` requests on
@@ -273,6 +275,7 @@ fn attach_target(
             config.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return),
         );
         binaries.push(Watched {
+            snapshots_not_written: std::cell::Cell::new(0),
             libraries,
             slow,
             last_slow: None,
@@ -724,12 +727,17 @@ fn status_line(targets: &[Target], router: &Router, rate: f64) -> String {
         evicted += s.evicted;
     }
     format!(
-        "{} targets ({binaries} binaries); {} events, {rate:.0}/s; holding {held} events in {:.1} MiB; lost {}, evicted {evicted}, not written {}",
+        "{} targets ({binaries} binaries); {} events, {rate:.0}/s; holding {held} events in {:.1} MiB; lost {}, evicted {evicted}, not written {}, snapshots not written {}",
         targets.len(),
         router.events,
         bytes as f64 / f64::from(1 << 20),
         router.lost + router.unrouted,
         not_written(targets),
+        targets
+            .iter()
+            .flat_map(|t| &t.binaries)
+            .map(|w| w.snapshots_not_written.get())
+            .sum::<u64>(),
     )
 }
 
@@ -922,6 +930,11 @@ fn status_json(
     last_snapshot: Option<&Path>,
 ) -> serde_json::Value {
     let not_written = not_written(targets);
+    let snapshots_not_written: u64 = targets
+        .iter()
+        .flat_map(|t| &t.binaries)
+        .map(|w| w.snapshots_not_written.get())
+        .sum();
     let disk_used = Retention::new(&config.output, config.max_disk, config.min_free).disk_used();
     let targets: Vec<serde_json::Value> = targets
         .iter()
@@ -947,6 +960,7 @@ fn status_json(
                         "segment": w.segments.as_ref().and_then(|g| g.current()),
                         "segments_closed": w.segments.as_ref().map_or(0, |g| g.closed),
                         "not_written": w.segments.as_ref().map_or(0, |g| g.not_written),
+                        "snapshots_not_written": w.snapshots_not_written.get(),
                         "threads": s.threads,
                         "events": s.events,
                         "bytes": s.bytes,
@@ -969,6 +983,7 @@ fn status_json(
         "events_per_second": rate.round() as u64,
         "lost": router.lost + router.unrouted,
         "not_written": not_written,
+        "snapshots_not_written": snapshots_not_written,
         "disk_used": disk_used,
         "max_disk": (config.max_disk != u64::MAX).then_some(config.max_disk),
         "last_snapshot": last_snapshot,
@@ -1078,6 +1093,8 @@ fn snapshot_binary(
     let dir = config.output.join(&target.config.name).join(name);
     let retention = Retention::new(&config.output, config.max_disk, config.min_free);
     if let Err(why) = retention.room() {
+        w.snapshots_not_written
+            .set(w.snapshots_not_written.get() + 1);
         tracing::error!(
             fdr_target = %target.config.name,
             fdr_trigger = trigger,
@@ -1112,6 +1129,8 @@ fn snapshot_binary(
             Some(dir)
         }
         Err(err) => {
+            w.snapshots_not_written
+                .set(w.snapshots_not_written.get() + 1);
             tracing::error!(
                 fdr_target = %target.config.name,
                 fdr_snapshot = %dir.display(),
