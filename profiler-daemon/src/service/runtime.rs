@@ -596,10 +596,10 @@ fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, route
 /// last events are then drained and [`finish_removed`] closes them), added and changed ones
 /// are attached after them. A file with an error changes nothing.
 ///
-/// Removing uprobes can take the kernel seconds (as long as a traced process with return
-/// probes pending keeps running, on 6.18): it is done on a thread of its own while `drain`
-/// is called here every [`DRAIN_INTERVAL`], so that the kept targets' events are read on
-/// and none is lost to a full ring.
+/// Removing uprobes can take the kernel as long as another traced process keeps calling
+/// traced functions (seen on 6.18; an idle one does not delay it): it is done on a thread of
+/// its own while `drain` is called here every [`DRAIN_INTERVAL`], so that the kept targets'
+/// events are read on and none is lost to a full ring.
 fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target])) {
     let new = match ServiceConfig::load(&svc.path) {
         Ok(new) => new,
