@@ -456,9 +456,10 @@ fn status_and_snapshot_requests_over_the_control_socket() {
     let deadline = std::time::Instant::now() + TIMEOUT;
     let listed = format!("      process {} (0 libraries probed)", waiting.pid());
     loop {
-        let json = status_json();
         let text = String::from_utf8_lossy(&client(&["status"]).stdout).into_owned();
         if text.lines().any(|l| l == listed) {
+            // Asked after the text: the process, still waiting, is there too.
+            let json = status_json();
             let processes = &json["targets"][0]["binaries"][0]["processes"];
             assert_eq!(processes[0]["pid"], waiting.pid(), "{json}");
             break;
