@@ -12,6 +12,8 @@ pub mod flight;
 pub mod order;
 pub mod output;
 pub mod summary;
+#[cfg(test)]
+mod tests;
 mod thread;
 
 use crate::kernel::intake::Event;
@@ -86,6 +88,9 @@ pub struct Session {
     totals: HashMap<u32, FunctionTotals>,
     events: u64,
     ignored: u64,
+    /// Threads whose file could not be created: said once, their later events only counted
+    /// (in `ignored`), until the thread ends.
+    unwritable: HashSet<(u32, u32)>,
     unattributed_lost: u64,
     version: FdrVersion,
     exits: ExitsChoice,
@@ -117,6 +122,7 @@ impl Session {
             totals: HashMap::new(),
             events: 0,
             ignored: 0,
+            unwritable: HashSet::new(),
             unattributed_lost: 0,
             version,
             exits,
@@ -202,10 +208,16 @@ impl Session {
             // A thread whose every event was lost, or that never reached instrumented code.
             self.unattributed_lost += gap.map_or(0, |g| g.lost);
             self.pid_of.remove(&h.tid);
+            self.unwritable.remove(&(pid, h.tid));
             return;
         }
         let mut event = event;
         event.header.pid = pid;
+        if self.unwritable.contains(&(pid, h.tid)) {
+            self.ignored += 1;
+            self.unattributed_lost += gap.map_or(0, |g| g.lost);
+            return;
+        }
         let thread = match thread_of(
             &mut self.processes,
             &self.out,
@@ -216,7 +228,11 @@ impl Session {
         ) {
             Ok(thread) => thread,
             Err(err) => {
-                eprintln!("fdr-profiled: warning: {err:#}");
+                eprintln!(
+                    "fdr-profiled: warning: {err:#}; the events of thread {} are counted as ignored",
+                    h.tid
+                );
+                self.unwritable.insert((pid, h.tid));
                 self.ignored += 1;
                 self.unattributed_lost += gap.map_or(0, |g| g.lost);
                 return;
