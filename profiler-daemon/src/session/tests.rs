@@ -46,7 +46,10 @@ fn a_thread_whose_file_cannot_be_created_is_counted_not_retried() {
     assert_eq!(session.unwritable.len(), 1);
     session.record(event(1, 5_000, SledKind::Exit as u8), None);
     session.record(event(2, 6_000, event_kind::THREAD_EXIT), None);
-    assert!(session.unwritable.is_empty(), "forgotten at the thread's end");
+    assert!(
+        session.unwritable.is_empty(),
+        "forgotten at the thread's end"
+    );
     let report = session.finish(IntakeLosses::default()).unwrap();
     assert_eq!(report.events_ignored, 1000);
     let threads: Vec<_> = report.processes.iter().flat_map(|p| &p.threads).collect();
