@@ -1470,3 +1470,171 @@ fn sigterm_finalizes_every_file_within_a_bounded_time() {
         assert!(done.stderr.contains("stopped in "), "{}", done.stderr);
     }
 }
+
+/// The segment directories of `output`'s target `target`, each with the processes recorded in
+/// it and their exact calls checked against `runs` (pid, stdout), `bin_of` naming the binary a
+/// directory's session ran; returns the pids recorded in each directory, by directory name.
+fn recorded_runs(
+    output: &Path,
+    target: &str,
+    bin_of: &dyn Fn(&Path) -> PathBuf,
+    runs: &[(u32, String)],
+) -> std::collections::BTreeMap<String, Vec<u32>> {
+    let mut found = std::collections::BTreeMap::new();
+    for d in snapshots(output, target) {
+        let trace = check_trace_dir(&d, &bin_of(&d));
+        let mut pids = Vec::new();
+        for pid in trace.pids() {
+            let stdout = runs
+                .iter()
+                .find(|(p, _)| *p == pid)
+                .map(|(_, o)| o.clone())
+                .unwrap_or_else(|| panic!("{}: unknown process {pid}", d.display()));
+            assert_process_calls(
+                &trace,
+                &ProcessExpectation {
+                    pid,
+                    calls: &expected_calls(&parse_count_lines(&stdout)),
+                    known: CALLS_FUNCTIONS,
+                    main_fn: "main",
+                    main: MainCall::Traced,
+                    only_known: true,
+                },
+            );
+            pids.push(pid);
+        }
+        found.insert(d.file_name().unwrap().to_string_lossy().into_owned(), pids);
+    }
+    found
+}
+
+/// A glob target: a binary copied into its directory after the service started (written in
+/// place, not renamed in: it is attached only once it is whole) is attached within seconds,
+/// said in the log, and a process started from it is recorded with every call, in segments of
+/// its own; the first binary's process is recorded as before.
+#[test]
+fn a_binary_installed_after_the_start_is_traced() {
+    let scratch = tests::scratch_dir("service-new-binary");
+    let bins = scratch.path().join("bins");
+    std::fs::create_dir_all(&bins).unwrap();
+    let first = bins.join("calls-a");
+    std::fs::copy(calls_fixture(), &first).unwrap();
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"glob\"\nbinary = \"{}/calls-*\"\nmode = \"record\"\n",
+            output.display(),
+            bins.display()
+        ),
+    )
+    .unwrap();
+    let service = spawn_service(scratch.path(), &config);
+    let second = bins.join("calls-b");
+    std::fs::copy(calls_fixture(), &second).unwrap();
+    let line = wait_for_count(&service, "now matches", 1);
+    assert!(
+        line.contains(&format!("target glob: {} now matches", second.display())),
+        "{line}"
+    );
+    let runs = vec![run_calls(&second, 700), run_calls(&first, 300)];
+    std::thread::sleep(Duration::from_millis(300));
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert_eq!(
+        done.stderr.matches("now matches").count(),
+        1,
+        "{}",
+        done.stderr
+    );
+    let bin_of = |d: &Path| {
+        if d.to_string_lossy().ends_with("-calls-b") {
+            second.clone()
+        } else {
+            first.clone()
+        }
+    };
+    let found = recorded_runs(&output, "glob", &bin_of, &runs);
+    let of = |suffix: &str| -> Vec<u32> {
+        found
+            .iter()
+            .filter(|(d, _)| d.ends_with(suffix))
+            .flat_map(|(_, p)| p.clone())
+            .collect()
+    };
+    assert_eq!(
+        of("-calls-b"),
+        vec![runs[0].0],
+        "{found:?}\n{}",
+        done.stderr
+    );
+    assert_eq!(
+        of("-calls-a"),
+        vec![runs[1].0],
+        "{found:?}\n{}",
+        done.stderr
+    );
+}
+
+/// A target's binary replaced on disk as a package upgrade does it (a new file written under
+/// another name, renamed over the old one: a new inode at the same path) is attached again:
+/// a process started from the new file is recorded with every call, in segments named after
+/// the binary, and a process of the old file that runs across the replacement keeps its
+/// probes and is recorded with every call too (in the old file's segment).
+#[test]
+fn a_binary_replaced_on_disk_is_traced_again() {
+    let scratch = tests::scratch_dir("service-replaced-binary");
+    let bins = scratch.path().join("bins");
+    std::fs::create_dir_all(&bins).unwrap();
+    let bin = private_copy(&calls_fixture(), &bins);
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"up\"\nbinary = \"{}\"\nmode = \"record\"\n",
+            output.display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let service = spawn_service(scratch.path(), &config);
+    let old = Running::spawn(
+        "calls (old)",
+        Command::new(&bin).args(["--seconds", "4", "--per-second"]),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let old_ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&bin).unwrap());
+    assert_eq!(private_copy(&calls_fixture(), &bins), bin);
+    let new_ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&bin).unwrap());
+    assert_ne!(old_ino, new_ino);
+    let line = wait_for_count(&service, "was replaced on disk", 1);
+    assert!(
+        line.contains(&format!(
+            "target up: {} was replaced on disk (inode {old_ino}, now {new_ino})",
+            bin.display()
+        )) && line.contains("for the 1 processes still running it"),
+        "{line}"
+    );
+    let new = run_calls(&bin, 800);
+    let old_pid = old.pid();
+    let old = old.finish(TIMEOUT);
+    assert!(old.status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    let runs = vec![new.clone(), (old_pid, old.stdout)];
+    let found = recorded_runs(&output, "up", &|_: &Path| bin.clone(), &runs);
+    let of = |new_file: bool| -> Vec<u32> {
+        found
+            .iter()
+            .filter(|(d, _)| d.ends_with("-segment-calls-c") == new_file)
+            .flat_map(|(_, p)| p.clone())
+            .collect()
+    };
+    assert_eq!(of(true), vec![new.0], "{found:?}\n{}", done.stderr);
+    assert_eq!(of(false), vec![old_pid], "{found:?}\n{}", done.stderr);
+}

@@ -43,12 +43,22 @@ struct Target {
     removed: bool,
     /// The binaries its pattern matched.
     binaries: Vec<Watched>,
-    /// Its probes, to remove them when a reload removes the target.
-    attachment: Attachment,
+    /// Its probes, to remove them when a reload removes the target (one attachment per
+    /// binary attached after the others, by [`look_at_targets`]).
+    attachments: Vec<Attachment>,
+    /// Files its pattern matches that are not attached, as [`look_at_targets`] last saw
+    /// them: one is attached once it is seen unchanged (not being written any more).
+    unattached: HashMap<PathBuf, FileState>,
+    /// Files that could not be attached (said once): tried again only once they change.
+    refused: std::collections::HashSet<FileState>,
 }
 
 /// One binary of a target, attached.
 struct Watched {
+    /// The path it was found at, and the name its snapshots and segments carry when the
+    /// target has several binaries (a file replaced on disk: its name and inode).
+    path: PathBuf,
+    label: String,
     /// The plan its probes came from (for the snapshots' manifests), the probes placed, and
     /// when they were in place.
     plan: AttachPlan,
@@ -203,96 +213,13 @@ fn attach_target(
             loaded.max_event_bytes
         );
     }
-    let filter = FunctionFilter::new(&config.functions, &config.exclude)?;
     let mut binaries = Vec::new();
+    let mut refused = std::collections::HashSet::new();
     for path in matching_files(&config.binary) {
-        let mut plan = AttachPlan::for_binary(&path)
-            .with_context(|| format!("target {}: {}", config.name, path.display()))?;
-        if filter.retain(&mut plan) == 0 {
-            tracing::warn!(
-                "target {}: {}: no function selected",
-                config.name,
-                path.display()
-            );
-            continue;
-        }
-        let tag = tags.take()?;
-        let (policy, choice) = exits::choose(config.exits, &exits::static_image(&plan.binary));
-        exits::decide(&mut plan, policy);
-        let mut tagged = plan.clone();
-        for probe in &mut tagged.probes {
-            probe.cookie.function_id |= tag << TAG_SHIFT;
-        }
-        let probes = tracer.attach(&tagged, Scope::AllProcesses)?;
-        for point in crate::plan::catches::catch_points(&plan.binary) {
-            if let Err(err) =
-                tracer.attach_catch(&plan.binary, point.file_offset, Scope::AllProcesses)
-            {
-                tracing::warn!("{}: catches not probed ({err:#})", plan.binary.display());
-            }
-        }
-        tracing::info!(
-            fdr_target = %config.name,
-            fdr_binary = %plan.display_path,
-            fdr_probes = probes,
-            "target {}: attached {probes} probes to {} functions in {}",
-            config.name, plan.functions, plan.display_path
-        );
-        let slow = config.trigger_slower_than.map(|threshold| {
-            let chosen = FunctionFilter::new(&config.trigger_functions, &[])
-                .expect("patterns checked with the configuration");
-            let ids: std::collections::HashSet<u32> = plan
-                .probes
-                .iter()
-                .map(|p| p.cookie.function_id)
-                .filter(|&id| chosen.selects(&plan.names.name(id)))
-                .collect();
-            SlowCalls::new(u64::try_from(threshold.as_nanos()).unwrap_or(u64::MAX), ids)
-        });
-        let attached_ns = crate::session::monotonic_ns();
-        let segments = (config.mode == Mode::Record).then(|| {
-            Segments::new(
-                SegmentSpec {
-                    root: service.output.join(&config.name),
-                    suffix: String::new(),
-                    plan: plan.clone(),
-                    probes,
-                    attached_ns,
-                    libraries: Vec::new(),
-                    exits: choice.clone(),
-                    version: config.fdr_version,
-                    max_bytes: config.segment_bytes,
-                    max_age: config.segment_age,
-                },
-                Retention::new(&service.output, service.max_disk, service.min_free),
-            )
-        });
-        let libraries = Libraries::new(
-            format!("target {} ({})", config.name, plan.display_path),
-            crate::traced::mappings::file_id(&path),
-            FunctionFilter::new(&config.functions, &config.exclude)?,
-            policy,
-            config.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return),
-        );
-        binaries.push(Watched {
-            snapshots_not_written: std::cell::Cell::new(0),
-            libraries,
-            slow,
-            last_slow: None,
-            segments,
-            plan,
-            probes,
-            attached_ns,
-            tag,
-            exits: choice,
-            recorder: FlightRecorder::new(config.window, config.max_memory),
-        });
-    }
-    if binaries.len() > 1 {
-        for w in &mut binaries {
-            if let Some(segments) = &mut w.segments {
-                segments.set_suffix(format!("-{}", w.plan.exe_name));
-            }
+        match attach_binary(tracer, service, config, &path, tags)? {
+            Some(w) => binaries.push(w),
+            // Not looked at again until it changes.
+            None => refused.extend(FileState::of(&path)),
         }
     }
     if binaries.is_empty() {
@@ -303,26 +230,162 @@ fn attach_target(
         );
     }
     let attachment = tracer.take_attachment();
-    // The processes already running: their libraries are probed now (later ones are looked
-    // at when their first event arrives).
-    for w in &mut binaries {
-        let Some(executable) = w.libraries.executable() else {
-            continue;
-        };
-        for pid in crate::traced::process::running(executable) {
-            let changes = w.libraries.watch(pid, tracer, &mut || tags.next());
-            w.take_libraries(config, &changes);
-        }
-    }
-    Ok(Target {
+    let mut target = Target {
         config: config.clone(),
         removed: false,
         binaries,
-        attachment,
-    })
+        attachments: vec![attachment],
+        unattached: HashMap::new(),
+        refused,
+    };
+    target.name_binaries();
+    // The processes already running: their libraries are probed now (later ones are looked
+    // at when their first event arrives).
+    for w in &mut target.binaries {
+        w.watch_running(config, tracer, tags);
+    }
+    Ok(target)
+}
+
+/// Plans and attaches one binary of a target (the file at `path`), for every process that
+/// runs it; `None` when none of its functions is selected (said). Its probes are left in the
+/// tracer's attachment, for the caller to take.
+fn attach_binary(
+    tracer: &mut Tracer,
+    service: &ServiceConfig,
+    config: &TargetConfig,
+    path: &Path,
+    tags: &mut Tags,
+) -> Result<Option<Watched>> {
+    let filter = FunctionFilter::new(&config.functions, &config.exclude)?;
+    // The file as it is before it is read: if it is replaced while it is planned and probed,
+    // the probes may be on either file, and the attachment is refused (the periodic look at
+    // the targets tries again).
+    let file = crate::traced::mappings::file_id(path);
+    let mut plan = AttachPlan::for_binary(path)
+        .with_context(|| format!("target {}: {}", config.name, path.display()))?;
+    if filter.retain(&mut plan) == 0 {
+        tracing::warn!(
+            "target {}: {}: no function selected",
+            config.name,
+            path.display()
+        );
+        return Ok(None);
+    }
+    let tag = tags.take()?;
+    let (policy, choice) = exits::choose(config.exits, &exits::static_image(&plan.binary));
+    exits::decide(&mut plan, policy);
+    let mut tagged = plan.clone();
+    for probe in &mut tagged.probes {
+        probe.cookie.function_id |= tag << TAG_SHIFT;
+    }
+    let probes = match tracer.attach(&tagged, Scope::AllProcesses) {
+        Ok(probes) => probes,
+        Err(err) => {
+            tags.give_back(tag);
+            return Err(err);
+        }
+    };
+    if crate::traced::mappings::file_id(path) != file {
+        tags.give_back(tag);
+        bail!(
+            "target {}: {} was replaced while it was being attached",
+            config.name,
+            path.display()
+        );
+    }
+    for point in crate::plan::catches::catch_points(&plan.binary) {
+        if let Err(err) = tracer.attach_catch(&plan.binary, point.file_offset, Scope::AllProcesses)
+        {
+            tracing::warn!("{}: catches not probed ({err:#})", plan.binary.display());
+        }
+    }
+    tracing::info!(
+        fdr_target = %config.name,
+        fdr_binary = %plan.display_path,
+        fdr_probes = probes,
+        "target {}: attached {probes} probes to {} functions in {}",
+        config.name, plan.functions, plan.display_path
+    );
+    let slow = config.trigger_slower_than.map(|threshold| {
+        let chosen = FunctionFilter::new(&config.trigger_functions, &[])
+            .expect("patterns checked with the configuration");
+        let ids: std::collections::HashSet<u32> = plan
+            .probes
+            .iter()
+            .map(|p| p.cookie.function_id)
+            .filter(|&id| chosen.selects(&plan.names.name(id)))
+            .collect();
+        SlowCalls::new(u64::try_from(threshold.as_nanos()).unwrap_or(u64::MAX), ids)
+    });
+    let attached_ns = crate::session::monotonic_ns();
+    let segments = (config.mode == Mode::Record).then(|| {
+        Segments::new(
+            SegmentSpec {
+                root: service.output.join(&config.name),
+                suffix: String::new(),
+                plan: plan.clone(),
+                probes,
+                attached_ns,
+                libraries: Vec::new(),
+                exits: choice.clone(),
+                version: config.fdr_version,
+                max_bytes: config.segment_bytes,
+                max_age: config.segment_age,
+            },
+            Retention::new(&service.output, service.max_disk, service.min_free),
+        )
+    });
+    let libraries = Libraries::new(
+        format!("target {} ({})", config.name, plan.display_path),
+        file,
+        filter,
+        policy,
+        config.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return),
+    );
+    Ok(Some(Watched {
+        path: path.to_path_buf(),
+        label: plan.exe_name.clone(),
+        snapshots_not_written: std::cell::Cell::new(0),
+        libraries,
+        slow,
+        last_slow: None,
+        segments,
+        plan,
+        probes,
+        attached_ns,
+        tag,
+        exits: choice,
+        recorder: FlightRecorder::new(config.window, config.max_memory),
+    }))
+}
+
+impl Target {
+    /// With several binaries, each one's snapshots and segments are named after it.
+    fn name_binaries(&mut self) {
+        if self.binaries.len() > 1 {
+            for w in &mut self.binaries {
+                if let Some(segments) = &mut w.segments {
+                    segments.set_suffix(format!("-{}", w.label));
+                }
+            }
+        }
+    }
 }
 
 impl Watched {
+    /// Probes the libraries of the processes already running the binary (later ones are
+    /// looked at when their first event arrives).
+    fn watch_running(&mut self, config: &TargetConfig, tracer: &mut Tracer, tags: &mut Tags) {
+        let Some(executable) = self.libraries.executable() else {
+            return;
+        };
+        for pid in crate::traced::process::running(executable) {
+            let changes = self.libraries.watch(pid, tracer, &mut || tags.next());
+            self.take_libraries(config, &changes);
+        }
+    }
+
     /// Makes the libraries `changes` registered part of what this binary writes and watches.
     fn take_libraries(&mut self, config: &TargetConfig, changes: &libraries::Changes) {
         for &i in &changes.new_libraries {
@@ -342,6 +405,133 @@ impl Watched {
                 );
             }
         }
+    }
+}
+
+/// How often (in status periods) the targets' patterns are matched again by
+/// [`look_at_targets`].
+const LOOK_AT_TARGETS_EVERY: u32 = 2;
+
+/// A file as [`look_at_targets`] sees it: device and inode, size and modification time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct FileState {
+    id: crate::traced::mappings::FileId,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl FileState {
+    fn of(path: &Path) -> Option<FileState> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileState {
+            id: (meta.dev(), meta.ino()),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
+}
+
+/// Matches every target's pattern again: a file that matches now and is not attached (a
+/// binary installed since, or one replaced on disk: a new inode at the same path, as a package
+/// upgrade leaves it) is attached as a reload attaches a target's binaries, once it is seen
+/// unchanged twice in a row (a file still being copied in is not read half written). The
+/// probes of a file replaced stay, with what was recorded of it, for the processes still
+/// running it, until the target is removed or changed by a reload or the service stops.
+fn look_at_targets(svc: &mut Service<'_>, router: &mut Router) {
+    let mut added = false;
+    for target in svc.targets.iter_mut().filter(|t| !t.removed) {
+        let mut unattached = HashMap::new();
+        for path in matching_files(&target.config.binary) {
+            let Some(state) = FileState::of(&path) else {
+                continue;
+            };
+            if target
+                .binaries
+                .iter()
+                .any(|w| w.libraries.executable() == Some(state.id))
+                || target.refused.contains(&state)
+            {
+                continue;
+            }
+            if target.unattached.get(&path) != Some(&state) {
+                unattached.insert(path, state);
+                continue;
+            }
+            added |= target.add_binary(svc.tracer, svc.config, &path, state, svc.tags);
+        }
+        target.unattached = unattached;
+    }
+    if added {
+        router.retarget(svc.targets);
+    }
+}
+
+impl Target {
+    /// Attaches the file at `path` (seen as `state`), which [`look_at_targets`] found matching
+    /// and not attached; says so, and whether it was replaced. Whether it was attached (a file
+    /// that cannot be is said once, and tried again only once it changes).
+    fn add_binary(
+        &mut self,
+        tracer: &mut Tracer,
+        service: &ServiceConfig,
+        path: &Path,
+        state: FileState,
+        tags: &mut Tags,
+    ) -> bool {
+        drop(tracer.take_attachment());
+        let attached = attach_binary(tracer, service, &self.config, path, tags);
+        let attachment = tracer.take_attachment();
+        let mut w = match attached {
+            Ok(Some(w)) => w,
+            Ok(None) => {
+                tracer.detach(attachment);
+                self.refused.insert(state);
+                return false;
+            }
+            Err(err) => {
+                tracer.detach(attachment);
+                tracing::warn!(fdr_target = %self.config.name, "{err:#}: not traced");
+                self.refused.insert(state);
+                return false;
+            }
+        };
+        self.attachments.push(attachment);
+        let (dev, ino) = state.id;
+        let mut replaced = Vec::new();
+        for old in &mut self.binaries {
+            if old.path == path && old.label == old.plan.exe_name {
+                let (_, old_ino) = old.libraries.executable().unwrap_or_default();
+                old.label = format!("{}-replaced-{old_ino}", old.plan.exe_name);
+                replaced.push(old.libraries.executable());
+            }
+        }
+        if replaced.is_empty() {
+            tracing::info!(
+                fdr_target = %self.config.name,
+                fdr_binary = %path.display(),
+                "target {}: {} now matches {}: traced (device {dev}, inode {ino})",
+                self.config.name,
+                path.display(),
+                self.config.binary
+            );
+        }
+        for old in replaced {
+            let (_, old_ino) = old.unwrap_or_default();
+            let running = old.map(crate::traced::process::running).unwrap_or_default();
+            tracing::info!(
+                fdr_target = %self.config.name,
+                fdr_binary = %path.display(),
+                "target {}: {} was replaced on disk (inode {old_ino}, now {ino}): the new file is traced; the old one's probes stay, for the {} processes still running it, until the target changes or the service stops",
+                self.config.name,
+                path.display(),
+                running.len()
+            );
+        }
+        w.watch_running(&self.config, tracer, tags);
+        self.binaries.push(w);
+        self.name_binaries();
+        true
     }
 }
 
@@ -451,6 +641,7 @@ async fn serve(
     // Events per second over the last status period.
     let mut rate = 0.0;
     let mut last_snapshot: Option<PathBuf> = None;
+    let mut statuses = 0u32;
     loop {
         tokio::select! {
             _ = drain.tick() => {
@@ -518,6 +709,10 @@ async fn serve(
                 last_status = (std::time::Instant::now(), router.events);
                 let text = status_line(svc.targets, &router, rate);
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&text)]);
+                statuses = statuses.wrapping_add(1);
+                if statuses.is_multiple_of(LOOK_AT_TARGETS_EVERY) {
+                    look_at_targets(svc, &mut router);
+                }
             }
             _ = sighup.recv() => {
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Reloading]);
@@ -617,7 +812,7 @@ fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target])) {
         if !new.targets.contains(&target.config) {
             target.removed = true;
             removed += 1;
-            attachments.push(std::mem::take(&mut target.attachment));
+            attachments.append(&mut target.attachments);
             for w in &mut target.binaries {
                 attachments.extend(w.libraries.take_attachments());
             }
@@ -1088,7 +1283,7 @@ fn snapshot_binary(
 ) -> Option<PathBuf> {
     let mut name = format!("{stamp}-{trigger}");
     if target.binaries.len() > 1 {
-        name = format!("{name}-{}", w.plan.exe_name);
+        name = format!("{name}-{}", w.label);
     }
     let dir = config.output.join(&target.config.name).join(name);
     let retention = Retention::new(&config.output, config.max_disk, config.min_free);
