@@ -2,9 +2,11 @@
 //! - `systemd-analyze verify` accepts the unit without a warning (its paths pointed at this
 //!   build);
 //! - the example configuration passes `service --check-config`;
-//! - the unit's capability bounding set is exactly what the service needs: with those
-//!   capabilities (and root) it starts, records and writes a snapshot; without any one of
-//!   them it refuses to start, saying why.
+//! - the unit's capability bounding set is exactly what the service needs to trace a program
+//!   running as another user (nobody) with an instrumented shared object: with those
+//!   capabilities (and root) it writes a snapshot with every call of the executable and the
+//!   library; without CAP_BPF or CAP_PERFMON it refuses to start, without CAP_SYS_PTRACE it
+//!   warns that the process's shared objects are not traced (and they are not), saying why.
 //!
 //! - the unit as it is runs under a real systemd (PID 1 of namespaces of its own, booted into
 //!   an empty target): started (READY=1), snapshot over the control socket in its
@@ -21,6 +23,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+#[allow(dead_code)] // Shared with trace_dso.rs and the others, which use the rest.
+mod dso_support;
+
+use dso_support::counts::resolve_calls;
+use dso_support::{assert_counts, load_trace, Object};
+use tests::fixtures::dso::{
+    dso_fixture, run_section, DsoProcess, LINKED_FUNCTIONS, MAIN_FUNCTIONS, MARKER_BEGIN,
+    MARKER_END,
+};
 use tests::fixtures::private_copy;
 use tests::fixtures::workloads::calls_fixture;
 use tests::run::Running;
@@ -112,13 +123,65 @@ fn unit_capabilities() -> Vec<String> {
         .collect()
 }
 
-/// Runs the service with bounding set `caps` on the example configuration, runs the fixture,
-/// asks for a snapshot; returns the service's exit and stderr, and the events the snapshot holds.
-fn run_with(caps: &[String], label: &str) -> (bool, String, Option<u64>) {
+/// What one run of the service under a capability bounding set gave.
+struct CapsRun {
+    /// The service's exit, and its stderr.
+    ok: bool,
+    stderr: String,
+    /// The snapshot written, the traced process's pid and its stdout (the fixture's counts).
+    snapshot: Option<PathBuf>,
+    pid: u32,
+    stdout: String,
+    /// The fixture's objects, as the snapshot must name them.
+    objects: Vec<Object>,
+    /// Where the snapshot is (deleted when the run is dropped).
+    _scratch: tempfile::TempDir,
+}
+
+/// Runs the service with bounding set `caps` on the example configuration (the unit runs it as
+/// root), tracing the shared-object fixture (an instrumented executable linked against an
+/// instrumented library) running as another user, nobody (uid 65534), as a real server's
+/// processes do: the process runs before the service starts, does a run of calls once it is
+/// ready, and a snapshot is asked for.
+fn run_with(caps: &[String], label: &str) -> CapsRun {
     let scratch = tests::scratch_dir(label);
-    let bin = private_copy(&calls_fixture(), scratch.path());
+    let build = dso_fixture();
+    let canon = |p: PathBuf| std::fs::canonicalize(p).expect("canonicalize a fixture copy");
+    let exe = canon(private_copy(&build.exe, scratch.path()));
+    let linked = canon(private_copy(&build.linked, scratch.path()));
+    let mut main_functions = MAIN_FUNCTIONS.to_vec();
+    main_functions.extend([MARKER_BEGIN, MARKER_END]);
+    let objects: Vec<Object> = [
+        (0, &exe, main_functions),
+        (1, &linked, LINKED_FUNCTIONS.to_vec()),
+    ]
+    .map(|(id, path, functions)| Object {
+        id,
+        path: path.clone(),
+        file: path.clone(),
+        deleted: false,
+        functions,
+    })
+    .into();
     let output = scratch.path().join("out");
-    let config = example_config(scratch.path(), &bin, &output);
+    let config = example_config(scratch.path(), &exe, &output);
+    let mut fixture = Running::spawn_piped(
+        "dso-main as nobody",
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&exe),
+    );
+    fixture.wait_for_stderr_line("fixture: ready", TIMEOUT);
+    let mut fixture = DsoProcess::driving(fixture);
+    let pid = fixture.pid();
+    let uid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Uid:")
+                .map(|u| u.split_whitespace().next().unwrap().to_owned())
+        });
+    assert_eq!(uid.as_deref(), Some("65534"), "the fixture runs as nobody");
     let set: Vec<String> = caps.iter().map(|c| format!("+{c}")).collect();
     let mut service = Running::spawn(
         "fdr-profiled service",
@@ -136,46 +199,88 @@ fn run_with(caps: &[String], label: &str) -> (bool, String, Option<u64>) {
         l.starts_with("fdr-profiled: service: ready") || l.starts_with("fdr-profiled: error")
     });
     if ready.starts_with("fdr-profiled: error") {
+        let stdout = fixture.quit("dso-main").stdout;
         let done = service.finish(TIMEOUT);
-        return (done.status.success(), done.stderr, None);
+        return CapsRun {
+            ok: done.status.success(),
+            stderr: done.stderr,
+            snapshot: None,
+            pid,
+            stdout,
+            objects,
+            _scratch: scratch,
+        };
     }
-    let run = run_output(Command::new(&bin).args(["--iterations", "100"]));
-    assert!(run.status.success());
+    fixture.run(ROUNDS);
     std::thread::sleep(Duration::from_millis(300));
     service.signal(libc::SIGUSR1);
-    service.wait_for_stderr_match("a snapshot", TIMEOUT, |l| {
+    let line = service.wait_for_stderr_match("a snapshot", TIMEOUT, |l| {
         l.starts_with("fdr-profiled: service: target ") && l.contains(": snapshot ")
     });
+    let snapshot = PathBuf::from(line.rsplit_once(' ').unwrap().1);
+    let stdout = fixture.quit("dso-main").stdout;
     service.signal(libc::SIGTERM);
     let done = service.finish(TIMEOUT);
-    let snapshot = std::fs::read_dir(output.join("calls-c"))
-        .ok()
-        .and_then(|mut d| d.next())
-        .and_then(|e| e.ok())
-        .map(|e| tests::trace::read_session(&e.path()).events);
-    (done.status.success(), done.stderr, snapshot)
+    CapsRun {
+        ok: done.status.success(),
+        stderr: done.stderr,
+        snapshot: Some(snapshot),
+        pid,
+        stdout,
+        objects,
+        _scratch: scratch,
+    }
 }
 
+/// Calls of each thread of the fixture's run.
+const ROUNDS: u32 = 20;
+
+/// The unit's bounding set is the least the service needs to trace a server running as a user
+/// of its own: with it, the snapshot holds every call of the run in the executable and its
+/// library, exactly. Without CAP_BPF or CAP_PERFMON the service cannot start; without
+/// CAP_SYS_PTRACE it starts (the executable's probes follow the file) but cannot read the
+/// process's mappings, says so, and its library's calls are missing.
 #[test]
 fn the_units_capabilities_are_exactly_what_the_service_needs() {
     let caps = unit_capabilities();
-    assert_eq!(caps, ["bpf", "perfmon"]);
-    let (ok, stderr, events) = run_with(&caps, "service-unit-caps");
-    assert!(ok, "{stderr}");
-    // main, cx_loop, 100 calls of cx_tiny and cx_report: entry and exit each.
-    assert_eq!(events, Some(2 * 103), "{stderr}");
+    assert_eq!(caps, ["bpf", "perfmon", "sys_ptrace"]);
+    let run = run_with(&caps, "service-unit-caps");
+    assert!(run.ok, "{}", run.stderr);
+    assert!(!run.stderr.contains("warning"), "{}", run.stderr);
+    let trace = load_trace(run.snapshot.as_ref().expect("a snapshot"));
+    assert_counts(
+        &trace,
+        run.pid,
+        &run.objects,
+        &run_section(&run.stdout, 1),
+        true,
+    );
     for dropped in &caps {
         let fewer: Vec<String> = caps.iter().filter(|c| *c != dropped).cloned().collect();
-        let (ok, stderr, _) = run_with(&fewer, &format!("service-unit-no-{dropped}"));
+        let run = run_with(&fewer, &format!("service-unit-no-{dropped}"));
+        let name = format!("CAP_{}", dropped.to_uppercase());
+        if dropped == "sys_ptrace" {
+            assert!(
+                run.stderr.contains(&format!(
+                    "process {}: its shared objects are not traced: ",
+                    run.pid
+                )) && run.stderr.contains("need CAP_SYS_PTRACE"),
+                "without {name}: {}",
+                run.stderr
+            );
+            let trace = load_trace(run.snapshot.as_ref().expect("a snapshot"));
+            let (calls, _) = resolve_calls(&trace, run.pid, &run.objects);
+            assert!(
+                calls.iter().any(|c| c.object == 0) && !calls.iter().any(|c| c.object == 1),
+                "without {name}: the executable's calls only"
+            );
+            continue;
+        }
+        assert!(!run.ok, "started without {name}: {}", run.stderr);
         assert!(
-            !ok,
-            "started without CAP_{}: {stderr}",
-            dropped.to_uppercase()
-        );
-        assert!(
-            stderr.contains("fdr-profiled: error: ") && stderr.contains("not permitted"),
-            "without CAP_{}: {stderr}",
-            dropped.to_uppercase()
+            run.stderr.contains("fdr-profiled: error: ") && run.stderr.contains("not permitted"),
+            "without {name}: {}",
+            run.stderr
         );
     }
 }

@@ -58,6 +58,8 @@ struct Process {
     known: HashSet<MapsKey>,
     /// The probes placed for it.
     attachments: Vec<Attachment>,
+    /// Its mappings cannot be read (permission denied): said once, not read again.
+    denied: bool,
 }
 
 /// The shared objects of one binary's processes, and the processes looked at.
@@ -152,12 +154,24 @@ impl Libraries {
         if let Some(old) = self.processes.remove(&pid) {
             old.attachments.into_iter().for_each(|a| tracer.detach(a));
         }
+        // Its files are opened through /proc/PID/root (or map_files): for another user's
+        // process that needs CAP_SYS_PTRACE. (Its maps may still be readable: CAP_PERFMON is
+        // enough for those on 6.18.)
+        let root = format!("/proc/{pid}/root");
+        let denied = match std::fs::metadata(&root) {
+            Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
+                self.warn_denied(pid, &format!("{root}: {err}"));
+                true
+            }
+            _ => false,
+        };
         self.processes.insert(
             pid,
             Process {
                 started,
                 known: HashSet::new(),
                 attachments: Vec::new(),
+                denied,
             },
         );
         self.scan(pid, tracer, take_tag, &mut changes);
@@ -193,6 +207,15 @@ impl Libraries {
         self.objects.iter().map(|l| l.tag)
     }
 
+    /// Says that the libraries of process `pid` cannot be probed, for want of permission.
+    fn warn_denied(&self, pid: u32, why: &str) {
+        tracing::warn!(
+            fdr_pid = pid,
+            "{}: process {pid}: its shared objects are not traced: {why} (the mappings and files of another user's process need CAP_SYS_PTRACE)",
+            self.owner
+        );
+    }
+
     fn scan(
         &mut self,
         pid: u32,
@@ -205,7 +228,18 @@ impl Libraries {
         };
         let same = crate::traced::process::start_time(pid) == Some(process.started);
         let mapped = match same {
-            true => mappings::mapped_objects_except(pid, &process.known).ok(),
+            true if process.denied => return,
+            true => match mappings::mapped_objects_except(pid, &process.known) {
+                Ok(mapped) => Some(mapped),
+                Err(err) if denied(&err) => {
+                    // Another user's process, and no CAP_SYS_PTRACE: said once, and its
+                    // mappings are not read again (it is forgotten when it is gone).
+                    process.denied = true;
+                    self.warn_denied(pid, &format!("{err:#}"));
+                    return;
+                }
+                Err(_) => None,
+            },
             false => None,
         };
         let Some(mapped) = mapped else {
@@ -340,6 +374,13 @@ impl Libraries {
         exits::decide(&mut plan, self.policy);
         Ok((plan, file))
     }
+}
+
+/// Whether `err` is a permission refused (EACCES, EPERM).
+fn denied(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|e| e.downcast_ref::<std::io::Error>())
+        .any(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
 }
 
 /// Bits of a probe's function id that hold the service's tag (where a trace has its object
