@@ -158,3 +158,54 @@ fn sigint_while_attaching_ends_the_session_even_when_inherited_ignored() {
     );
     fixture.signal(libc::SIGKILL);
 }
+
+/// `--duration` ends the session on time even when the programs write faster than the daemon
+/// reads (two threads calling a traced leaf as fast as they can, on the CPUs the daemon needs
+/// too, with buffers too large to fill up in that time): each drain takes a bounded number of
+/// events, so the event loop sees its deadline (before, it drained until the process exited).
+#[test]
+fn duration_ends_the_session_while_events_come_faster_than_they_are_read() {
+    use std::time::{Duration, Instant};
+    use tests::fixtures::workloads::calls_fixture;
+    let scratch = tests::scratch_dir("pid-flood");
+    let bin = tests::fixtures::private_copy(&calls_fixture(), scratch.path());
+    let out = scratch.path().join("out");
+    let fixture = tests::run::spawn_fixture(
+        "calls",
+        &bin,
+        &["--threads", "2", "--seconds", "40", "--quiet"],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let mut tracer = tests::run::start_pid(
+        fixture.pid(),
+        &out,
+        &[
+            "--exits",
+            "return",
+            "--duration",
+            "2",
+            "--buffer-size",
+            "268435456",
+            "--no-report",
+        ],
+    );
+    tests::run::wait_attached(&mut tracer);
+    let tracer = tracer.finish(Duration::from_secs(120));
+    let took = started.elapsed();
+    tests::run::assert_success("fdr-profiled --pid --duration 2", &tracer);
+    assert!(
+        took < Duration::from_secs(30),
+        "the session took {took:?}: it should end 2 s after recording began, not with the program"
+    );
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    assert_eq!(
+        unsafe { libc::kill(fixture.pid() as i32, 0) },
+        0,
+        "the program still runs: the deadline ended the session"
+    );
+    fixture.signal(libc::SIGKILL);
+    let session = tests::read_session(&out);
+    tests::assert_every_event_accounted(&session);
+    assert!(session.events > 100_000, "{}", session.json);
+}

@@ -122,12 +122,31 @@ impl Intake {
         })
     }
 
-    /// Hands every event currently in the buffers to `sink`, buffer by buffer. Returns how many
-    /// events were read.
-    pub fn drain(&mut self, mut sink: impl FnMut(Event)) -> u64 {
+    /// Hands every event in the buffers to `sink`, buffer by buffer, until they are empty.
+    /// Returns how many events were read. Use it once the programs are disarmed (nothing new
+    /// comes in); while they record, [`Intake::drain_some`] gives the event loop its turn.
+    pub fn drain(&mut self, sink: impl FnMut(Event)) -> u64 {
+        self.drain_some(u64::MAX, sink).0
+    }
+
+    /// Like [`Intake::drain`], but at most `per_ring` events from each buffer: when the
+    /// programs write faster than the daemon reads (a slow build, a loaded machine), draining
+    /// until empty would never end, and the event loop would never see a signal or a deadline.
+    /// Returns how many events were read, and whether every buffer was emptied.
+    pub fn drain_some(&mut self, per_ring: u64, mut sink: impl FnMut(Event)) -> (u64, bool) {
         let mut count = 0;
+        let mut emptied = true;
         for ring in &mut self.rings {
-            while let Some(item) = ring.next() {
+            let mut taken = 0;
+            loop {
+                if taken == per_ring {
+                    emptied = false;
+                    break;
+                }
+                let Some(item) = ring.next() else {
+                    break;
+                };
+                taken += 1;
                 match Event::from_record(&item) {
                     Some(event) => {
                         count += 1;
@@ -138,7 +157,7 @@ impl Intake {
                 }
             }
         }
-        count
+        (count, emptied)
     }
 
     /// Resolves when a program found its buffer filling up and asked to be drained.

@@ -38,6 +38,10 @@ const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// new object is probed within this much of being mapped. Reading `/proc/PID/maps` costs tens
 /// of microseconds; only files not seen before are opened.
 const RESCAN_INTERVAL: Duration = Duration::from_millis(200);
+/// Most events taken from one ring buffer per drain while recording (~3 MiB): the event loop
+/// gets its turn (Ctrl-C, SIGTERM, `--duration`, the traced process's exit) between drains
+/// even when the programs write faster than the daemon reads.
+const DRAIN_BUDGET: u64 = 1 << 16;
 
 /// SIGINT and SIGTERM blocked from the start of a session until its event loop handles them.
 /// One that comes while the probes are being placed stays pending, and ends the session as
@@ -459,18 +463,25 @@ async fn record(
     let mut last_flush = Instant::now();
     let mut child_exit = None;
     let mut order = Sequencer::default();
+    // Threads that exited with their buffer full, not ended yet (see the drain below).
+    let mut exited = Vec::new();
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = drain.tick() => {
-                intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
+                intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| session.record(e, g)));
                 if last_flush.elapsed() >= FLUSH_INTERVAL {
                     // Threads that exited with a full buffer: their books are in the table.
-                    let exited = books.take_exited();
+                    // Their last events are in the buffers before their books are taken: they
+                    // are ended once a drain has emptied every buffer.
+                    exited.extend(books.take_exited());
                     if !exited.is_empty() {
-                        intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
-                        order.end_threads(&exited, &mut |e, g| session.record(e, g));
+                        let (_, emptied) = intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| session.record(e, g)));
+                        if emptied {
+                            order.end_threads(&exited, &mut |e, g| session.record(e, g));
+                            exited.clear();
+                        }
                     }
                     session.flush();
                     last_flush = Instant::now();
@@ -478,7 +489,7 @@ async fn record(
             }
             woken = intake.wakeup() => {
                 woken?;
-                intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
+                intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| session.record(e, g)));
             }
             _ = rescan.tick(), if probing.discovery.is_some() => {
                 if let Some(discovery) = &mut probing.discovery {
@@ -510,6 +521,7 @@ async fn record(
         eprintln!("fdr-profiled: warning: {err:#}");
     }
     intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
+    order.end_threads(&exited, &mut |e, g| session.record(e, g));
     order.finish(&books.threads(), &mut |e, g| session.record(e, g));
     let losses = IntakeLosses {
         unattributed_lost: books.unattributed_lost(),
