@@ -72,6 +72,11 @@ impl Event {
     }
 }
 
+/// Most events taken from one ring buffer per drain while the programs record (~3 MiB): the
+/// event loop gets its turn (signals, deadlines, the traced process's exit, requests) between
+/// drains even when the programs write faster than the daemon reads.
+pub const DRAIN_BUDGET: u64 = 1 << 16;
+
 /// The reading end of the kernel → daemon event path.
 pub struct Intake {
     rings: Vec<RingBuf<MapData>>,

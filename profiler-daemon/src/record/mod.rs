@@ -10,7 +10,7 @@ pub mod repair;
 pub use args::RecordArgs;
 
 use crate::kernel::bpf::{KernelBooks, LoadOptions, Scope, Tracer};
-use crate::kernel::intake::Intake;
+use crate::kernel::intake::{Intake, DRAIN_BUDGET};
 use crate::plan::discovery::Discovery;
 use crate::plan::exits::{ExitMode, ExitPolicy, Exits};
 use crate::plan::select::FunctionFilter;
@@ -38,10 +38,6 @@ const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// new object is probed within this much of being mapped. Reading `/proc/PID/maps` costs tens
 /// of microseconds; only files not seen before are opened.
 const RESCAN_INTERVAL: Duration = Duration::from_millis(200);
-/// Most events taken from one ring buffer per drain while recording (~3 MiB): the event loop
-/// gets its turn (Ctrl-C, SIGTERM, `--duration`, the traced process's exit) between drains
-/// even when the programs write faster than the daemon reads.
-const DRAIN_BUDGET: u64 = 1 << 16;
 
 /// SIGINT and SIGTERM blocked from the start of a session until its event loop handles them.
 /// One that comes while the probes are being placed stays pending, and ends the session as

@@ -11,7 +11,7 @@
 //! target whose pattern matches several binaries keeps one recorder per binary, and its
 //! snapshots one directory per binary.
 use crate::kernel::bpf::{Attachment, LoadOptions, Scope, Tracer};
-use crate::kernel::intake::{Event, Intake};
+use crate::kernel::intake::{Event, Intake, DRAIN_BUDGET};
 use crate::plan::exits::{self, ExitMode, ExitPolicy, Exits, ExitsChoice};
 use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
@@ -645,7 +645,7 @@ async fn serve(
     loop {
         tokio::select! {
             _ = drain.tick() => {
-                intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
                 look_at_processes(svc, &mut router, false);
                 for crash in router.crashes_due() {
                     snapshot_crash(svc.config, svc.targets, &crash);
@@ -656,7 +656,7 @@ async fn serve(
             }
             woken = intake.wakeup() => {
                 woken?;
-                intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
                 look_at_processes(svc, &mut router, false);
             }
             _ = rescan.tick() => look_at_processes(svc, &mut router, true),
@@ -666,7 +666,7 @@ async fn serve(
                 }
             }
             _ = sigusr1.recv() => {
-                intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
                 for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     w.recorder.expire();
                 }
@@ -683,7 +683,7 @@ async fn serve(
                         if name.as_ref().is_some_and(|n| !svc.targets.iter().any(|t| &t.config.name == n)) {
                             serde_json::json!({ "error": format!("no target named {:?}", name.unwrap_or_default()) })
                         } else {
-                            intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                            intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
                             for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                                 w.recorder.expire();
                             }
@@ -729,7 +729,7 @@ async fn serve(
                 // probes are removed the rings are drained on (and the watchdog fed).
                 let mut fed = std::time::Instant::now();
                 reload(svc, &mut |targets| {
-                    intake.drain(|event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+                    intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(targets, e, g)));
                     if watchdog && fed.elapsed() >= Duration::from_micros(watchdog_usec / 2) {
                         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
                         fed = std::time::Instant::now();
