@@ -448,6 +448,21 @@ impl SessionReport {
                  kernel's return-probe limit"
             );
         }
+        // The kernel drops the return-probe instances of frames an exception or longjmp left
+        // only when a later call is hooked (and not at its limit of 64) or a traced caller
+        // returns: a thread whose outer frames were entered before tracing began (--pid) can
+        // stay at the limit, and then its calls have no exit of their own.
+        let returned = self.exit_methods.return_probe_calls;
+        if beyond > 1000 && beyond.saturating_mul(20) > returned {
+            let _ = writeln!(
+                s,
+                "  warning: {beyond} calls got no return probe (the kernel's limit of 64 pending \
+                 per thread was reached: deep recursion, or return probes of frames an exception \
+                 or longjmp left that the kernel drops only when a traced caller returns); they \
+                 are timed to the next event that proves them gone. --exits sleds or \
+                 per-function observe every exit"
+            );
+        }
         if let Some(repair) = &self.repair {
             let _ = writeln!(s, "  {}", repair.line());
             let mut stopped: Vec<(u32, u64)> = threads_iter()
