@@ -529,8 +529,10 @@ fn measure(config: &Config, bins: &Binaries, daemon: &Path, work: &Path) -> Resu
         Tool::Daemon { exits, floor, .. } => {
             let want = match exits {
                 Some("sleds") => "exit sleds (",
+                Some("per-function") => "per function:",
                 Some(_) => "return probes (",
-                None => "per function:",
+                // A launched C++ program: repaired (return probes everywhere).
+                None => "return probes (auto: ",
             };
             let line = out
                 .stderr
