@@ -13,6 +13,9 @@
 //!   function, saying why.
 //! - The files are valid for llvm-xray 14 and 19, every event is accounted for, and the
 //!   repairs are in the summary and `session.json`.
+//! - A thread left stuck at the kernel's limit of 64 pending return probes (an exception
+//!   through a 100-deep recursion, caught in a frame entered before tracing) makes the process's
+//!   exits observed by their sleds from then on: its later calls are exact again.
 //!
 //! Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon.
 
@@ -82,7 +85,8 @@ impl Server {
         self.running.pid()
     }
 
-    /// One command for the long-request thread: `r` return, `t` throw, `q` quit.
+    /// One command for the long-request thread: `r` return, `t` throw, `q` quit, `d` throw from
+    /// a 100-deep recursion to the thread's loop, `a`/`b` 20,000 calls of `sv_leaf_a`/`sv_leaf_b`.
     fn command(&mut self, c: u8) {
         self.fifo.write_all(&[c]).unwrap();
     }
@@ -150,6 +154,7 @@ fn assert_server_totals(line: &str, usr1: u64, long_requests: u64) {
     assert_eq!(total(line, "usr1"), usr1, "{line}");
     assert_eq!(total(line, "long"), long_requests, "{line}");
     assert_eq!(total(line, "long_caught"), 1, "{line}");
+    assert_eq!(total(line, "deep_caught"), 0, "{line}");
 }
 
 #[test]
@@ -311,4 +316,89 @@ fn a_process_another_tracer_holds_gets_exits_per_function() {
     std::thread::sleep(Duration::from_millis(300));
     let last = server.stop();
     assert_server_totals(&last, 0, 3);
+}
+
+#[test]
+fn a_thread_stuck_at_the_return_probe_limit_turns_the_process_to_exit_sleds() {
+    let scratch = tests::scratch_dir("repair-pid-stuck");
+    let mut server = Server::start(scratch.path());
+    let out = scratch.path().join("out");
+    let mut tracer = start_pid(server.pid(), &out, &["--exits", "repair", "--no-report"]);
+    tracer.wait_for_stderr_line("fdr-profiled: repair:", TIMEOUT);
+    // A long request entered while return probes are placed; then one that throws from 100
+    // frames deep to the thread's loop (entered before tracing): the kernel keeps the 64
+    // hooked frames' instances, with no traced caller to drop them.
+    server.command(b'r');
+    std::thread::sleep(Duration::from_millis(200));
+    server.command(b'd');
+    std::thread::sleep(Duration::from_millis(200));
+    // 20,000 calls beyond the limit: the session turns to exit sleds.
+    server.command(b'a');
+    let switched = tracer.wait_for_stderr_match("the switch to exit sleds", TIMEOUT, |l| {
+        l.contains("exit sleds placed instead of return probes")
+    });
+    assert!(
+        switched.contains("beyond the kernel's limit of 64"),
+        "{switched}"
+    );
+    server.command(b'b');
+    std::thread::sleep(Duration::from_millis(1500));
+    let done = tests::run::interrupt_and_finish(tracer, TIMEOUT);
+    tests::run::assert_success("fdr-profiled --pid --exits repair", &done);
+    assert_eq!(
+        tracers(server.pid()),
+        vec![0; tracers(server.pid()).len()],
+        "no ptrace relation is left"
+    );
+    server.command(b't');
+    std::thread::sleep(Duration::from_millis(300));
+    let last = server.stop();
+    assert_eq!(total(&last, "deep_caught"), 1, "{last}");
+    assert_eq!(total(&last, "long_caught"), 1, "{last}");
+
+    let trace = tests::trace::check_trace_dir(&out, &server_fixture());
+    tests::assert_every_event_accounted(&trace.session);
+    assert!(
+        trace.session.json["exits_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("exits observed by their sleds from")),
+        "{}",
+        trace.session.json
+    );
+    let long = trace
+        .threads
+        .iter()
+        .find(|t| t.calls().contains_key("sv_leaf_a"))
+        .expect("the long-request thread");
+    let calls = long.calls();
+    // Before the switch, sv_leaf_a's calls had no exit of their own (each closed by the next
+    // entry that proved it gone); after it, sv_leaf_b's exits are its exit sleds'.
+    assert_eq!(calls["sv_leaf_a"].entries(), 20_000, "{calls:?}");
+    assert_eq!(calls["sv_leaf_b"].entries(), 20_000, "{calls:?}");
+    assert_eq!(calls["sv_leaf_b"].exits(), 20_000, "{calls:?}");
+    let dump = tests::tools::run_output(
+        Command::new(tests::tools::fdr_profiled())
+            .arg("dump")
+            .arg(&long.path)
+            .arg("--session")
+            .arg(&out)
+            .arg("--xray-stream"),
+    );
+    assert!(dump.status.success(), "{dump:?}");
+    let dump = String::from_utf8(dump.stdout).unwrap();
+    let count = |what: &str, function: &str| {
+        dump.lines()
+            .filter(|l| l.contains(what) && l.ends_with(&format!(" {function}")))
+            .count()
+    };
+    assert_eq!(
+        count("<Function Exit", "sv_leaf_a"),
+        0,
+        "closed by the recorder"
+    );
+    assert_eq!(
+        count("<Function Exit", "sv_leaf_b"),
+        20_000,
+        "their own exits"
+    );
 }

@@ -67,6 +67,14 @@ pub struct Attachment {
     perf: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>,
 }
 
+impl Attachment {
+    /// Adds `other`'s probes to this set.
+    pub fn extend(&mut self, other: Attachment) {
+        self.multi.extend(other.multi);
+        self.perf.extend(other.perf);
+    }
+}
+
 /// Which processes the probes fire for.
 #[derive(Clone, Copy, Debug)]
 pub enum Scope {
@@ -221,6 +229,19 @@ impl Tracer {
     /// produce exits without entries (dropped and counted), never entries without exits.
     /// Returns how many probes were placed.
     pub fn attach(&mut self, plan: &AttachPlan, scope: Scope) -> Result<usize> {
+        let (placed, returns) = self.attach_keeping_returns(plan, scope)?;
+        self.attachment.extend(returns);
+        Ok(placed)
+    }
+
+    /// [`Tracer::attach`], keeping the return probes apart: returns how many probes were placed
+    /// and the return probes' links (not in [`Tracer::take_attachment`]'s set), which
+    /// [`Tracer::exit_sleds_instead`] can remove.
+    pub fn attach_keeping_returns(
+        &mut self,
+        plan: &AttachPlan,
+        scope: Scope,
+    ) -> Result<(usize, Attachment)> {
         let scope = UProbeScope::from(scope);
         let (sled_prog, return_prog) = if self.options.floor {
             (FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM)
@@ -246,9 +267,48 @@ impl Tracer {
             }
         }
         sleds.sort_by_key(|p| SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry));
-        self.place(return_prog, &returns, &plan.binary, scope)?;
-        self.place(sled_prog, &sleds, &plan.binary, scope)?;
-        Ok(sleds.len() + returns.len())
+        let before = self.take_attachment();
+        let placed_returns = self.place(return_prog, &returns, &plan.binary, scope);
+        let return_links = std::mem::replace(&mut self.attachment, before);
+        let placed = placed_returns.and_then(|()| self.place(sled_prog, &sleds, &plan.binary, scope));
+        if let Err(err) = placed {
+            // What was placed stays in the set a failed attach is removed with.
+            self.attachment.extend(return_links);
+            return Err(err);
+        }
+        Ok((sleds.len() + returns.len(), return_links))
+    }
+
+    /// Observes the exits of `plan`'s return-probed functions by their exit sleds from now on:
+    /// places those sleds' probes, then removes `returns` (the plan's return probes, from
+    /// [`Tracer::attach_keeping_returns`]). Frames hooked before go on returning through the
+    /// kernel's trampoline, unseen; their exit sleds report them.
+    pub fn exit_sleds_instead(
+        &mut self,
+        plan: &AttachPlan,
+        returns: Attachment,
+        scope: Scope,
+    ) -> Result<usize> {
+        let exits: Vec<Probe> = plan
+            .probes
+            .iter()
+            .filter(|p| p.cookie.kind == SledKind::Exit as u8 && p.cookie.return_probed())
+            .map(|p| Probe {
+                file_offset: p.file_offset,
+                cookie: Cookie {
+                    flags: p.cookie.flags & !cookie_flags::RETURN_PROBED,
+                    ..p.cookie
+                },
+            })
+            .collect();
+        let program = if self.options.floor {
+            FLOOR_PROGRAM
+        } else {
+            SLED_PROGRAM
+        };
+        self.place(program, &exits, &plan.binary, UProbeScope::from(scope))?;
+        self.detach(returns);
+        Ok(exits.len())
     }
 
     /// Places the catch probe (see `plan::catches`) at `file_offset` of `object`, for the

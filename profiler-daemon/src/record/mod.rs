@@ -185,10 +185,21 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         .iter()
         .map(|p| p.undecodable_event_sleds)
         .sum();
+    // Under repair, the return probes are kept apart: a thread stuck at the kernel's limit of
+    // pending return probes makes the session observe exits by their sleds instead.
+    let mut return_probes = (exits_choice.mode == "repair").then(Vec::new);
     let placed = std::mem::take(&mut planned.plans)
         .into_iter()
         .try_for_each(|plan| {
-            objects::attach(&mut tracer, &mut session, plan, policy, scope).map(drop)
+            objects::attach(
+                &mut tracer,
+                &mut session,
+                plan,
+                policy,
+                scope,
+                return_probes.as_mut(),
+            )
+            .map(drop)
         })
         .and_then(|()| {
             attach_catches(&mut tracer, &planned, scope);
@@ -235,9 +246,54 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             policy,
             scope,
             tracer,
+            return_probes,
         };
         record(cli, target, intake, books, session, probing, held_signals).await
     })
+}
+
+/// A thread with more frames open beyond the kernel's limit of 64 pending return probes than
+/// any recursion keeps: the kernel is stuck at its limit (the return probes of frames an
+/// exception left are dropped only when a traced caller returns, and none will).
+const STUCK_BEYOND_RETURN_LIMIT: u32 = 4096;
+
+/// Under repair, when a thread is stuck at the kernel's limit of pending return probes (see
+/// [`STUCK_BEYOND_RETURN_LIMIT`]), its calls would have no exit of their own for the rest of
+/// the session: the whole process's exits are observed by their sleds from then on (exact,
+/// at the cost of a single-stepped `ret` each), and the manifest says when and why. The
+/// frames hooked before still return through the trampoline and are still repaired.
+fn exit_sleds_if_stuck(books: &KernelBooks, probing: &mut Probing, session: &mut Session) {
+    let Some((tid, state)) = books
+        .threads()
+        .into_iter()
+        .find(|(_, s)| s.beyond_return_depth > STUCK_BEYOND_RETURN_LIMIT)
+    else {
+        return;
+    };
+    let Some(kept) = probing.return_probes.take() else {
+        return;
+    };
+    let mut placed = 0;
+    for object in kept {
+        match probing
+            .tracer
+            .exit_sleds_instead(&object.plan, object.links, probing.scope)
+        {
+            Ok(n) => placed += n,
+            Err(err) => eprintln!(
+                "fdr-profiled: warning: {}: exit sleds not placed ({err:#}); its calls keep ending at the next event that proves them gone",
+                object.plan.display_path
+            ),
+        }
+    }
+    probing.policy = ExitPolicy::All(Exits::Sleds);
+    let note = format!(
+        "exits observed by their sleds from CLOCK_MONOTONIC {} ns on: thread {tid} had {} calls beyond the kernel's limit of 64 pending return probes (return probes of frames an exception left, which the kernel drops only when a traced caller returns)",
+        crate::session::monotonic_ns(),
+        state.beyond_return_depth
+    );
+    eprintln!("fdr-profiled: exits: {placed} exit sleds placed instead of return probes: {note}");
+    session.note_exits(&note);
 }
 
 /// `--exits repair`, as asked for or as `auto` chose it, with what it needs of the kernel.
@@ -383,6 +439,9 @@ struct Probing {
     policy: ExitPolicy,
     scope: Scope,
     tracer: Tracer,
+    /// Under repair: every object's return probes, until exits are observed by their sleds
+    /// instead (see [`exit_sleds_instead`]).
+    return_probes: Option<Vec<objects::ReturnProbes>>,
 }
 
 async fn record(
@@ -481,6 +540,9 @@ async fn record(
                     }
                     session.flush();
                     last_flush = Instant::now();
+                    if probing.return_probes.is_some() {
+                        exit_sleds_if_stuck(&books, &mut probing, &mut session);
+                    }
                 }
             }
             woken = intake.wakeup() => {
@@ -489,7 +551,7 @@ async fn record(
             }
             _ = rescan.tick(), if probing.discovery.is_some() => {
                 if let Some(discovery) = &mut probing.discovery {
-                    objects::rescan(discovery, &probing.filter, probing.policy, &mut probing.tracer, &mut session, probing.scope);
+                    objects::rescan(discovery, &probing.filter, probing.policy, &mut probing.tracer, &mut session, probing.scope, probing.return_probes.as_mut());
                 }
             }
             _ = sigint.recv() => break,

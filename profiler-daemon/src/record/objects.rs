@@ -2,7 +2,7 @@
 //! running process's mapped objects; a command and the instrumented libraries it links), then,
 //! for a single traced process, the objects it maps later (`dlopen`), found by rescanning its
 //! mappings while recording.
-use crate::kernel::bpf::{Scope, Tracer};
+use crate::kernel::bpf::{Attachment, Scope, Tracer};
 use crate::plan::discovery::{Discovery, Found};
 use crate::plan::exits::ExitPolicy;
 use crate::plan::select::FunctionFilter;
@@ -147,17 +147,35 @@ impl Planned {
     }
 }
 
+/// The return probes of an object, kept so that its exits can be observed by its exit sleds
+/// instead (see `record::exit_sleds_instead`).
+pub struct ReturnProbes {
+    pub plan: AttachPlan,
+    pub links: Attachment,
+}
+
 /// Decides how `plan`'s functions' exits are observed, places its probes, says so, and adds
-/// the object to the session.
+/// the object to the session. With `keep`, the object's return probes are kept there.
 pub fn attach(
     tracer: &mut Tracer,
     session: &mut Session,
     mut plan: AttachPlan,
     policy: ExitPolicy,
     scope: Scope,
+    keep: Option<&mut Vec<ReturnProbes>>,
 ) -> Result<usize> {
     crate::plan::exits::decide(&mut plan, policy);
-    let placed = tracer.attach(&plan, scope)?;
+    let placed = match keep {
+        Some(kept) => {
+            let (placed, links) = tracer.attach_keeping_returns(&plan, scope)?;
+            kept.push(ReturnProbes {
+                plan: plan.clone(),
+                links,
+            });
+            placed
+        }
+        None => tracer.attach(&plan, scope)?,
+    };
     let attached_ns = crate::session::monotonic_ns();
     let object = if plan.object_id == 0 {
         String::new()
@@ -182,6 +200,7 @@ pub fn rescan(
     tracer: &mut Tracer,
     session: &mut Session,
     scope: Scope,
+    mut keep: Option<&mut Vec<ReturnProbes>>,
 ) {
     let Ok(found) = discovery.scan() else {
         return;
@@ -195,7 +214,7 @@ pub fn rescan(
             continue;
         }
         let path = plan.display_path.clone();
-        if let Err(err) = attach(tracer, session, plan, policy, scope) {
+        if let Err(err) = attach(tracer, session, plan, policy, scope, keep.as_deref_mut()) {
             eprintln!("fdr-profiled: warning: {path}: not traced: {err:#}");
         }
     }

@@ -132,6 +132,13 @@ impl Session {
     }
 
     /// `--exits repair`: what the repairs did, by thread id, for the threads' reports.
+    /// Adds what happened to the exit method during the session to the reason the manifest
+    /// and the summary give for it.
+    pub fn note_exits(&mut self, note: &str) {
+        self.exits.reason.push_str("; ");
+        self.exits.reason.push_str(note);
+    }
+
     pub fn set_repairs(&mut self, by_thread: BTreeMap<u32, summary::RepairStats>) {
         self.repairs = Some(by_thread);
     }
