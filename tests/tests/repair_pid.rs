@@ -338,7 +338,7 @@ fn a_thread_stuck_at_the_return_probe_limit_turns_the_process_to_exit_sleds() {
         l.contains("exit sleds placed instead of return probes")
     });
     assert!(
-        switched.contains("beyond the kernel's limit of 64"),
+        switched.contains("calls without a return probe, the kernel at its limit of 64"),
         "{switched}"
     );
     server.command(b'b');

@@ -270,7 +270,8 @@ impl Tracer {
         let before = self.take_attachment();
         let placed_returns = self.place(return_prog, &returns, &plan.binary, scope);
         let return_links = std::mem::replace(&mut self.attachment, before);
-        let placed = placed_returns.and_then(|()| self.place(sled_prog, &sleds, &plan.binary, scope));
+        let placed =
+            placed_returns.and_then(|()| self.place(sled_prog, &sleds, &plan.binary, scope));
         if let Err(err) = placed {
             // What was placed stays in the set a failed attach is removed with.
             self.attachment.extend(return_links);

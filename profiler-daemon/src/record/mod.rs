@@ -256,6 +256,8 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
 /// any recursion keeps: the kernel is stuck at its limit (the return probes of frames an
 /// exception left are dropped only when a traced caller returns, and none will).
 const STUCK_BEYOND_RETURN_LIMIT: u32 = 4096;
+/// How often threads are checked for that (reading the kernel's per-thread table).
+const STUCK_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Under repair, when a thread is stuck at the kernel's limit of pending return probes (see
 /// [`STUCK_BEYOND_RETURN_LIMIT`]), its calls would have no exit of their own for the rest of
@@ -263,11 +265,22 @@ const STUCK_BEYOND_RETURN_LIMIT: u32 = 4096;
 /// at the cost of a single-stepped `ret` each), and the manifest says when and why. The
 /// frames hooked before still return through the trampoline and are still repaired.
 fn exit_sleds_if_stuck(books: &KernelBooks, probing: &mut Probing, session: &mut Session) {
-    let Some((tid, state)) = books
+    // The programs know the kernel is at its limit when they counted every pending return
+    // probe; frames the kernel hooked before recording began (--pid) they do not know of, and
+    // then the frames it no longer hooks show as frames proven gone by a later call rather
+    // than by a catch (under repair every exception is seen caught).
+    let limit = u64::from(STUCK_BEYOND_RETURN_LIMIT);
+    let stuck = books
         .threads()
         .into_iter()
         .find(|(_, s)| s.beyond_return_depth > STUCK_BEYOND_RETURN_LIMIT)
-    else {
+        .map(|(tid, s)| (tid, u64::from(s.beyond_return_depth)))
+        .or_else(|| {
+            session
+                .most_frames_closed_uncaught()
+                .filter(|&(_, n)| n > limit)
+        });
+    let Some((tid, calls)) = stuck else {
         return;
     };
     let Some(kept) = probing.return_probes.take() else {
@@ -288,9 +301,8 @@ fn exit_sleds_if_stuck(books: &KernelBooks, probing: &mut Probing, session: &mut
     }
     probing.policy = ExitPolicy::All(Exits::Sleds);
     let note = format!(
-        "exits observed by their sleds from CLOCK_MONOTONIC {} ns on: thread {tid} had {} calls beyond the kernel's limit of 64 pending return probes (return probes of frames an exception left, which the kernel drops only when a traced caller returns)",
-        crate::session::monotonic_ns(),
-        state.beyond_return_depth
+        "exits observed by their sleds from CLOCK_MONOTONIC {} ns on: thread {tid} had {calls} calls without a return probe, the kernel at its limit of 64 pending ones (return probes of frames an exception left, which the kernel drops only when a traced caller returns)",
+        crate::session::monotonic_ns()
     );
     eprintln!("fdr-profiled: exits: {placed} exit sleds placed instead of return probes: {note}");
     session.note_exits(&note);
@@ -516,6 +528,7 @@ async fn record(
     let mut drain = tokio::time::interval(DRAIN_INTERVAL);
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_flush = Instant::now();
+    let mut last_stuck_check = Instant::now();
     let mut child_exit = None;
     let mut order = Sequencer::default();
     // Threads that exited with their buffer full, not ended yet (see the drain below).
@@ -540,9 +553,10 @@ async fn record(
                     }
                     session.flush();
                     last_flush = Instant::now();
-                    if probing.return_probes.is_some() {
-                        exit_sleds_if_stuck(&books, &mut probing, &mut session);
-                    }
+                }
+                if probing.return_probes.is_some() && last_stuck_check.elapsed() >= STUCK_CHECK_INTERVAL {
+                    exit_sleds_if_stuck(&books, &mut probing, &mut session);
+                    last_stuck_check = Instant::now();
                 }
             }
             woken = intake.wakeup() => {

@@ -132,6 +132,16 @@ impl Session {
     }
 
     /// `--exits repair`: what the repairs did, by thread id, for the threads' reports.
+    /// The thread (and its count) with the most frames proven gone by an event other than a
+    /// catch (see `ThreadCounts::frames_closed_uncaught`).
+    pub fn most_frames_closed_uncaught(&self) -> Option<(u32, u64)> {
+        self.processes
+            .values()
+            .flat_map(|p| p.threads.iter())
+            .map(|(&tid, t)| (tid, t.frames_closed_uncaught()))
+            .max_by_key(|&(_, n)| n)
+    }
+
     /// Adds what happened to the exit method during the session to the reason the manifest
     /// and the summary give for it.
     pub fn note_exits(&mut self, note: &str) {

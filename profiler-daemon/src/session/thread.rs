@@ -74,6 +74,9 @@ pub struct ThreadCounts {
     pub unreadable_events: u64,
     /// Catches seen (exceptions caught in this thread).
     pub catches: u64,
+    /// Of `frames_unwound`: those proven gone by an event other than a catch (a `longjmp`, or
+    /// a return probe the kernel omitted without the programs knowing it was at its limit).
+    pub frames_closed_uncaught: u64,
 }
 
 /// What became of one event.
@@ -157,6 +160,11 @@ impl ThreadTrace {
         }
     }
 
+    /// Frames closed by an event other than a catch so far (see [`ThreadCounts`]).
+    pub fn frames_closed_uncaught(&self) -> u64 {
+        self.counts.frames_closed_uncaught
+    }
+
     /// Applies the thread's next event. Write errors close the file as it stands (still valid)
     /// with a warning; later events are counted as dropped.
     pub fn apply(
@@ -211,6 +219,7 @@ impl ThreadTrace {
     fn close_dead(
         &mut self,
         writer: &mut ThreadWriter<File>,
+        at_catch: bool,
         dead: impl Fn(u64) -> bool,
         ts: u64,
         cpu: u16,
@@ -234,6 +243,9 @@ impl ThreadTrace {
                 self.counts.frames_closed_by_loss += 1;
             } else {
                 self.counts.frames_unwound += 1;
+                if !at_catch {
+                    self.counts.frames_closed_uncaught += 1;
+                }
             }
         }
         Ok(())
@@ -257,12 +269,12 @@ impl ThreadTrace {
             return Ok(Fate::End);
         }
         if h.kind == event_kind::CATCH {
-            self.close_dead(writer, at_or_below, ts, cpu, totals)?;
+            self.close_dead(writer, true, at_or_below, ts, cpu, totals)?;
             return Ok(Fate::Catch);
         }
         let fate = match SledKind::from_u8(h.kind) {
             Some(kind @ (SledKind::Entry | SledKind::LogArgsEntry)) => {
-                self.close_dead(writer, at_or_below, ts, cpu, totals)?;
+                self.close_dead(writer, false, at_or_below, ts, cpu, totals)?;
                 let r = if kind == SledKind::LogArgsEntry {
                     writer.entry_with_args(h.function_id, ts, cpu, &event.args[..event.nargs])?
                 } else {
@@ -281,7 +293,7 @@ impl ThreadTrace {
                 Fate::of(r)
             }
             Some(kind @ (SledKind::Exit | SledKind::Tail)) => {
-                self.close_dead(writer, below, ts, cpu, totals)?;
+                self.close_dead(writer, false, below, ts, cpu, totals)?;
                 match self.frames.last() {
                     Some(top) if top.slot == sp && top.function_id == h.function_id => {
                         let action = if kind == SledKind::Tail {
@@ -299,7 +311,7 @@ impl ThreadTrace {
                     Some(top) if top.slot == sp => {
                         // Another function returns from this frame's slot: the frame is gone
                         // (left in a way no probe saw); the exit has no traced entry.
-                        self.close_dead(writer, at_or_below, ts, cpu, totals)?;
+                        self.close_dead(writer, false, at_or_below, ts, cpu, totals)?;
                         self.unmatched_exit(true)
                     }
                     _ => {
@@ -312,7 +324,7 @@ impl ThreadTrace {
                 }
             }
             Some(kind @ (SledKind::CustomEvent | SledKind::TypedEvent)) => {
-                self.close_dead(writer, below, ts, cpu, totals)?;
+                self.close_dead(writer, false, below, ts, cpu, totals)?;
                 write_event(writer, &mut self.counts, kind, event, ts)?
             }
             None => Fate::Unknown,
