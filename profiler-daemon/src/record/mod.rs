@@ -164,10 +164,15 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             }
         }
     }
+    // Whether the keeper repairs this session's stack (it may have declined above).
+    let repairing = matches!(
+        &target,
+        Target::Launch(_, Some(_)) | Target::Pid(_, _, Some(_))
+    );
     if let Some(discovery) = &mut planned.discovery {
         // Under repair every frame may be hooked: the throws of an object loaded later go
         // through the unwinder already probed.
-        if exits_choice.mode != "repair"
+        if !repairing
             && matches!(cli.exits, ExitMode::Auto | ExitMode::PerFunction)
             && policy == ExitPolicy::All(Exits::Return)
         {
@@ -187,7 +192,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         .sum();
     // Under repair, the return probes are kept apart: a thread stuck at the kernel's limit of
     // pending return probes makes the session observe exits by their sleds instead.
-    let mut return_probes = (exits_choice.mode == "repair").then(Vec::new);
+    let mut return_probes = repairing.then(Vec::new);
     let placed = std::mem::take(&mut planned.plans)
         .into_iter()
         .try_for_each(|plan| {
