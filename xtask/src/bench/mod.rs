@@ -11,6 +11,7 @@
 mod attach;
 mod calls;
 mod cxx_suite;
+mod daemon;
 mod report;
 mod service;
 mod support;
@@ -48,6 +49,10 @@ const SECTIONS: &[Section] = &[
     Section {
         name: "service",
         run: service::run,
+    },
+    Section {
+        name: "daemon",
+        run: daemon::run,
     },
     Section {
         name: "cxx_suite",

@@ -7,7 +7,6 @@
 //! same reader `report` uses. Each command runs [`ROUNDS`] times; the table gives medians.
 //! Targets: `report` within 3x of reading, peak resident memory under 200 MiB.
 use super::support::{self, median};
-use crate::run;
 use anyhow::{bail, Context as _, Result};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -27,7 +26,7 @@ const TARGET_RSS_MIB: f64 = 200.0;
 pub fn run() -> Result<String> {
     let daemon = support::daemon()?;
     let work = support::scratch("report")?;
-    let bin = build_workload(&work)?;
+    let bin = support::build_calls(&work)?;
     let session = work.join("session");
     let out = Command::new(&daemon)
         .arg("--out")
@@ -194,24 +193,4 @@ fn fdr_files(session: &Path) -> Result<Vec<PathBuf>> {
         );
     }
     Ok(files)
-}
-
-/// Compiles `tests/fixtures/calls.c` into `dir` with the tests' flags.
-fn build_workload(dir: &Path) -> Result<PathBuf> {
-    let source = run::workspace_root().join("tests/fixtures/calls.c");
-    let bin = dir.join("calls");
-    run::status(
-        Command::new("clang-19")
-            .args([
-                "-O2",
-                "-g",
-                "-fxray-instrument",
-                "-fxray-instruction-threshold=1",
-                "-pthread",
-            ])
-            .arg(&source)
-            .arg("-o")
-            .arg(&bin),
-    )?;
-    Ok(bin)
 }

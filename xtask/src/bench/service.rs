@@ -8,13 +8,12 @@
 //! - Memory: the service's own report (`fdr-profiled status --json`) of what its recorder holds
 //!   after 4 threads called `cx_tiny` for 3 s with a 2 s window: bytes per thread held, bytes
 //!   per event, and the events per second that filled it.
-use super::support::{self, median};
-use crate::run;
+use super::support::{self, median, Background};
 use anyhow::{bail, Context as _, Result};
 use std::fmt::Write as _;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Rounds of the per-call comparison.
@@ -30,7 +29,7 @@ const WINDOW: &str = "2s";
 pub fn run() -> Result<String> {
     let daemon = support::daemon()?;
     let work = support::scratch("service")?;
-    let bin = build_workload(&work)?;
+    let bin = support::build_calls(&work)?;
     let machine = support::machine_description();
 
     let mut attach = Vec::new();
@@ -114,40 +113,6 @@ pub fn run() -> Result<String> {
         memory.bytes as f64 / memory.events.max(1) as f64
     );
     Ok(s)
-}
-
-/// Compiles the workload into `dir`.
-fn build_workload(dir: &Path) -> Result<PathBuf> {
-    let source = run::workspace_root()
-        .join("tests")
-        .join("fixtures")
-        .join("calls.c");
-    let bin = dir.join("calls");
-    run::status(
-        Command::new("clang-19")
-            .args([
-                "-O2",
-                "-g",
-                "-fxray-instrument",
-                "-fxray-instruction-threshold=1",
-                "-pthread",
-            ])
-            .arg(&source)
-            .arg("-o")
-            .arg(&bin),
-    )?;
-    Ok(bin)
-}
-
-/// A background daemon, stopped (SIGINT) and reaped when dropped.
-struct Background(Child);
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGINT) };
-        let _ = self.0.wait();
-    }
 }
 
 /// Starts `cmd` and waits until a stderr line starts with `ready`.

@@ -1,9 +1,9 @@
-//! What the benchmarks share: where the build puts things, a description of the machine for
-//! the report, running a measured command, and medians.
+//! What the benchmarks share: where the build puts things, the `calls.c` workload, a
+//! description of the machine for the report, running a measured command, and medians.
 use crate::run;
 use anyhow::{bail, Context as _, Result};
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 
 /// The cargo target directory (see [`run::target_dir`]).
 pub fn target_dir() -> PathBuf {
@@ -27,6 +27,37 @@ pub fn scratch(name: &str) -> Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
+}
+
+/// Compiles `tests/fixtures/calls.c` into `dir/calls` with the tests' flags.
+pub fn build_calls(dir: &Path) -> Result<PathBuf> {
+    let source = run::workspace_root().join("tests/fixtures/calls.c");
+    let bin = dir.join("calls");
+    run::status(
+        Command::new("clang-19")
+            .args([
+                "-O2",
+                "-g",
+                "-fxray-instrument",
+                "-fxray-instruction-threshold=1",
+                "-pthread",
+            ])
+            .arg(&source)
+            .arg("-o")
+            .arg(&bin),
+    )?;
+    Ok(bin)
+}
+
+/// A background process, stopped (SIGINT) and reaped when dropped.
+pub struct Background(pub Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGINT) };
+        let _ = self.0.wait();
+    }
 }
 
 /// One line per fact about where the numbers were taken: kernel, CPUs, load, tool versions.
