@@ -637,6 +637,9 @@ async fn serve(
     let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
     let mut ping = tokio::time::interval(Duration::from_micros(watchdog_usec.max(2) / 2));
     let mut status = tokio::time::interval(STATUS_INTERVAL);
+    // A tick the loop could not take on time comes late, never as a burst of ticks a moment
+    // apart: the events per second are taken over the time since the last one.
+    status.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_status = (std::time::Instant::now(), 0u64);
     // Events per second over the last status period.
     let mut rate = 0.0;
