@@ -20,7 +20,7 @@ use tests::fixtures::private_copy;
 use tests::fixtures::workloads::{calls_fixture, crash_fixture, slow_fixture, CALLS_FUNCTIONS};
 use tests::run::Running;
 use tests::tools::run_output;
-use tests::trace::{assert_process_calls, check_trace_dir, MainCall, ProcessExpectation};
+use tests::trace::{assert_process_calls, check_trace_dir, MainCall, ProcessExpectation, TraceDir};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -106,18 +106,7 @@ fn a_snapshot_holds_the_last_window_of_every_process_of_the_target() {
         vec![second_pid],
         "only the second process is in the window"
     );
-    let calls = expected_calls(&parse_count_lines(&second.stdout));
-    assert_process_calls(
-        &trace,
-        &ProcessExpectation {
-            pid: second_pid,
-            calls: &calls,
-            known: CALLS_FUNCTIONS,
-            main_fn: "main",
-            main: MainCall::Traced,
-            only_known: true,
-        },
-    );
+    assert_calls_run(&trace, second_pid, &second.stdout);
     tests::assert_every_event_accounted(&trace.session);
     // The first process's events all aged out: main, cx_loop, 1000 calls of cx_tiny and
     // cx_report (entry and exit each), and its thread's end.
@@ -734,17 +723,7 @@ fn a_reload_adds_and_removes_targets_and_keeps_the_others_running() {
                     .find(|(p, _)| *p == pid)
                     .map(|(_, o)| o.clone())
                     .unwrap_or_else(|| panic!("{target}: unknown process {pid}"));
-                assert_process_calls(
-                    &trace,
-                    &ProcessExpectation {
-                        pid,
-                        calls: &expected_calls(&parse_count_lines(&stdout)),
-                        known: CALLS_FUNCTIONS,
-                        main_fn: "main",
-                        main: MainCall::Traced,
-                        only_known: true,
-                    },
-                );
+                assert_calls_run(&trace, pid, &stdout);
             }
         }
         pids.into_iter().collect::<Vec<u32>>()
@@ -1110,23 +1089,29 @@ fn spawn_service(scratch: &Path, config: &Path) -> Running {
     service
 }
 
+/// The run `pid` of the calls fixture, whose output is `stdout`, is in `trace` with exactly
+/// the calls it counted.
+fn assert_calls_run(trace: &TraceDir, pid: u32, stdout: &str) {
+    assert_process_calls(
+        trace,
+        &ProcessExpectation {
+            pid,
+            calls: &expected_calls(&parse_count_lines(stdout)),
+            known: CALLS_FUNCTIONS,
+            main_fn: "main",
+            main: MainCall::Traced,
+            only_known: true,
+        },
+    );
+}
+
 /// The exact calls of each `(pid, stdout)` run found in `dir`'s trace.
 fn assert_runs_in(dir: &Path, bin: &Path, runs: &[(u32, String)]) {
     let trace = check_trace_dir(dir, bin);
     let want: std::collections::BTreeSet<u32> = runs.iter().map(|(p, _)| *p).collect();
     assert_eq!(trace.pids(), want, "{}", dir.display());
     for (pid, stdout) in runs {
-        assert_process_calls(
-            &trace,
-            &ProcessExpectation {
-                pid: *pid,
-                calls: &expected_calls(&parse_count_lines(stdout)),
-                known: CALLS_FUNCTIONS,
-                main_fn: "main",
-                main: MainCall::Traced,
-                only_known: true,
-            },
-        );
+        assert_calls_run(&trace, *pid, stdout);
     }
 }
 
@@ -1388,17 +1373,7 @@ fn writing_stops_at_min_free_and_starts_again() {
     let segments = snapshots(&output, "rec");
     assert_eq!(segments.len(), 1, "{segments:?}");
     let trace = check_trace_dir(&segments[0], &bin);
-    assert_process_calls(
-        &trace,
-        &ProcessExpectation {
-            pid: run.0,
-            calls: &expected_calls(&parse_count_lines(&run.1)),
-            known: CALLS_FUNCTIONS,
-            main_fn: "main",
-            main: MainCall::Traced,
-            only_known: true,
-        },
-    );
+    assert_calls_run(&trace, run.0, &run.1);
     // The STATUS= lines count what was not written.
     let statuses = statuses.join().unwrap();
     let last_status = statuses.last().cloned().unwrap_or_default();
@@ -1490,17 +1465,7 @@ fn recorded_runs(
                 .find(|(p, _)| *p == pid)
                 .map(|(_, o)| o.clone())
                 .unwrap_or_else(|| panic!("{}: unknown process {pid}", d.display()));
-            assert_process_calls(
-                &trace,
-                &ProcessExpectation {
-                    pid,
-                    calls: &expected_calls(&parse_count_lines(&stdout)),
-                    known: CALLS_FUNCTIONS,
-                    main_fn: "main",
-                    main: MainCall::Traced,
-                    only_known: true,
-                },
-            );
+            assert_calls_run(&trace, pid, &stdout);
             pids.push(pid);
         }
         found.insert(d.file_name().unwrap().to_string_lossy().into_owned(), pids);
