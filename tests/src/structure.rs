@@ -42,41 +42,36 @@ pub struct Payloads {
     pub max_bytes: usize,
 }
 
-/// The records without the exits the daemon writes for frames an exception unwound (native
-/// XRay writes none; the daemon closes them where the exception is caught). It writes them all
-/// at the tick of the catch, which no record of its own has, so they are the runs of two or
-/// more consecutive exits of one thread at one tick: two real probe hits of one thread never
-/// share a nanosecond (a probe hit alone costs hundreds). A catch that leaves a single frame is
-/// not recognised; callers compare the total with the daemon's `frames_unwound`. Returns the
-/// records kept and, per thread and function, how many exits were left out.
-pub fn without_unwound_exits<'a>(
+/// The records of one thread's file, in file order, without the exits the daemon wrote to
+/// close frames proven gone (native XRay writes none), exactly as its `session.json` lists them
+/// for that thread ([`crate::trace::Session::closing_exits`]: runs of `[index among the file's
+/// function records, count]`). Returns the records kept and, per thread and function, how
+/// many exits were left out. Panics if a listed record is not an exit.
+pub fn without_closing_exits<'a>(
     records: impl IntoIterator<Item = &'a Record>,
+    runs: &[[u64; 2]],
 ) -> (Vec<&'a Record>, BTreeMap<(u32, String), u64>) {
-    let records: Vec<&Record> = records.into_iter().collect();
-    let same_tick_exit = |a: &Record, b: &Record| {
-        a.kind == RecordKind::Exit && b.kind == RecordKind::Exit && a.tsc == b.tsc
+    let closing = |index: u64| {
+        runs.iter()
+            .any(|&[first, count]| index >= first && index - first < count)
     };
-    // Per record, the previous and the next record of its thread.
-    let mut prev: Vec<Option<usize>> = vec![None; records.len()];
-    let mut next: Vec<Option<usize>> = vec![None; records.len()];
-    let mut last_of: BTreeMap<u32, usize> = BTreeMap::new();
-    for (i, r) in records.iter().enumerate() {
-        if let Some(&p) = last_of.get(&r.thread) {
-            prev[i] = Some(p);
-            next[p] = Some(i);
-        }
-        last_of.insert(r.thread, i);
-    }
-    let mut kept = Vec::with_capacity(records.len());
+    let mut kept = Vec::new();
     let mut dropped: BTreeMap<(u32, String), u64> = BTreeMap::new();
-    for (i, r) in records.iter().enumerate() {
-        let unwound = prev[i].is_some_and(|p| same_tick_exit(records[p], r))
-            || next[i].is_some_and(|n| same_tick_exit(r, records[n]));
-        if unwound {
-            *dropped.entry((r.thread, r.function.clone())).or_default() += 1;
-        } else {
-            kept.push(*r);
+    let mut function_records = 0u64;
+    for r in records {
+        if r.kind.is_function() {
+            let index = function_records;
+            function_records += 1;
+            if closing(index) {
+                assert!(
+                    r.kind.is_exit(),
+                    "closing record {index} is not an exit: {r:?}"
+                );
+                *dropped.entry((r.thread, r.function.clone())).or_default() += 1;
+                continue;
+            }
         }
+        kept.push(r);
     }
     (kept, dropped)
 }

@@ -31,6 +31,23 @@ pub struct Session {
 }
 
 impl Session {
+    /// The exits the daemon wrote in thread `tid`'s file to close frames proven gone (its
+    /// `closing_exits`: runs of `[index among the file's function records, count]`).
+    pub fn closing_exits(&self, tid: u32) -> Vec<[u64; 2]> {
+        self.json["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["threads"].as_array().into_iter().flatten())
+            .filter(|t| t["tid"].as_u64() == Some(u64::from(tid)))
+            .flat_map(|t| t["closing_exits"].as_array().into_iter().flatten())
+            .map(|r| {
+                let n = |i: usize| r[i].as_u64().expect("closing_exits: [first, count]");
+                [n(0), n(1)]
+            })
+            .collect()
+    }
+
     /// Per thread of every process: integer field `key` of its `session.json` entry. Panics
     /// if a thread lacks it.
     pub fn thread_u64(&self, key: &str) -> BTreeMap<u32, u64> {

@@ -24,7 +24,7 @@ use tests::fixtures::workloads::{
 };
 use tests::launched::launch;
 use tests::scenario::{trace_launched_with, FixtureSpec, CPP};
-use tests::structure::{assert_same_structure, per_thread, without_unwound_exits, Payloads};
+use tests::structure::{assert_same_structure, per_thread, without_closing_exits, Payloads};
 use tests::{convert, native_fdr_fixture, native_fdr_trace, scratch_dir};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -149,7 +149,9 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
     // (converted_both asserts that 14 and 19 agree on every record of every file.)
     let converted = run.converted_both();
     for (tid, c) in &converted {
-        let (_, unwound_exits) = without_unwound_exits(c.records.iter());
+        // The daemon's closing exits, exactly as session.json lists them.
+        let closing_runs = run.session.closing_exits(*tid);
+        let (_, unwound_exits) = without_closing_exits(c.records.iter(), &closing_runs);
         let mut unwound_in_thread = 0;
         let want_calls = calls
             .get(tid)
@@ -191,43 +193,8 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
             unwound_in_thread,
             "tid {tid}: session.json frames_unwound"
         );
-        // session.json says exactly which records are the daemon's closing exits: per
-        // function, as many as its frames the exceptions left; without them (`dump
-        // --xray-stream`) the stream is XRay's own: entries = calls, exits = normal returns.
-        let thread_json = run.session.json["processes"][0]["threads"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["tid"] == *tid)
-            .unwrap_or_else(|| panic!("tid {tid} in session.json"));
-        let runs: Vec<(usize, usize)> = thread_json["closing_exits"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| {
-                (
-                    r[0].as_u64().unwrap() as usize,
-                    r[1].as_u64().unwrap() as usize,
-                )
-            })
-            .collect();
-        let function_records: Vec<_> = c.records.iter().filter(|r| r.kind.is_function()).collect();
-        let mut closing_by_function: BTreeMap<&str, u64> = BTreeMap::new();
-        for (first, n) in &runs {
-            for r in &function_records[*first..first + n] {
-                assert!(r.kind.is_exit(), "tid {tid}: closing record {r:?}");
-                *closing_by_function.entry(r.function.as_str()).or_default() += 1;
-            }
-        }
-        for f in EXCEPTIONS_FUNCTIONS {
-            let want = want_calls.get(*f).copied().unwrap_or(0);
-            let want_ret = want_returns.get(*f).copied().unwrap_or(0);
-            assert_eq!(
-                closing_by_function.get(*f).copied().unwrap_or(0),
-                want - want_ret,
-                "tid {tid} {f}: closing exits in session.json"
-            );
-        }
+        // Without the closing exits (`dump --xray-stream`) the stream is XRay's own: entries =
+        // calls, exits = normal returns.
         let file = files.iter().find(|f| f.tid == *tid).unwrap();
         let dump = |extra: &[&str]| {
             let out = tests::tools::run_output(
@@ -270,7 +237,7 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
         );
         // Each catch closes its frames before the catching function goes on: the record after
         // a run of closing exits is the catcher's own exit, later.
-        let (kept, _) = without_unwound_exits(c.records.iter());
+        let (kept, _) = without_closing_exits(c.records.iter(), &closing_runs);
         let closing: Vec<u64> = c
             .records
             .iter()
@@ -335,7 +302,12 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
         native_trace(&native_bin, native_dir.path(), &["--iterations", "20"]);
     assert_eq!(native_stdout.lines().last(), Some(EXCEPTIONS_DONE_20));
     let native = convert(19, &native_bin, &native_file);
-    let (ours, _) = without_unwound_exits(converted.values().flat_map(|c| c.records.iter()));
+    let ours: Vec<_> = converted
+        .iter()
+        .flat_map(|(tid, c)| {
+            without_closing_exits(c.records.iter(), &run.session.closing_exits(*tid)).0
+        })
+        .collect();
     assert_same_structure(
         &format!("exceptions, {mode_label}"),
         &per_thread(ours),

@@ -18,7 +18,7 @@ use tests::fixtures::workloads::{
     panics_fixture, parse_returned_lines, PANICS_DONE_20, PANICS_FUNCTIONS,
 };
 use tests::launched::launch;
-use tests::structure::without_unwound_exits;
+use tests::structure::without_closing_exits;
 use tests::LLVM_XRAY_VERSIONS;
 
 /// The defaults: fdr-profiled launches a program that can unwind, so it repairs its stack.
@@ -90,7 +90,8 @@ fn panics_under(daemon_args: &[&str], exits: &str) {
             c.records.iter().map(key).collect::<Vec<_>>(),
             "tid {tid}: llvm-xray 14 and 19 disagree"
         );
-        let (_, closing) = without_unwound_exits(c.records.iter());
+        let (_, closing) =
+            without_closing_exits(c.records.iter(), &run.session.closing_exits(*tid));
         let mut left = 0;
         for f in PANICS_FUNCTIONS {
             let count = |pred: fn(&tests::xray_yaml::RecordKind) -> bool| {
