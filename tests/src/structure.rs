@@ -76,6 +76,22 @@ pub fn without_closing_exits<'a>(
     (kept, dropped)
 }
 
+/// How many entries and how many exits (of every kind) of `function` `records` hold.
+pub fn entries_and_exits<'a>(
+    records: impl IntoIterator<Item = &'a Record>,
+    function: &str,
+) -> (u64, u64) {
+    records
+        .into_iter()
+        .filter(|r| r.function == function)
+        .fold((0, 0), |(entries, exits), r| {
+            (
+                entries + u64::from(r.kind.is_entry()),
+                exits + u64::from(r.kind.is_exit()),
+            )
+        })
+}
+
 /// Per thread id: its steps in file order.
 pub fn per_thread<'a>(records: impl IntoIterator<Item = &'a Record>) -> BTreeMap<u32, Vec<Step>> {
     let mut m: BTreeMap<u32, Vec<Step>> = BTreeMap::new();

@@ -32,6 +32,7 @@ use tests::fixtures::workloads::{
 };
 use tests::launched::launch;
 use tests::scratch_dir;
+use tests::structure::entries_and_exits;
 
 /// Peak memory bound of one conversion, in KiB (the stated bound of the issue).
 const MAX_RSS_KIB: i64 = 200 * 1024;
@@ -105,21 +106,8 @@ fn conversions_of_ten_thousand_throws_are_bounded() {
     let calls = expected_calls(&parse_count_lines(&run.done.stdout));
     for (tid, c) in run.converted_both() {
         for (function, n) in &calls[&tid] {
-            let count = |exit: bool| {
-                c.records
-                    .iter()
-                    .filter(|r| {
-                        &r.function == function
-                            && if exit {
-                                r.kind.is_exit()
-                            } else {
-                                r.kind.is_entry()
-                            }
-                    })
-                    .count() as u64
-            };
             assert_eq!(
-                (count(false), count(true)),
+                entries_and_exits(&c.records, function),
                 (*n, *n),
                 "tid {tid} {function}: (entries, exits)"
             );
@@ -186,21 +174,8 @@ fn conversions_of_the_native_trace_of_ten_thousand_throws_are_bounded() {
     let records: Vec<_> = by_thread.values().flatten().collect();
     let events = records.len() as u64;
     for f in ["ex_thread", "ex_middle", "ex_thrower", "ex_report"] {
-        let count = |exit: bool| {
-            records
-                .iter()
-                .filter(|r| {
-                    r.function == f
-                        && if exit {
-                            r.kind.is_exit()
-                        } else {
-                            r.kind.is_entry()
-                        }
-                })
-                .count() as u64
-        };
         assert_eq!(
-            (count(false), count(true)),
+            entries_and_exits(records.iter().copied(), f),
             (sum(&calls, f), sum(&returned, f)),
             "{f}: (entries, exits) in compiler-rt's trace"
         );

@@ -24,7 +24,9 @@ use tests::fixtures::workloads::{
 };
 use tests::launched::launch;
 use tests::scenario::{trace_launched_with, FixtureSpec, CPP};
-use tests::structure::{assert_same_structure, per_thread, without_closing_exits, Payloads};
+use tests::structure::{
+    assert_same_structure, entries_and_exits, per_thread, without_closing_exits, Payloads,
+};
 use tests::{convert, native_fdr_fixture, native_fdr_trace, scratch_dir};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -158,16 +160,7 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
             .unwrap_or_else(|| panic!("no count lines for {tid}"));
         let want_returns = &returned[tid];
         for f in EXCEPTIONS_FUNCTIONS {
-            let entries = c
-                .records
-                .iter()
-                .filter(|r| r.function == *f && r.kind.is_entry())
-                .count() as u64;
-            let exits = c
-                .records
-                .iter()
-                .filter(|r| r.function == *f && r.kind.is_exit())
-                .count() as u64;
+            let (entries, exits) = entries_and_exits(&c.records, f);
             let want = want_calls.get(*f).copied().unwrap_or(0);
             let want_ret = want_returns.get(*f).copied().unwrap_or(0);
             // Every entry has one exit in our files: its return, or for a frame an exception

@@ -22,6 +22,7 @@ use tests::fixtures::workloads::{
 };
 use tests::launched::launch;
 use tests::run::{assert_success, start_pid, Running};
+use tests::structure::entries_and_exits;
 use tests::trace::{convert, read_session, Session};
 use tests::{scratch_dir, LLVM_XRAY_VERSIONS};
 
@@ -92,14 +93,7 @@ fn check(o: &Outcome) {
                 .get(&t.tid)
                 .unwrap_or_else(|| panic!("{label}: no count lines for tid {}", t.tid));
             for f in LONGJMP_FUNCTIONS {
-                let entries = records
-                    .iter()
-                    .filter(|r| r.function == *f && r.kind.is_entry())
-                    .count() as u64;
-                let exits = records
-                    .iter()
-                    .filter(|r| r.function == *f && r.kind.is_exit())
-                    .count() as u64;
+                let (entries, exits) = entries_and_exits(records.iter(), f);
                 let want = want_calls.get(*f).copied().unwrap_or(0);
                 assert_eq!(
                     (entries, exits),

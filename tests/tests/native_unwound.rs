@@ -26,6 +26,7 @@ use tests::fixtures::workloads::{
     native_trace_as_v1, parse_returned_lines, EXCEPTIONS_DONE_20, EXCEPTIONS_FUNCTIONS,
     LONGJMP_DONE_20, LONGJMP_FUNCTIONS,
 };
+use tests::structure::entries_and_exits;
 use tests::tools::{fdr_profiled, run_output, scratch_dir};
 
 /// A trace compiler-rt wrote, and what its program counted.
@@ -141,21 +142,8 @@ fn reference(n: &Native) -> BTreeMap<u32, Vec<tests::Record>> {
     assert_eq!(header.version, n.version, "{}", n.label);
     let records: Vec<_> = by_thread.values().flatten().collect();
     for f in n.functions {
-        let count = |exit: bool| {
-            records
-                .iter()
-                .filter(|r| {
-                    r.function == *f
-                        && if exit {
-                            r.kind.is_exit()
-                        } else {
-                            r.kind.is_entry()
-                        }
-                })
-                .count() as u64
-        };
         assert_eq!(
-            (count(false), count(true)),
+            entries_and_exits(records.iter().copied(), f),
             (total(&n.calls, f), total(&n.returned, f)),
             "{} v{} {f}: (entries, exits) in compiler-rt's trace",
             n.label,
