@@ -224,7 +224,8 @@ impl Keeper {
                 revents: 0,
             };
             // SAFETY: one valid pollfd.
-            let ready = unsafe { libc::poll(&mut poll, 1, 100) };
+            let ready =
+                unsafe { libc::poll(&mut poll, 1, RELEASE_POLL.as_millis() as libc::c_int) };
             if ready != 0 {
                 return true;
             }
@@ -399,7 +400,7 @@ fn seize_all(pid: u32) -> Result<Vec<u32>> {
 /// How the keeper of a running process is asked to let it go, and how often at least it
 /// looks for the request.
 const RELEASE_SIGNAL: libc::c_int = libc::SIGUSR2;
-pub const RELEASE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+const RELEASE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 /// How long fdr-profiled waits for the keeper to have let the process go.
 pub const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
