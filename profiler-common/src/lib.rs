@@ -315,8 +315,11 @@ pub mod counter {
     /// kernel while the probes were being placed, or, under `--exits repair`, before the
     /// session armed them): not events of the trace.
     pub const RETURNS_BEFORE_TRACING: u32 = 3;
+    /// `--exits repair --attach`: processes that started running the traced binary while the
+    /// queue that names them to the daemon was full (not traced).
+    pub const PROCESSES_UNSEEN: u32 = 4;
     /// Number of counters.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 /// Name of the program attached (as a uprobe) to every sled.
 pub const SLED_PROGRAM: &str = "sled";
@@ -333,8 +336,11 @@ pub const UNWIND_STOP_PROGRAM: &str = "unwind_stop";
 /// Name of the task iterator that copies a traced process's pending return-probe instances
 /// when `--exits repair` lets a running process go (see [`repair_state::RELEASE`]).
 pub const REPAIR_RELEASE_PROGRAM: &str = "repair_release";
-/// Name of the one-entry array holding the process `repair_release` copies (0: none).
-pub const RELEASE_TGID_MAP: &str = "RELEASE_TGID";
+/// Name of the program at the traced binary's entry point under `--exits repair --attach`.
+pub const PROCESS_START_PROGRAM: &str = "process_start";
+/// Name of the queue of processes that started running the traced binary (`--exits repair
+/// --attach`).
+pub const STARTED_MAP: &str = "STARTED";
 /// Name of the hash map of [`RepairState`] by thread id.
 pub const REPAIRS_MAP: &str = "REPAIRS";
 
@@ -362,6 +368,12 @@ pub struct RepairState {
     /// takes only that stop as the repair's, every other signal is the program's.
     pub signal: u32,
     pub reserved: u32,
+    /// The stack pointer at the probe (at the throw, or at the catch): the slot of the probed
+    /// function's own return address. The tracer reads the registers only after the probed
+    /// instruction ran (a `push`, at the catch function: 8 bytes lower), so a frame that
+    /// an exception left, whose slot the catch function's return address now fills, would look
+    /// alive by them; by this it is dead (`slot <= sp`).
+    pub sp: u64,
     /// Each instance's return-address slot (the frame's stack pointer at its entry), newest
     /// first.
     pub slots: [u64; MAX_REPAIR_FRAMES],
@@ -436,9 +448,8 @@ pub mod globals {
     pub const SIGHAND_OFFSET: &str = "CFG_SIGHAND_OFFSET";
     pub const SIGHAND_ACTION_OFFSET: &str = "CFG_SIGHAND_ACTION_OFFSET";
     pub const K_SIGACTION_SIZE: &str = "CFG_K_SIGACTION_SIZE";
-    /// u32: `task_struct.pid` and `.tgid` (from the kernel's BTF), for `repair_release`.
+    /// u32: `task_struct.pid` (from the kernel's BTF), for `repair_release`.
     pub const TASK_PID_OFFSET: &str = "CFG_TASK_PID_OFFSET";
-    pub const TASK_TGID_OFFSET: &str = "CFG_TASK_TGID_OFFSET";
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ use aya_ebpf::{
         generated::bpf_send_signal_thread,
     },
     macros::{btf_map, map, raw_tracepoint, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray, Queue},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     EbpfContext,
 };
@@ -118,15 +118,15 @@ static CFG_SIGHAND_OFFSET: u32 = 0;
 static CFG_SIGHAND_ACTION_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static CFG_K_SIGACTION_SIZE: u32 = 0;
-/// `task_struct.pid` and `.tgid`, for `repair_release`.
+/// `task_struct.pid`, for `repair_release`.
 #[unsafe(no_mangle)]
 static CFG_TASK_PID_OFFSET: u32 = 0;
-#[unsafe(no_mangle)]
-static CFG_TASK_TGID_OFFSET: u32 = 0;
 
-/// The process whose threads `repair_release` copies (set by the daemon; 0: none).
-#[map(name = "RELEASE_TGID")]
-static RELEASE_TGID: Array<u32> = Array::with_max_entries(1, 0);
+/// `--exits repair --attach`: the processes that started running the traced binary (their
+/// pid, pushed by `process_start`), for the daemon to trace each before it probes it. A push
+/// to a full queue is counted (`counter::PROCESSES_UNSEEN`).
+#[map(name = "STARTED")]
+static STARTED: Queue<u32> = Queue::with_max_entries(1024, 0);
 
 /// `--exits repair`: each stopped thread's [`RepairState`], by thread id (written here at a
 /// throw, read and updated by the daemon, removed by the daemon after the catch).
@@ -593,6 +593,7 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
             unsafe {
                 if (*r).state == repair_state::RESTORED {
                     (*r).state = repair_state::CATCHING;
+                    (*r).sp = stack_pointer(ctx.as_ptr());
                     (*r).signal = stop_signal(task);
                     send_signal((*r).signal);
                 }
@@ -609,6 +610,7 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
     // SAFETY: per-CPU slot, valid for the program's run.
     let r = unsafe { &mut *scratch };
     r.state = repair_state::THROWN;
+    r.sp = stack_pointer(ctx.as_ptr());
     if copy_return_instances(task, r) == 0 {
         return 0;
     }
@@ -670,16 +672,14 @@ fn copy_return_instances(task: *const u8, r: &mut RepairState) -> usize {
 /// `--exits repair` of a running process, when it is let go (a task iterator, run once by the
 /// repair keeper while every thread of the process is stopped): copies each thread's pending
 /// return-probe instances into `REPAIRS` with state `RELEASE`, for the keeper to put the
-/// original addresses back into the live frames still hooked. Other tasks are skipped.
+/// original addresses back into the live frames still hooked. The iterator's link names the
+/// process (the kernel visits only its threads), so that keepers of several processes can let
+/// theirs go at once.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
 pub fn repair_release(ctx: *mut c_void) -> i32 {
-    let target = RELEASE_TGID.get(0).copied().unwrap_or(0);
-    let (pid_at, tgid_at) = (
-        setting(&CFG_TASK_PID_OFFSET),
-        setting(&CFG_TASK_TGID_OFFSET),
-    );
-    if target == 0 || pid_at == 0 || pid_at >= 65536 || tgid_at == 0 || tgid_at >= 65536 {
+    let pid_at = setting(&CFG_TASK_PID_OFFSET);
+    if pid_at == 0 || pid_at >= 65536 {
         return 0;
     }
     // The context is `struct bpf_iter__task { struct bpf_iter_meta *meta; struct task_struct
@@ -693,17 +693,11 @@ pub fn repair_release(ctx: *mut c_void) -> i32 {
     }
     let task = task as *const u8;
     // SAFETY: kernel reads are checked by the helper.
-    let (Ok(tgid), Ok(tid)) = (unsafe {
-        (
-            bpf_probe_read_kernel(task.wrapping_add(tgid_at as usize) as *const u32),
-            bpf_probe_read_kernel(task.wrapping_add(pid_at as usize) as *const u32),
-        )
-    }) else {
+    let Ok(tid) =
+        (unsafe { bpf_probe_read_kernel(task.wrapping_add(pid_at as usize) as *const u32) })
+    else {
         return 0;
     };
-    if tgid != target {
-        return 0;
-    }
     let Some(scratch) = REPAIR_SCRATCH.get_ptr_mut(0) else {
         return 0;
     };
@@ -711,6 +705,7 @@ pub fn repair_release(ctx: *mut c_void) -> i32 {
     let r = unsafe { &mut *scratch };
     r.state = repair_state::RELEASE;
     r.signal = 0;
+    r.sp = 0;
     if copy_return_instances(task, r) > 0 {
         let _ = REPAIRS.insert(&tid, &*r, 0);
     }
@@ -763,6 +758,18 @@ fn stop_signal(task: *const u8) -> u32 {
 fn send_signal(signal: u32) {
     // SAFETY: plain helper call.
     unsafe { bpf_send_signal_thread(signal) };
+}
+
+/// `--exits repair --attach`: at the traced binary's entry point, once per process that starts
+/// running it: names the process to the daemon, which traces it and probes it (see
+/// [`STARTED`]).
+#[uprobe]
+pub fn process_start(_ctx: ProbeContext) -> u32 {
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if STARTED.push(&pid, 0).is_err() {
+        count(counter::PROCESSES_UNSEEN, 1);
+    }
+    0
 }
 
 #[uprobe]

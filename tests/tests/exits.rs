@@ -133,6 +133,9 @@ fn exceptions_under(daemon_args: &[&str], mode_label: &str) {
             repair.contains(&format!(", {caught} catches (")),
             "{repair}"
         );
+        // Every slot the repairs looked at was a live hooked frame, or one the exception left
+        // (by the stack pointer at the probe, not the registers after its `push`).
+        assert!(repair.contains(" 0 slots left alone;"), "{repair}");
     } else {
         assert!(
             line.starts_with("exit sleds ("),

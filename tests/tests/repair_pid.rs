@@ -1,4 +1,4 @@
-//! End to end: `--pid PID --exits repair` on a running C++ server (tests/fixtures/server.cpp).
+//! End to end: `--pid PID --exits repair` (and `--attach BIN --exits repair`) on a running C++ server (tests/fixtures/server.cpp).
 //!
 //! - It keeps serving: its worker threads throw and catch through hooked frames all along the
 //!   session, and after it; a long request entered during the session, blocked inside two
@@ -16,6 +16,9 @@
 //! - A thread left stuck at the kernel's limit of 64 pending return probes (an exception
 //!   through a 100-deep recursion, caught in a frame entered before tracing) makes the process's
 //!   exits observed by their sleds from then on: its later calls are exact again.
+//!
+//! - `--attach BIN --exits repair`: a server running before the session and one started during
+//!   it are each repaired by a keeper of their own, and let go the same way.
 //!
 //! Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon.
 
@@ -401,4 +404,116 @@ fn a_thread_stuck_at_the_return_probe_limit_turns_the_process_to_exit_sleds() {
         20_000,
         "their own exits"
     );
+}
+
+/// `--attach BIN --exits repair`: a server running before the session and one started during
+/// it are each traced by a keeper of their own, serve and throw through hooked frames as
+/// untraced, and get their SIGUSR1 once; the one that stops during the session has its probes
+/// removed then; the other is let go at the end with no ptrace relation left, and a throw
+/// through its frames hooked at that moment is caught. Each process's 20,000 calls of
+/// `sv_leaf_a` are recorded exactly, with their exits.
+#[test]
+fn attach_repairs_every_process_running_the_binary() {
+    let scratch = tests::scratch_dir("repair-attach");
+    let (dir_a, dir_b) = (scratch.path().join("a"), scratch.path().join("b"));
+    std::fs::create_dir_all(&dir_a).unwrap();
+    std::fs::create_dir_all(&dir_b).unwrap();
+    let mut before = Server::start(&dir_a);
+    let out = scratch.path().join("out");
+    let mut tracer = tests::run::start_attach(
+        &server_fixture(),
+        &out,
+        &["--exits", "repair", "--no-report"],
+    );
+    let traced = |pid: u32| {
+        move |l: &str| l.starts_with(&format!("fdr-profiled: repair: process {pid} traced"))
+    };
+    tracer.wait_for_stderr_match("the running server traced", TIMEOUT, traced(before.pid()));
+    assert!(tracers(before.pid()).iter().all(|&t| t != 0));
+    let mut during = Server::start(&dir_b);
+    tracer.wait_for_stderr_match("the new server traced", TIMEOUT, traced(during.pid()));
+    for server in [&mut before, &mut during] {
+        server.command(b'a');
+        server.command(b't');
+        server.running.signal(libc::SIGUSR1);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let during_pid = during.pid();
+    let last = during.stop();
+    assert_server_totals(&last, 1, 3);
+    tracer.wait_for_stderr_match("the stopped server's probes removed", TIMEOUT, |l| {
+        l == format!("fdr-profiled: repair: process {during_pid} exited; its probes are removed")
+    });
+    let done = tests::run::interrupt_and_finish(tracer, TIMEOUT);
+    tests::run::assert_success("fdr-profiled --attach --exits repair", &done);
+    assert_eq!(
+        tracers(before.pid()),
+        vec![0; tracers(before.pid()).len()],
+        "no ptrace relation is left"
+    );
+    // The long request entered during the session was hooked and released: throw through it.
+    before.command(b't');
+    std::thread::sleep(Duration::from_millis(300));
+    let last = before.stop();
+    assert_eq!(total(&last, "usr1"), 1, "{last}");
+    assert_eq!(total(&last, "long_caught"), 2, "{last}");
+    assert_eq!(total(&last, "caught"), total(&last, "third"), "{last}");
+
+    let trace = tests::trace::check_trace_dir(&out, &server_fixture());
+    let session = &trace.session;
+    assert_eq!(session.json["exits"], "repair", "{}", session.json);
+    assert!(
+        session.json["exits_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("2 processes traced")),
+        "{}",
+        session.json
+    );
+    assert_eq!(session.events_lost, 0, "{}", session.json);
+    tests::assert_every_event_accounted(session);
+    let total_repairs = &session.json["repair"];
+    assert!(
+        total_repairs["throws"].as_u64().unwrap() > 100,
+        "{total_repairs}"
+    );
+    assert_eq!(
+        total_repairs["throws"], total_repairs["catches"],
+        "{total_repairs}"
+    );
+    assert_eq!(
+        total_repairs["slots_left_alone"].as_u64(),
+        Some(0),
+        "{total_repairs}"
+    );
+    // Each server's SIGUSR1, and the SIGTERM that stopped the second during the session.
+    assert_eq!(
+        total_repairs["signals_passed_on"].as_u64(),
+        Some(3),
+        "{total_repairs}"
+    );
+    assert!(
+        total_repairs["frames_released"].as_u64().unwrap() >= 2,
+        "{total_repairs}"
+    );
+    let leaf_threads: Vec<_> = trace
+        .threads
+        .iter()
+        .filter(|t| t.calls().contains_key("sv_leaf_a"))
+        .collect();
+    assert_eq!(leaf_threads.len(), 2, "one long-request thread per server");
+    for t in leaf_threads {
+        let calls = t.calls();
+        assert_eq!(
+            calls["sv_leaf_a"].entries(),
+            20_000,
+            "tid {}: {calls:?}",
+            t.tid
+        );
+        assert_eq!(
+            calls["sv_leaf_a"].exits(),
+            20_000,
+            "tid {}: {calls:?}",
+            t.tid
+        );
+    }
 }

@@ -9,9 +9,9 @@ use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
     cookie_flags, counter, event_kind, globals, Cookie, RepairState, SledKind, ThreadState,
-    ARMED_MAP, COUNTERS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, RELEASE_TGID_MAP, REPAIRS_MAP,
-    REPAIR_RELEASE_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, THREADS_MAP,
-    THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
+    ARMED_MAP, COUNTERS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, PROCESS_START_PROGRAM,
+    REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, STARTED_MAP,
+    THREADS_MAP, THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
 };
 use std::num::NonZeroU32;
 use std::path::Path;
@@ -136,7 +136,6 @@ impl Tracer {
             )
             .override_global(globals::K_SIGACTION_SIZE, &offsets.k_sigaction_size, true)
             .override_global(globals::TASK_PID_OFFSET, &offsets.task_pid, true)
-            .override_global(globals::TASK_TGID_OFFSET, &offsets.task_tgid, true)
             .override_global(globals::NARGS, &nargs, true)
             .override_global(globals::MAX_EVENT_BYTES, &options.max_event_bytes, true)
             .override_global(globals::WAKEUP_BYTES, &wakeup, true)
@@ -151,6 +150,7 @@ impl Tracer {
             FLOOR_PROGRAM,
             FLOOR_RETURN_PROGRAM,
             UNWIND_STOP_PROGRAM,
+            PROCESS_START_PROGRAM,
         ] {
             uprobe(&mut ebpf, name)?
                 .load()
@@ -180,7 +180,12 @@ impl Tracer {
         let mut multi = Vec::new();
         if !options.perf_events_only && uprobe_multi::supported() {
             // The repair keeper must be able to hold the throw and catch probes' links.
-            let repair = options.repair.is_some().then_some(UNWIND_STOP_PROGRAM);
+            let repair = options
+                .repair
+                .is_some()
+                .then_some([UNWIND_STOP_PROGRAM, PROCESS_START_PROGRAM])
+                .into_iter()
+                .flatten();
             for name in [
                 SLED_PROGRAM,
                 RETURN_PROGRAM,
@@ -362,55 +367,86 @@ impl Tracer {
         )
     }
 
-    /// `--exits repair`: the table of stopped threads' [`RepairState`] (the repair keeper
-    /// owns it from then on), and its file descriptor.
+    /// `--exits repair`: the table of stopped threads' [`RepairState`], for a repair keeper
+    /// (each keeper gets its own handle on the one table), and its file descriptor.
     pub fn take_repairs(
         &mut self,
     ) -> Result<(BpfHashMap<MapData, u32, PodRepairState>, std::os::fd::RawFd)> {
         use std::os::fd::{AsFd as _, AsRawFd as _};
         let map = self
             .ebpf
-            .take_map(REPAIRS_MAP)
+            .map(REPAIRS_MAP)
             .context("the eBPF object has no repairs map")?;
-        let aya::maps::Map::HashMap(data) = &map else {
+        let aya::maps::Map::HashMap(data) = map else {
             bail!("the repairs map is not a hash map");
         };
-        let fd = data.fd().as_fd().as_raw_fd();
-        Ok((BpfHashMap::try_from(map)?, fd))
+        let fd = data
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .context("duplicating the repairs map's descriptor")?;
+        let data = MapData::from_fd(fd)?;
+        let raw = data.fd().as_fd().as_raw_fd();
+        Ok((BpfHashMap::try_from(aya::maps::Map::HashMap(data))?, raw))
     }
 
-    /// `--exits repair` of a running process: the `repair_release` task iterator, loaded and
-    /// attached, as the file whose one read runs it over every task (see
+    /// `--exits repair` of a running process: the `repair_release` task iterator over the
+    /// threads of `pid` (loaded at the first call), as the file whose one read runs it (see
     /// `profiler_common::repair_state::RELEASE`). The repair keeper reads it once every thread
     /// of the process is stopped.
     pub fn release_iterator(&mut self, pid: NonZeroU32) -> Result<std::fs::File> {
-        {
-            let map = self
-                .ebpf
-                .map_mut(RELEASE_TGID_MAP)
-                .context("the eBPF object has no release map")?;
-            let mut tgid: aya::maps::Array<_, u32> = aya::maps::Array::try_from(map)?;
-            tgid.set(0, pid.get(), 0)
-                .context("naming the process to release")?;
-        }
-        let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+        use std::os::fd::AsFd as _;
         let program: &mut aya::programs::Iter = self
             .ebpf
             .program_mut(REPAIR_RELEASE_PROGRAM)
             .with_context(|| format!("the eBPF object has no {REPAIR_RELEASE_PROGRAM} program"))?
             .try_into()?;
-        program.load("task", &btf).map_err(|e| {
-            anyhow!(
-                "the kernel refused the {REPAIR_RELEASE_PROGRAM} program: {}",
-                one_line(&e)
-            )
-        })?;
-        let id = program
-            .attach()
-            .map_err(|e| anyhow!("cannot attach the task iterator: {}", one_line(&e)))?;
-        let link = program.take_link(id)?;
-        link.into_file()
-            .map_err(|e| anyhow!("cannot create the task iterator: {}", one_line(&e)))
+        if program.fd().is_err() {
+            let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+            program.load("task", &btf).map_err(|e| {
+                anyhow!(
+                    "the kernel refused the {REPAIR_RELEASE_PROGRAM} program: {}",
+                    one_line(&e)
+                )
+            })?;
+        }
+        let fd = program.fd()?;
+        crate::kernel::task_iter::for_process(fd.as_fd(), pid)
+            .map_err(|e| anyhow!("cannot create the task iterator of process {pid}: {e}"))
+    }
+
+    /// `--exits repair --attach`: places the `process_start` probe at `file_offset` of the
+    /// traced executable (its entry point), for every process.
+    pub fn attach_process_start(&mut self, binary: &Path, file_offset: u64) -> Result<()> {
+        let probe = Probe {
+            file_offset,
+            cookie: Cookie {
+                function_id: 0,
+                kind: 0,
+                regs: [0; 3],
+                flags: 0,
+            },
+        };
+        self.place(
+            PROCESS_START_PROGRAM,
+            &[probe],
+            binary,
+            UProbeScope::AllProcesses,
+        )
+    }
+
+    /// The processes that started running the traced executable since the last call (see
+    /// [`Tracer::attach_process_start`]), oldest first.
+    pub fn started_processes(&mut self) -> Vec<u32> {
+        let Some(map) = self.ebpf.map_mut(STARTED_MAP) else {
+            return Vec::new();
+        };
+        let Ok(mut queue) = aya::maps::Queue::<_, u32>::try_from(map) else {
+            return Vec::new();
+        };
+        std::iter::from_fn(|| queue.pop(0).ok())
+            .take(4096)
+            .collect()
     }
 
     /// Whether probes are placed with `uprobe_multi` links (else one perf event each).

@@ -2,10 +2,13 @@
 //! per-CPU ring buffers and attached where an [`crate::plan::AttachPlan`] says ([`bpf`], with
 //! [`uprobe_multi`] placing one link per program and file, [`rlimit`] making room for the
 //! descriptors the fallback needs, [`btf`] reading the kernel's own type layout), and the
-//! events drained from the buffers ([`intake`]).
+//! events drained from the buffers ([`intake`]); [`task_iter`] runs a task iterator over the
+//! threads of one process.
 //! This is the only stage that makes BPF system calls.
 pub mod bpf;
 pub mod btf;
 pub mod intake;
 pub mod rlimit;
+mod sys;
+pub mod task_iter;
 pub mod uprobe_multi;

@@ -15,10 +15,9 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 mod program;
-mod sys;
 
+use super::sys::{invalid, sys_bpf_fd};
 pub use program::MultiProgram;
-use sys::{invalid, sys_bpf_fd};
 
 /// Most offsets the kernel accepts in one link (`MAX_UPROBE_MULTI_CNT` in
 /// kernel/trace/bpf_trace.c); [`attach`] splits longer lists over several links.

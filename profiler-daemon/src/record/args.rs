@@ -47,10 +47,11 @@ pub struct RecordArgs {
     /// kills the program); `per-function` decides each function: return probes everywhere when
     /// no unwinding personality routine exists in the traced image, else a return probe where
     /// the function's machine code proves no exception can leave it and exit sleds elsewhere
-    /// (`fdr-profiled list BIN` shows which and why); `repair` (a launched command or `--pid`)
-    /// puts return probes everywhere and makes them safe for exceptions: fdr-profiled becomes
-    /// the process's ptrace tracer and repairs its stack at each throw and catch, and lets a
-    /// `--pid` process go at the end with no frame left hooked; `auto` is `repair` for a
+    /// (`fdr-profiled list BIN` shows which and why); `repair` puts return probes everywhere
+    /// and makes them safe for exceptions: fdr-profiled becomes each process's ptrace tracer
+    /// and repairs its stack at each throw and catch, and lets a `--pid` or `--attach` process
+    /// go at the end with no frame left hooked (under `--attach` a process is traced from a
+    /// few milliseconds after it starts); `auto` is `repair` for a
     /// launched command that can unwind (unless it calls fork), `per-function` otherwise.
     #[arg(long, value_name = "MODE", value_enum, default_value_t = ExitMode::Auto)]
     pub exits: ExitMode,

@@ -6,6 +6,7 @@
 mod args;
 pub mod objects;
 pub mod repair;
+mod repaired;
 
 pub use args::RecordArgs;
 
@@ -144,7 +145,10 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     };
     // The repair keeper must trace the process before its first frame is hooked: forked now,
     // before any probe is placed and before the runtime starts a thread.
-    if let Some(wanted) = &repair {
+    if let Some(wanted) = repair
+        .as_ref()
+        .filter(|_| !matches!(target, Target::Attach))
+    {
         if let Err(err) = start_keeper(&mut tracer, &planned, scope, &mut target) {
             match (&target, wanted.asked) {
                 // A running process that cannot be traced (a debugger has it) is traced all the
@@ -165,10 +169,10 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         }
     }
     // Whether the keeper repairs this session's stack (it may have declined above).
-    let repairing = matches!(
-        &target,
-        Target::Launch(_, Some(_)) | Target::Pid(_, _, Some(_))
-    );
+    let repairing = match &target {
+        Target::Launch(_, keeper) | Target::Pid(_, _, keeper) => keeper.is_some(),
+        Target::Attach => repair.is_some(),
+    };
     if let Some(discovery) = &mut planned.discovery {
         // Under repair every frame may be hooked: the throws of an object loaded later go
         // through the unwinder already probed.
@@ -193,24 +197,47 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     // Under repair, the return probes are kept apart: a thread stuck at the kernel's limit of
     // pending return probes makes the session observe exits by their sleds instead.
     let mut return_probes = repairing.then(Vec::new);
-    let placed = std::mem::take(&mut planned.plans)
-        .into_iter()
-        .try_for_each(|plan| {
-            objects::attach(
+    let mut repaired = None;
+    let placed = if repairing && matches!(target, Target::Attach) {
+        // Each process gets its probes once its keeper traces it (see `repaired`).
+        return_probes = None;
+        tracer.set_armed(true).and_then(|()| {
+            repaired = Some(repaired::RepairedProcesses::start(
                 &mut tracer,
                 &mut session,
-                plan,
+                std::path::Path::new(&planned.executable.path),
+                std::mem::take(&mut planned.plans),
                 policy,
-                scope,
-                return_probes.as_mut(),
-            )
-            .map(drop)
+            )?);
+            Ok(())
         })
-        .and_then(|()| {
-            attach_catches(&mut tracer, &planned, scope);
-            // Every probe is in place: only now does anything get recorded.
-            tracer.set_armed(true)
-        });
+    } else {
+        std::mem::take(&mut planned.plans)
+            .into_iter()
+            .try_for_each(|plan| {
+                objects::attach(
+                    &mut tracer,
+                    &mut session,
+                    plan,
+                    policy,
+                    scope,
+                    return_probes.as_mut(),
+                )
+                .map(drop)
+            })
+            .and_then(|()| {
+                // When every process running a binary is traced, only the executable's own catch
+                // functions are probed: a probe in a shared library would fire in every process
+                // using it.
+                let objects = match scope {
+                    Scope::AllProcesses => &planned.image[..planned.image.len().min(1)],
+                    Scope::Process(_) => &planned.image[..],
+                };
+                attach_catches(&mut tracer, objects, scope);
+                // Every probe is in place: only now does anything get recorded.
+                tracer.set_armed(true)
+            })
+    };
     if let Err(err) = placed {
         if let Target::Launch(child, _) = target {
             launch::reap(child);
@@ -252,6 +279,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             scope,
             tracer,
             return_probes,
+            repaired,
         };
         record(cli, target, intake, books, session, probing, held_signals).await
     })
@@ -270,22 +298,7 @@ const STUCK_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// at the cost of a single-stepped `ret` each), and the manifest says when and why. The
 /// frames hooked before still return through the trampoline and are still repaired.
 fn exit_sleds_if_stuck(books: &KernelBooks, probing: &mut Probing, session: &mut Session) {
-    // The programs know the kernel is at its limit when they counted every pending return
-    // probe; frames the kernel hooked before recording began (--pid) they do not know of, and
-    // then the frames it no longer hooks show as frames proven gone by a later call rather
-    // than by a catch (under repair every exception is seen caught).
-    let limit = u64::from(STUCK_BEYOND_RETURN_LIMIT);
-    let stuck = books
-        .threads()
-        .into_iter()
-        .find(|(_, s)| s.beyond_return_depth > STUCK_BEYOND_RETURN_LIMIT)
-        .map(|(tid, s)| (tid, u64::from(s.beyond_return_depth)))
-        .or_else(|| {
-            session
-                .most_frames_closed_uncaught()
-                .filter(|&(_, n)| n > limit)
-        });
-    let Some((tid, calls)) = stuck else {
+    let Some((tid, calls)) = stuck_thread(books, session, None) else {
         return;
     };
     let Some(kept) = probing.return_probes.take() else {
@@ -305,12 +318,46 @@ fn exit_sleds_if_stuck(books: &KernelBooks, probing: &mut Probing, session: &mut
         }
     }
     probing.policy = ExitPolicy::All(Exits::Sleds);
-    let note = format!(
-        "exits observed by their sleds from CLOCK_MONOTONIC {} ns on: thread {tid} had {calls} calls without a return probe, the kernel at its limit of 64 pending ones (return probes of frames an exception left, which the kernel drops only when a traced caller returns)",
-        crate::session::monotonic_ns()
-    );
+    let note = stuck_note("", tid, calls);
     eprintln!("fdr-profiled: exits: {placed} exit sleds placed instead of return probes: {note}");
     session.note_exits(&note);
+}
+
+/// A thread stuck at the kernel's limit of pending return probes (see
+/// [`STUCK_BEYOND_RETURN_LIMIT`]), and how many of its calls have no return probe; with
+/// `process`, only among that process's threads.
+fn stuck_thread(
+    books: &KernelBooks,
+    session: &Session,
+    process: Option<u32>,
+) -> Option<(u32, u64)> {
+    // The programs know the kernel is at its limit when they counted every pending return
+    // probe; frames the kernel hooked before recording began (--pid) they do not know of, and
+    // then the frames it no longer hooks show as frames proven gone by a later call rather
+    // than by a catch (under repair every exception is seen caught).
+    let limit = u64::from(STUCK_BEYOND_RETURN_LIMIT);
+    let of_process = |tid: u32| {
+        process.is_none_or(|pid| std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists())
+    };
+    books
+        .threads()
+        .into_iter()
+        .find(|&(tid, s)| s.beyond_return_depth > STUCK_BEYOND_RETURN_LIMIT && of_process(tid))
+        .map(|(tid, s)| (tid, u64::from(s.beyond_return_depth)))
+        .or_else(|| {
+            session
+                .most_frames_closed_uncaught(|pid| process.is_none_or(|p| p == pid))
+                .filter(|&(_, n)| n > limit)
+        })
+}
+
+/// What the manifest says when `whose` (a process, or "" for the session's) exits are observed
+/// by their sleds from now on, thread `tid` having had `calls` calls without a return probe.
+fn stuck_note(whose: &str, tid: u32, calls: u64) -> String {
+    format!(
+        "{whose}exits observed by their sleds from CLOCK_MONOTONIC {} ns on: thread {tid} had {calls} calls without a return probe, the kernel at its limit of 64 pending ones (return probes of frames an exception left, which the kernel drops only when a traced caller returns)",
+        crate::session::monotonic_ns()
+    )
 }
 
 /// `--exits repair`, as asked for or as `auto` chose it, with what it needs of the kernel.
@@ -347,9 +394,6 @@ fn repair_wanted(
 ) -> Result<Option<RepairWanted>> {
     match cli.exits {
         ExitMode::Repair => {
-            if cli.attach.is_some() {
-                bail!("--exits repair traces a launched command (-- COMMAND) or a running process (--pid), not --attach: it makes fdr-profiled each traced process's ptrace tracer");
-            }
             let offsets = crate::kernel::btf::repair_offsets()
                 .map_err(|why| anyhow::anyhow!("--exits repair: {why}"))?;
             Ok(Some(RepairWanted {
@@ -422,15 +466,8 @@ fn start_keeper(
     }
 }
 
-/// Probes where exceptions and panics are caught (see `plan::catches`), in the objects of the
-/// traced image. When every process running a binary is traced, only the executable's own
-/// catch functions are probed: a probe in a shared library would fire in every process using
-/// it.
-fn attach_catches(tracer: &mut Tracer, planned: &objects::Planned, scope: Scope) {
-    let objects = match scope {
-        Scope::AllProcesses => &planned.image[..planned.image.len().min(1)],
-        Scope::Process(_) => &planned.image[..],
-    };
+/// Probes where exceptions and panics are caught (see `plan::catches`) in `objects`.
+fn attach_catches(tracer: &mut Tracer, objects: &[PathBuf], scope: Scope) {
     for object in objects {
         for point in crate::plan::catches::catch_points(object) {
             match tracer.attach_catch(object, point.file_offset, scope) {
@@ -459,6 +496,8 @@ struct Probing {
     /// Under repair: every object's return probes, until exits are observed by their sleds
     /// instead (see [`exit_sleds_instead`]).
     return_probes: Option<Vec<objects::ReturnProbes>>,
+    /// `--attach --exits repair`: the processes traced, each with probes of its own.
+    repaired: Option<repaired::RepairedProcesses>,
 }
 
 async fn record(
@@ -559,8 +598,16 @@ async fn record(
                     session.flush();
                     last_flush = Instant::now();
                 }
-                if probing.return_probes.is_some() && last_stuck_check.elapsed() >= STUCK_CHECK_INTERVAL {
-                    exit_sleds_if_stuck(&books, &mut probing, &mut session);
+                if let Some(repaired) = &mut probing.repaired {
+                    repaired.poll(&mut probing.tracer, &mut session);
+                }
+                if last_stuck_check.elapsed() >= STUCK_CHECK_INTERVAL {
+                    if probing.return_probes.is_some() {
+                        exit_sleds_if_stuck(&books, &mut probing, &mut session);
+                    }
+                    if let Some(repaired) = &mut probing.repaired {
+                        repaired.exit_sleds_if_stuck(&books, &mut probing.tracer, &mut session);
+                    }
                     last_stuck_check = Instant::now();
                 }
             }
@@ -605,6 +652,10 @@ async fn record(
         returns_before_tracing: books.counter(profiler_common::counter::RETURNS_BEFORE_TRACING),
         malformed: intake.malformed() + order.stale(),
     };
+    if let Some(repaired) = probing.repaired.take() {
+        let unseen = books.counter(profiler_common::counter::PROCESSES_UNSEEN);
+        repaired.finish(&mut probing.tracer, &mut session, unseen);
+    }
     if let Some(mut keeper) = pid_keeper {
         // Our probes go first (the keeper holds only the throw and catch probes): then no new
         // frame is hooked, and the keeper puts back the return addresses of those still

@@ -233,6 +233,18 @@ impl Keeper {
         false
     }
 
+    /// Whether the keeper is ending: its report is readable (it writes nothing else after its
+    /// first line) or its end of the pipe is closed. [`Keeper::finish`] then returns at once.
+    pub fn has_ended(&self) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.reports.get_ref().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut poll, 1, 0) != 0 }
+    }
+
     /// Waits for the keeper to end (after the command, or once it let the process go) and
     /// returns what its repairs did (blocking: run it on its own thread).
     pub fn finish(mut self) -> Result<RepairsByThread> {
@@ -656,7 +668,7 @@ impl Repairer {
                 done.state = repair_state::RESTORED;
                 let _ = self.repairs.insert(tid, PodRepairState(done), 0);
             } else {
-                self.catch(tid);
+                self.catch(tid, &state);
                 let _ = self.repairs.remove(&tid);
             }
         }
@@ -671,7 +683,7 @@ impl Repairer {
     /// At a throw: the original return address back into every live slot that holds the
     /// trampoline, newest frame first (a slot shared by a tail call is written once).
     fn throw(&mut self, tid: u32, state: &profiler_common::RepairState) {
-        let (sp, trampoline) = (stack_pointer(tid), self.trampoline());
+        let (sp, trampoline) = (probe_stack_pointer(tid, state), self.trampoline());
         let stats = self.stats.entry(tid).or_default();
         stats.throws += 1;
         let (Some(sp), Some(trampoline)) = (sp, trampoline) else {
@@ -701,9 +713,9 @@ impl Repairer {
     }
 
     /// At a catch: the trampoline back into the restored slots of the frames still alive.
-    fn catch(&mut self, tid: u32) {
+    fn catch(&mut self, tid: u32, state: &profiler_common::RepairState) {
         let restored = self.restored.remove(&tid).unwrap_or_default();
-        let (sp, trampoline) = (stack_pointer(tid), self.trampoline());
+        let (sp, trampoline) = (probe_stack_pointer(tid, state), self.trampoline());
         let stats = self.stats.entry(tid).or_default();
         stats.catches += 1;
         let (Some(sp), Some(trampoline)) = (sp, trampoline) else {
@@ -764,6 +776,15 @@ fn request(request: libc::c_uint, tid: u32, data: i32) {
             std::ptr::null_mut::<libc::c_void>(),
             data as usize as *mut libc::c_void,
         );
+    }
+}
+
+/// The stack pointer at the throw or catch probe that stopped `tid`, as its program saw it
+/// (see `RepairState::sp`); the registers' only when the program could not say.
+fn probe_stack_pointer(tid: u32, state: &profiler_common::RepairState) -> Option<u64> {
+    match state.sp {
+        0 => stack_pointer(tid),
+        sp => Some(sp),
     }
 }
 

@@ -131,13 +131,14 @@ impl Session {
         }
     }
 
-    /// `--exits repair`: what the repairs did, by thread id, for the threads' reports.
     /// The thread (and its count) with the most frames proven gone by an event other than a
-    /// catch (see `ThreadCounts::frames_closed_uncaught`).
-    pub fn most_frames_closed_uncaught(&self) -> Option<(u32, u64)> {
+    /// catch (see `ThreadCounts::frames_closed_uncaught`), among the threads of the processes
+    /// `process` selects.
+    pub fn most_frames_closed_uncaught(&self, process: impl Fn(u32) -> bool) -> Option<(u32, u64)> {
         self.processes
-            .values()
-            .flat_map(|p| p.threads.iter())
+            .iter()
+            .filter(|(&pid, _)| process(pid))
+            .flat_map(|(_, p)| p.threads.iter())
             .map(|(&tid, t)| (tid, t.frames_closed_uncaught()))
             .max_by_key(|&(_, n)| n)
     }
@@ -149,8 +150,16 @@ impl Session {
         self.exits.reason.push_str(note);
     }
 
+    /// `--exits repair`: what the repairs did, by thread id, for the threads' reports.
     pub fn set_repairs(&mut self, by_thread: BTreeMap<u32, summary::RepairStats>) {
         self.repairs = Some(by_thread);
+    }
+
+    /// Adds the repairs of one more process (`--exits repair --attach`: a keeper each).
+    pub fn add_repairs(&mut self, by_thread: BTreeMap<u32, summary::RepairStats>) {
+        self.repairs
+            .get_or_insert_with(BTreeMap::new)
+            .extend(by_thread);
     }
 
     /// Marks the session as a flight-recorder snapshot: `stats` go into its manifest.

@@ -256,6 +256,16 @@ impl ElfImage {
         Ok(header)
     }
 
+    /// File offset of the entry point (`e_entry`), where a process that runs the executable
+    /// starts after its dynamic loader; `None` for a file without one (a shared library).
+    pub fn entry_file_offset(&self) -> Option<u64> {
+        let entry = self.header().ok()?.e_entry(LittleEndian);
+        if entry == 0 {
+            return None;
+        }
+        self.file_offset(entry)
+    }
+
     /// The instruction set of the file (checked when the image was made).
     pub fn machine(&self) -> Result<Machine, ElfError> {
         let header = self.header()?;

@@ -10,7 +10,7 @@
 //! verifier log shows no source lines; the load through aya, which the fallback uses, does),
 //! and no kfunc or extension program is supported. Once aya can load uprobe programs with the
 //! `uprobe_multi` attach type itself, this module is to be dropped.
-use super::sys::{invalid, sys_bpf_fd};
+use crate::kernel::sys::{invalid, sys_bpf_fd};
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::maps::{Map, MapData};
 use aya::Ebpf;

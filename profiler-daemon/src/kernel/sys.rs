@@ -1,10 +1,11 @@
-//! The raw `bpf(2)` calls this module makes itself, shared by the link and the program load.
+//! The raw `bpf(2)` calls the kernel stage makes itself (`uprobe_multi` links and program
+//! loads, per-process task iterators), where aya has no API for them.
 use aya_obj::generated::{bpf_attr, bpf_cmd};
 use std::io;
 use std::os::fd::{FromRawFd as _, OwnedFd};
 
 /// The `bpf(2)` system call for commands that return a new file descriptor.
-pub(super) fn sys_bpf_fd(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
+pub(crate) fn sys_bpf_fd(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
     loop {
         // SAFETY: `attr` is a valid bpf_attr of the size passed; pointers in it are valid for
         // the duration of the call (the callers' borrows).
@@ -29,6 +30,6 @@ pub(super) fn sys_bpf_fd(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedF
 }
 
 /// An error for arguments the kernel could not be given.
-pub(super) fn invalid(message: &str) -> io::Error {
+pub(crate) fn invalid(message: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, message.to_owned())
 }
