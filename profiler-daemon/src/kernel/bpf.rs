@@ -342,14 +342,14 @@ impl Tracer {
     }
 
     /// `--exits repair`: places the `unwind_stop` probe at `file_offset` of `object`, as a throw
-    /// point (`event_kind::THROW`) or a catch point (`event_kind::CATCH`).
+    /// point (`event_kind::THROW`) or a catch point (`event_kind::CATCH`); returns its cookie.
     pub fn attach_unwind_stop(
         &mut self,
         object: &Path,
         file_offset: u64,
         kind: u8,
         scope: Scope,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let probe = Probe {
             file_offset,
             cookie: Cookie {
@@ -364,7 +364,8 @@ impl Tracer {
             &[probe],
             object,
             UProbeScope::from(scope),
-        )
+        )?;
+        Ok(probe.cookie.encode())
     }
 
     /// `--exits repair`: the table of stopped threads' [`RepairState`], for a repair keeper
@@ -390,12 +391,11 @@ impl Tracer {
         Ok((BpfHashMap::try_from(aya::maps::Map::HashMap(data))?, raw))
     }
 
-    /// `--exits repair` of a running process: the `repair_release` task iterator over the
-    /// threads of `pid` (loaded at the first call), as the file whose one read runs it (see
-    /// `profiler_common::repair_state::RELEASE`). The repair keeper reads it once every thread
-    /// of the process is stopped.
-    pub fn release_iterator(&mut self, pid: NonZeroU32) -> Result<std::fs::File> {
-        use std::os::fd::AsFd as _;
+    /// `--exits repair`: the `repair_release` task iterator program (loaded at the first
+    /// call), for the repair keeper to run over the threads of each process it lets go (see
+    /// `kernel::task_iter` and `profiler_common::repair_state::RELEASE`).
+    pub fn release_program_fd(&mut self) -> Result<std::os::fd::RawFd> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
         let program: &mut aya::programs::Iter = self
             .ebpf
             .program_mut(REPAIR_RELEASE_PROGRAM)
@@ -410,9 +410,18 @@ impl Tracer {
                 )
             })?;
         }
-        let fd = program.fd()?;
-        crate::kernel::task_iter::for_process(fd.as_fd(), pid)
-            .map_err(|e| anyhow!("cannot create the task iterator of process {pid}: {e}"))
+        Ok(program.fd()?.as_fd().as_raw_fd())
+    }
+
+    /// `--exits repair`: the `unwind_stop` program as loaded for `uprobe_multi` links, for the
+    /// repair keeper to place the throw and catch stops of the processes the traced one forks.
+    pub fn unwind_stop_program_fd(&self) -> Result<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd as _;
+        self.multi
+            .iter()
+            .find(|(name, _)| *name == UNWIND_STOP_PROGRAM)
+            .map(|(_, program)| program.fd().as_raw_fd())
+            .context("the unwind_stop program is not loaded for uprobe_multi links")
     }
 
     /// `--exits repair --attach`: places the `process_start` probe at `file_offset` of the

@@ -144,23 +144,6 @@ pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (ExitPolicy, ExitsChoice) {
     }
 }
 
-/// The first object of `image` that calls `fork` (imports it), and the name it imports.
-/// `--exits auto` does not repair such a program: the child of a fork inherits the frames
-/// hooked at that moment, and no tracer repairs them in the child.
-pub fn forker(image: &[PathBuf]) -> Option<(&PathBuf, &'static str)> {
-    const FORKS: &[&str] = &["fork", "_Fork", "__fork"];
-    image.iter().find_map(|path| {
-        let image = ElfImage::open(path).ok()?;
-        let file = image.parse().ok()?;
-        file.dynamic_symbols()
-            .chain(file.symbols())
-            .filter(|s| s.is_undefined())
-            .filter_map(|s| s.name().ok())
-            .find_map(|name| FORKS.iter().find(|&&f| f == name).copied())
-            .map(|name| (path, name))
-    })
-}
-
 /// The first object of `image` with an unwinding personality routine, and the routine.
 pub fn unwinder(image: &[PathBuf]) -> Option<(&PathBuf, &'static str)> {
     image.iter().find_map(|p| personality_in(p).map(|s| (p, s)))

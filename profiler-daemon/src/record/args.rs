@@ -52,7 +52,7 @@ pub struct RecordArgs {
     /// and repairs its stack at each throw and catch, and lets a `--pid` or `--attach` process
     /// go at the end with no frame left hooked (under `--attach` a process is traced from a
     /// few milliseconds after it starts); `auto` is `repair` for a
-    /// launched command that can unwind (unless it calls fork), `per-function` otherwise.
+    /// launched command that can unwind, `per-function` otherwise.
     #[arg(long, value_name = "MODE", value_enum, default_value_t = ExitMode::Auto)]
     pub exits: ExitMode,
 

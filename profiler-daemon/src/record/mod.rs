@@ -406,15 +406,6 @@ fn repair_wanted(
             let Some((path, symbol)) = crate::plan::exits::unwinder(image) else {
                 return Ok(None);
             };
-            if let Some((forker, call)) = crate::plan::exits::forker(image) {
-                eprintln!(
-                    "fdr-profiled: note: not repairing the stack: {} calls {call}() (a child inherits \
-                     hooked frames that no tracer repairs); each function's exits are chosen \
-                     from its code instead",
-                    forker.display()
-                );
-                return Ok(None);
-            }
             let has_throw = image
                 .iter()
                 .any(|o| !crate::plan::catches::throw_points(o).is_empty());
@@ -439,17 +430,14 @@ fn start_keeper(
     scope: Scope,
     target: &mut Target,
 ) -> Result<()> {
-    let (placed, links) = repair::attach(tracer, &planned.image, scope)?;
+    let (placed, stops) = repair::attach(tracer, &planned.image, scope)?;
     let mut start = || -> Result<repair::Keeper> {
         let tracee = match target {
             Target::Launch(child, _) => repair::Tracee::Launched(child.pid()),
-            Target::Pid(pid, ..) => {
-                let nz = NonZeroU32::new(*pid).context("pid 0")?;
-                repair::Tracee::Running(*pid, tracer.release_iterator(nz)?)
-            }
-            Target::Attach => bail!("--exits repair cannot trace --attach"),
+            Target::Pid(pid, ..) => repair::Tracee::Running(*pid),
+            Target::Attach => bail!("--exits repair traces each process of --attach apart"),
         };
-        repair::Keeper::start(tracee, tracer.take_repairs()?, &links)
+        repair::Keeper::start(tracee, tracer.take_repairs()?, &stops)
     };
     match start() {
         Ok(keeper) => {

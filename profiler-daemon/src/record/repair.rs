@@ -33,7 +33,7 @@ use crate::kernel::bpf::{Attachment, PodRepairState, Scope, Tracer};
 use crate::session::summary::RepairsByThread;
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::repair_state;
+use profiler_common::{event_kind, repair_state};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead as _, Read as _, Write as _};
@@ -41,9 +41,31 @@ use std::os::fd::{AsRawFd as _, FromRawFd as _, RawFd};
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// The throw and catch stops of one process: the probes placed (to remove them again), and
+/// what the [`Keeper`] needs to hold them and to place the same stops in the processes the
+/// traced one forks.
+pub struct UnwindStops {
+    /// The links' descriptors: the keeper keeps them open for as long as it traces.
+    links: Vec<RawFd>,
+    /// The `unwind_stop` program as `uprobe_multi` links run it, and the `repair_release`
+    /// task iterator program.
+    program: RawFd,
+    release_program: RawFd,
+    /// Each object's points, with the object open: the keeper places a child's stops through
+    /// `/proc/self/fd/N`, on the very files probed here, whatever happens to their paths.
+    objects: Vec<StopPoints>,
+}
+
+/// The throw and catch points of one object.
+struct StopPoints {
+    file: File,
+    offsets: Vec<u64>,
+    cookies: Vec<u64>,
+}
+
 /// Probes the unwinder's throw functions and the catch functions of `image` (the traced
-/// process's objects) for `pid`; returns them (to remove them again) and the descriptors of
-/// their links, for the [`Keeper`].
+/// process's objects) for `scope`; returns them (to remove them again) and what the
+/// [`Keeper`] needs of them.
 /// Errors when the image has no unwinder (then nothing can throw and `--exits return` does
 /// the same at no cost), or when the probes are not `uprobe_multi` links; nothing placed here
 /// stays in place then.
@@ -51,21 +73,31 @@ pub fn attach(
     tracer: &mut Tracer,
     image: &[PathBuf],
     scope: Scope,
-) -> Result<(Attachment, Vec<RawFd>)> {
+) -> Result<(Attachment, UnwindStops)> {
     // Only what is placed here goes to the keeper.
     drop(tracer.take_attachment());
     let placed = place_unwind_stops(tracer, image, scope);
     let attachment = tracer.take_attachment();
-    let fds = placed.and_then(|throws| {
-        if throws == 0 {
+    let stops = placed.and_then(|objects| {
+        if !objects.iter().any(|o| {
+            o.cookies
+                .iter()
+                .any(|&c| profiler_common::Cookie::decode(c).kind == event_kind::THROW)
+        }) {
             bail!("--exits repair: no unwinder (_Unwind_RaiseException) in the image: nothing can throw, use --exits return");
         }
-        tracer.link_fds(&attachment).context(
+        let links = tracer.link_fds(&attachment).context(
             "--exits repair needs uprobe_multi links (Linux 6.6 or later): a perf-event probe cannot be handed to the repair keeper",
-        )
+        )?;
+        Ok(UnwindStops {
+            links,
+            program: tracer.unwind_stop_program_fd()?,
+            release_program: tracer.release_program_fd()?,
+            objects,
+        })
     });
-    match fds {
-        Ok(fds) => Ok((attachment, fds)),
+    match stops {
+        Ok(stops) => Ok((attachment, stops)),
         Err(err) => {
             tracer.detach(attachment);
             Err(err)
@@ -73,33 +105,43 @@ pub fn attach(
     }
 }
 
-/// Places the `unwind_stop` probes; returns how many throw points it probed.
-fn place_unwind_stops(tracer: &mut Tracer, image: &[PathBuf], scope: Scope) -> Result<usize> {
-    let mut throws = 0;
+/// Places the `unwind_stop` probes; returns each object's points.
+fn place_unwind_stops(
+    tracer: &mut Tracer,
+    image: &[PathBuf],
+    scope: Scope,
+) -> Result<Vec<StopPoints>> {
+    let mut objects = Vec::new();
     for object in image {
-        for point in crate::plan::catches::throw_points(object) {
-            tracer
-                .attach_unwind_stop(
-                    object,
-                    point.file_offset,
-                    profiler_common::event_kind::THROW,
-                    scope,
+        let points: Vec<(crate::plan::catches::CatchPoint, u8)> =
+            crate::plan::catches::throw_points(object)
+                .into_iter()
+                .map(|p| (p, event_kind::THROW))
+                .chain(
+                    crate::plan::catches::catch_points(object)
+                        .into_iter()
+                        .map(|p| (p, event_kind::CATCH)),
                 )
-                .with_context(|| format!("probing {} in {}", point.name, object.display()))?;
-            throws += 1;
+                .collect();
+        if points.is_empty() {
+            continue;
         }
-        for point in crate::plan::catches::catch_points(object) {
-            tracer
-                .attach_unwind_stop(
-                    object,
-                    point.file_offset,
-                    profiler_common::event_kind::CATCH,
-                    scope,
-                )
+        let file = File::open(object).with_context(|| format!("opening {}", object.display()))?;
+        let mut stops = StopPoints {
+            file,
+            offsets: Vec::new(),
+            cookies: Vec::new(),
+        };
+        for (point, kind) in points {
+            let cookie = tracer
+                .attach_unwind_stop(object, point.file_offset, kind, scope)
                 .with_context(|| format!("probing {} in {}", point.name, object.display()))?;
+            stops.offsets.push(point.file_offset);
+            stops.cookies.push(cookie);
         }
+        objects.push(stops);
     }
-    Ok(throws)
+    Ok(objects)
 }
 
 /// What the keeper traces.
@@ -107,17 +149,18 @@ pub enum Tracee {
     /// A command fdr-profiled launched, still parked before its exec: traced from its first
     /// instruction until it exits, whatever happens to fdr-profiled meanwhile.
     Launched(u32),
-    /// A running process (`--pid`), every thread seized where it is: let go when fdr-profiled
-    /// asks ([`Keeper::release`]) or dies, after the original return address is put back into
-    /// every live frame still hooked (read from the kernel by `release`, the `repair_release`
-    /// task iterator), so that no exception ever finds a hooked frame without a tracer.
-    Running(u32, File),
+    /// A running process (`--pid`, or one of `--attach`), every thread seized where it is:
+    /// let go when fdr-profiled asks ([`Keeper::release`]) or dies, after the original return
+    /// address is put back into every live frame still hooked (read from the kernel by
+    /// `release`, with the `repair_release` task iterator), so that no exception ever finds a
+    /// hooked frame without a tracer.
+    Running(u32),
 }
 
 impl Tracee {
     fn pid(&self) -> u32 {
         match self {
-            Tracee::Launched(pid) | Tracee::Running(pid, _) => *pid,
+            Tracee::Launched(pid) | Tracee::Running(pid) => *pid,
         }
     }
 }
@@ -127,21 +170,21 @@ pub struct Keeper {
     pid: libc::pid_t,
     /// Whether it traces a running process, which it lets go when asked.
     running: bool,
-    /// Its reports: a line once it traces the command, its [`RepairsByThread`] (JSON) at the
-    /// end.
+    /// Its reports: a line once it traces the command, its [`RepairsByThread`] (JSON, one
+    /// line) when the command exits or is let go.
     reports: std::io::BufReader<std::fs::File>,
 }
 
 impl Keeper {
-    /// Forks the keeper of `command` (still parked before its exec); returns once it is the
-    /// command's tracer. `links` are the file descriptors of the throw and catch probes: with
-    /// the repairs table they are all the keeper keeps open, so that fdr-profiled's end
-    /// removes every other probe. Call it before any thread exists: the child of a fork runs
-    /// only the forking thread.
+    /// Forks the keeper of `tracee` (a command still parked before its exec, or a running
+    /// process); returns once it is its tracer. `stops` are the throw and catch probes placed
+    /// for it (see [`attach`]): with the repairs table they are all the keeper keeps open, so
+    /// that fdr-profiled's end removes every other probe. Call it before any thread exists:
+    /// the child of a fork runs only the forking thread.
     pub fn start(
         tracee: Tracee,
         (repairs, repairs_fd): (BpfHashMap<MapData, u32, PodRepairState>, RawFd),
-        links: &[RawFd],
+        stops: &UnwindStops,
     ) -> Result<Keeper> {
         let mut ends = [0; 2];
         // SAFETY: valid pointer to two ints.
@@ -151,12 +194,14 @@ impl Keeper {
         // SAFETY: fresh descriptors from pipe2, owned from here on.
         let (read_end, write_end) =
             unsafe { (File::from_raw_fd(ends[0]), File::from_raw_fd(ends[1])) };
-        let mut keep: Vec<RawFd> = links.to_vec();
-        keep.push(repairs_fd);
-        keep.push(write_end.as_raw_fd());
-        if let Tracee::Running(_, release) = &tracee {
-            keep.push(release.as_raw_fd());
-        }
+        let mut keep: Vec<RawFd> = stops.links.clone();
+        keep.extend([
+            repairs_fd,
+            write_end.as_raw_fd(),
+            stops.program,
+            stops.release_program,
+        ]);
+        keep.extend(stops.objects.iter().map(|o| o.file.as_raw_fd()));
         let running = matches!(tracee, Tracee::Running(..));
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
@@ -164,14 +209,13 @@ impl Keeper {
         match unsafe { libc::fork() } {
             -1 => Err(std::io::Error::last_os_error()).context("--exits repair: fork"),
             0 => {
-                let code = keeper_main(tracee, parent, repairs, write_end, &keep);
+                let code = keeper_main(tracee, parent, repairs, stops, write_end, &keep);
                 // SAFETY: the keeper ends here, without running the parent's destructors.
                 unsafe { libc::_exit(code) }
             }
             pid => {
                 drop(write_end);
                 drop(repairs);
-                drop(tracee);
                 let mut keeper = Keeper {
                     pid,
                     running,
@@ -245,12 +289,14 @@ impl Keeper {
         unsafe { libc::poll(&mut poll, 1, 0) != 0 }
     }
 
-    /// Waits for the keeper to end (after the command, or once it let the process go) and
-    /// returns what its repairs did (blocking: run it on its own thread).
+    /// Waits for the keeper's report (the command exited, or the process was let go) and
+    /// returns what its repairs did (blocking: run it on its own thread). A keeper whose
+    /// command left forked processes behind goes on repairing them until they exit; it is
+    /// not waited for.
     pub fn finish(mut self) -> Result<RepairsByThread> {
         let mut report = String::new();
-        let read = self.reports.read_to_string(&mut report);
-        self.reap();
+        let read = self.reports.read_line(&mut report);
+        self.reap_if_gone();
         read.context("reading the keeper's report")?;
         serde_json::from_str(report.trim()).with_context(|| {
             format!(
@@ -267,15 +313,31 @@ impl Keeper {
             && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
         {}
     }
+
+    /// Reaps the keeper if it ends within a moment of its report (it still serves forked
+    /// processes otherwise: the system reaps it once fdr-profiled is gone).
+    fn reap_if_gone(&mut self) {
+        let mut poll = libc::pollfd {
+            fd: self.reports.get_ref().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the end of the pipe (POLLHUP) comes as the keeper exits.
+        if unsafe { libc::poll(&mut poll, 1, 1000) } > 0 && poll.revents & libc::POLLHUP != 0 {
+            self.reap();
+        }
+    }
 }
 
 /// The keeper's life, in the forked child: its own session, deaf to the terminal's signals,
-/// nothing open but what it needs; traces `command` and serves its stops until it exits, then
-/// reports what the repairs did to fdr-profiled if it is still there.
+/// nothing open but what it needs; traces `tracee` and serves its stops (and those of the
+/// processes it forks) until it exits or is let go, and reports what the repairs did to
+/// fdr-profiled if it is still there.
 fn keeper_main(
     tracee: Tracee,
     parent: libc::pid_t,
     repairs: BpfHashMap<MapData, u32, PodRepairState>,
+    stops: &UnwindStops,
     mut reports: File,
     keep: &[RawFd],
 ) -> i32 {
@@ -297,13 +359,14 @@ fn keeper_main(
         libc::prctl(libc::PR_SET_NAME, c"fdr-repair".as_ptr());
     }
     close_all_but(keep);
-    if matches!(tracee, Tracee::Running(..)) {
+    let running = matches!(tracee, Tracee::Running(..));
+    if running {
         listen_for_release(parent);
     }
     let command = tracee.pid();
     let seized = match &tracee {
         Tracee::Launched(pid) => seize(*pid).map(|()| vec![*pid]),
-        Tracee::Running(pid, _) => seize_all(*pid),
+        Tracee::Running(pid) => seize_all(*pid),
     };
     let line = match &seized {
         Ok(_) => "tracing\n".to_owned(),
@@ -313,16 +376,13 @@ fn keeper_main(
     let Ok(threads) = seized else {
         return 1;
     };
-    let release = match tracee {
-        Tracee::Running(_, file) => Some(file),
-        Tracee::Launched(_) => None,
+    // fdr-profiled may be gone: then nobody reads it, which is fine.
+    let mut report = |stats: &RepairsByThread| {
+        let line = serde_json::to_string(stats).unwrap_or_default() + "\n";
+        let _ = reports.write_all(line.as_bytes());
     };
-    match Repairer::new(command, threads, repairs).serve(release) {
-        Ok(stats) => {
-            // fdr-profiled may be gone: then nobody reads it, which is fine.
-            let _ = reports.write_all(serde_json::to_string(&stats).unwrap_or_default().as_bytes());
-            0
-        }
+    match Repairer::new(command, threads, repairs, stops).serve(running, &mut report) {
+        Ok(()) => 0,
         Err(err) => {
             eprintln!("fdr-profiled: repair keeper: {err:#}");
             1
@@ -360,7 +420,9 @@ fn close_all_but(keep: &[RawFd]) {
 }
 
 fn seize(pid: u32) -> Result<()> {
-    let options = libc::PTRACE_O_TRACECLONE;
+    // Threads, forked processes (see `Repairer::children`) and `exec` (a forked child that
+    // runs another program is let go).
+    let options = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEEXEC;
     // SAFETY: plain system call.
     let r = unsafe {
         libc::ptrace(
@@ -459,13 +521,21 @@ fn listen_for_release(parent: libc::pid_t) {
 extern "C" fn on_tick(_: libc::c_int) {}
 
 /// The tracer's state.
-struct Repairer {
+struct Repairer<'a> {
     pid: u32,
     /// Every thread it traces (seized, or traced from its creation), until its exit.
     threads: std::collections::BTreeSet<u32>,
+    /// The processes the traced one forked (and theirs, and so on), with the throw and catch
+    /// stops placed for each: a child has the frames it inherited hooked, and the kernel
+    /// hooks its own calls too (a return probe hooks a frame wherever its breakpoint fires,
+    /// whatever process it is filtered to), so it is repaired as its parent is.
+    children: HashMap<u32, Vec<crate::kernel::uprobe_multi::MultiLink>>,
+    /// Whether the traced process has exited (its forked processes may live on).
+    exited: bool,
+    stops: &'a UnwindStops,
     repairs: BpfHashMap<MapData, u32, PodRepairState>,
-    /// The kernel's return-probe trampoline in the command (its `[uprobes]` mapping), once
-    /// known; after an `exec` it is looked up again.
+    /// The kernel's return-probe trampoline in the command (its `[uprobes]` mapping, at the
+    /// same address in a forked child), once known.
     trampoline: Option<u64>,
     /// By thread: the slots restored at its last throws, with the address written.
     restored: HashMap<u32, Vec<(u64, u64)>>,
@@ -473,19 +543,24 @@ struct Repairer {
     stats: RepairsByThread,
 }
 
-/// `PTRACE_EVENT_CLONE` and `PTRACE_EVENT_STOP` (uapi values).
-const EVENT_CLONE: i32 = 3;
+/// `PTRACE_EVENT_*` (uapi values).
+const EVENT_FORK: i32 = 1;
+const EVENT_EXEC: i32 = 4;
 const EVENT_STOP: i32 = 128;
 
-impl Repairer {
+impl<'a> Repairer<'a> {
     fn new(
         pid: u32,
         threads: Vec<u32>,
         repairs: BpfHashMap<MapData, u32, PodRepairState>,
-    ) -> Repairer {
+        stops: &'a UnwindStops,
+    ) -> Repairer<'a> {
         Repairer {
             pid,
             threads: threads.into_iter().collect(),
+            children: HashMap::new(),
+            exited: false,
+            stops,
             repairs,
             trampoline: None,
             restored: HashMap::new(),
@@ -493,32 +568,55 @@ impl Repairer {
         }
     }
 
-    /// Serves every stop of every thread of the command until its main thread's exit is
-    /// reported (after all the others'), or, for a running process, until it is asked to let
-    /// it go (`release`: see [`Tracee::Running`]).
-    fn serve(mut self, release: Option<File>) -> Result<RepairsByThread> {
+    /// Serves every stop of every thread of the command (and of the processes it forks) until
+    /// they have all exited, or, for a running process (`running`), until it is asked to let
+    /// it go (`release`: see [`Tracee::Running`]). `report` gets what the repairs did once:
+    /// when the command exits (a launched command: fdr-profiled waits for it, not for the
+    /// processes it left), or when the process is let go or gone.
+    fn serve(mut self, running: bool, report: &mut dyn FnMut(&RepairsByThread)) -> Result<()> {
+        let mut reported = false;
         loop {
-            if let Some(release) = &release {
-                if RELEASE_ASKED.load(std::sync::atomic::Ordering::SeqCst) {
-                    self.release(release)?;
-                    return Ok(self.stats);
+            if running && RELEASE_ASKED.load(std::sync::atomic::Ordering::SeqCst) {
+                self.release()?;
+                if !reported {
+                    report(&self.stats);
                 }
+                return Ok(());
             }
-            let Some((tid, status)) = wait_any()? else {
-                continue;
+            if self.exited && self.threads.is_empty() {
+                if !reported {
+                    report(&self.stats);
+                }
+                return Ok(());
+            }
+            let (tid, status) = match wait_any()? {
+                Wait::Stop(tid, status) => (tid, status),
+                Wait::Interrupted => continue,
+                Wait::NoTracee => {
+                    self.exited = true;
+                    self.threads.clear();
+                    continue;
+                }
             };
             if self.exited(tid, status) {
                 if tid == self.pid {
+                    self.exited = true;
                     // How it ended is fdr-profiled's to read (the command's parent, or the
                     // pidfd of --pid).
-                    return Ok(self.stats);
+                    if !running && !reported {
+                        report(&self.stats);
+                        reported = true;
+                    }
                 }
                 continue;
             }
             if !libc::WIFSTOPPED(status) {
                 continue;
             }
-            self.threads.insert(tid);
+            if self.threads.insert(tid) && is_process_leader(tid) && tid != self.pid {
+                // A forked child's first stop, before its parent's fork event was seen.
+                self.follow(tid, None);
+            }
             let signal = libc::WSTOPSIG(status);
             match status >> 16 {
                 0 => {
@@ -532,14 +630,61 @@ impl Repairer {
                         // A group stop: stay stopped until SIGCONT, as without a tracer.
                         request(libc::PTRACE_LISTEN, tid, 0);
                     } else {
-                        // A new thread's first stop, or an interrupt.
+                        // A new thread's or process's first stop (SIGTRAP), or an interrupt.
                         request(libc::PTRACE_CONT, tid, 0);
                     }
                 }
-                EVENT_CLONE => request(libc::PTRACE_CONT, tid, 0),
+                EVENT_FORK => {
+                    if let Some(child) = event_message(tid) {
+                        self.follow(child, Some(tid));
+                    }
+                    request(libc::PTRACE_CONT, tid, 0);
+                }
+                EVENT_EXEC if tid != self.pid => {
+                    // A forked child now runs another program: its frames went with its old
+                    // image. Its stops go first, so that none stops it once untraced.
+                    self.children.remove(&tid);
+                    self.threads.remove(&tid);
+                    self.restored.remove(&tid);
+                    request(libc::PTRACE_DETACH, tid, 0);
+                }
                 _ => request(libc::PTRACE_CONT, tid, 0),
             }
         }
+    }
+
+    /// Follows the process `child` that a traced thread (`parent`, when known) forked: places
+    /// its throw and catch stops (once), before it runs.
+    fn follow(&mut self, child: u32, parent: Option<u32>) {
+        if let Some(parent) = parent {
+            self.stats.entry(parent).or_default().forks_followed += 1;
+        }
+        if child == self.pid || self.children.contains_key(&child) {
+            return;
+        }
+        let Some(pid) = std::num::NonZeroU32::new(child) else {
+            return;
+        };
+        let mut links = Vec::new();
+        for object in &self.stops.objects {
+            let path = PathBuf::from(format!("/proc/self/fd/{}", object.file.as_raw_fd()));
+            // SAFETY: the program's descriptor stays open for the keeper's life (kept).
+            let program = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.stops.program) };
+            match crate::kernel::uprobe_multi::attach(
+                program,
+                &path,
+                &object.offsets,
+                &object.cookies,
+                Some(pid),
+                false,
+            ) {
+                Ok(link) => links.push(link),
+                Err(err) => eprintln!(
+                    "fdr-profiled: repair keeper: warning: process {child} (forked): its throws cannot be repaired ({err}); one through a hooked frame ends it"
+                ),
+            }
+        }
+        self.children.insert(child, links);
     }
 
     /// Whether `status` says `tid` is gone; forgets it then.
@@ -548,31 +693,35 @@ impl Repairer {
         if gone {
             self.restored.remove(&tid);
             self.threads.remove(&tid);
+            self.children.remove(&tid);
         }
         gone
     }
 
-    /// Lets a running process go: stops every thread (`PTRACE_INTERRUPT`; a repair due
-    /// meanwhile is made, a signal meant for the program is kept for the detach), has the
-    /// `repair_release` iterator copy each thread's pending return-probe instances from the
-    /// kernel, puts the original return address back into every live slot that still holds
-    /// the trampoline, and detaches every thread. The frames so released return straight to
-    /// their callers; the kernel drops their instances as it drops those a `longjmp` left.
-    fn release(&mut self, mut iterator: &File) -> Result<()> {
+    /// Lets a running process, and the processes it forked, go: stops every thread
+    /// (`PTRACE_INTERRUPT`; a repair due meanwhile is made, a signal meant for the program is
+    /// kept for the detach), has the `repair_release` iterator copy each thread's pending
+    /// return-probe instances from the kernel, puts the original return address back into
+    /// every live slot that still holds the trampoline, and detaches every thread. The frames
+    /// so released return straight to their callers; the kernel drops their instances as it
+    /// drops those a `longjmp` left.
+    fn release(&mut self) -> Result<()> {
         // Signal to deliver at the detach, by stopped thread.
         let mut stopped: HashMap<u32, i32> = HashMap::new();
         for &tid in &self.threads {
             request(libc::PTRACE_INTERRUPT, tid, 0);
         }
         while self.threads.iter().any(|t| !stopped.contains_key(t)) {
-            let Some((tid, status)) = wait_any()? else {
-                continue;
+            let (tid, status) = match wait_any()? {
+                Wait::Stop(tid, status) => (tid, status),
+                Wait::Interrupted => continue,
+                Wait::NoTracee => {
+                    self.threads.clear();
+                    break;
+                }
             };
             if self.exited(tid, status) {
                 stopped.remove(&tid);
-                if tid == self.pid {
-                    return Ok(());
-                }
                 continue;
             }
             if !libc::WIFSTOPPED(status) {
@@ -593,19 +742,34 @@ impl Repairer {
                     }
                     signal
                 }
-                // An interrupt, a group stop, a clone: stopped all the same.
+                // An interrupt, a group stop, a clone, a fork: stopped all the same (a
+                // child forked meanwhile is stopped at its first stop and traced).
                 _ => 0,
             };
             // A second stop of one already stopped cannot come: it is not resumed.
             stopped.insert(tid, deliver);
         }
         // Every thread is stopped: their instances cannot change until the detach.
-        let mut sink = Vec::new();
-        iterator
-            .read_to_end(&mut sink)
-            .context("running the repair_release task iterator")?;
+        let processes: Vec<u32> = std::iter::once(self.pid)
+            .filter(|_| !self.exited)
+            .chain(self.children.keys().copied())
+            .collect();
+        for pid in processes {
+            let Some(nz) = std::num::NonZeroU32::new(pid) else {
+                continue;
+            };
+            // SAFETY: the program's descriptor stays open for the keeper's life (kept).
+            let program =
+                unsafe { std::os::fd::BorrowedFd::borrow_raw(self.stops.release_program) };
+            let mut sink = Vec::new();
+            crate::kernel::task_iter::for_process(program, nz)
+                .and_then(|mut iterator| iterator.read_to_end(&mut sink))
+                .with_context(|| {
+                    format!("running the repair_release task iterator over process {pid}")
+                })?;
+        }
         let trampoline = self.trampoline();
-        for (&tid, &deliver) in &stopped {
+        for &tid in stopped.keys() {
             let state = self.repairs.get(&tid, 0).ok().map(|s| s.0);
             let _ = self.repairs.remove(&tid);
             if let (Some(state), Some(trampoline), Some(sp)) =
@@ -636,6 +800,10 @@ impl Repairer {
                     }
                 }
             }
+        }
+        // The children's stops go before they are untraced: none may stop them afterwards.
+        self.children.clear();
+        for (&tid, &deliver) in &stopped {
             request(libc::PTRACE_DETACH, tid, deliver);
         }
         Ok(())
@@ -750,20 +918,57 @@ impl Repairer {
     }
 }
 
-/// The next stop or end of any tracee: `None` when the wait was interrupted (a release
-/// request, the poll timer).
-fn wait_any() -> Result<Option<(u32, i32)>> {
+/// The new process a `PTRACE_EVENT_FORK` stop of `tid` announces.
+fn event_message(tid: u32) -> Option<u32> {
+    let mut message: libc::c_ulong = 0;
+    // SAFETY: plain system call writing into `message`.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETEVENTMSG,
+            tid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            (&raw mut message).cast::<libc::c_void>(),
+        )
+    };
+    (r == 0).then(|| u32::try_from(message).ok()).flatten()
+}
+
+/// Whether `tid` is the first thread of its process (`Tgid` equal to its id).
+fn is_process_leader(tid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:"))
+                .and_then(|t| t.trim().parse::<u32>().ok())
+        })
+        == Some(tid)
+}
+
+/// What waiting for the tracees gave.
+enum Wait {
+    /// A stop or end of one (its id, the wait status).
+    Stop(u32, i32),
+    /// Nothing yet: a signal (a release request, the poll timer) interrupted the wait.
+    Interrupted,
+    /// No tracee is left (`ECHILD`).
+    NoTracee,
+}
+
+/// The next stop or end of any tracee.
+fn wait_any() -> Result<Wait> {
     let mut status = 0;
     // SAFETY: valid pointer to an int.
     let tid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
     if tid < 0 {
         let err = std::io::Error::last_os_error();
-        if err.kind() == std::io::ErrorKind::Interrupted {
-            return Ok(None);
-        }
-        return Err(err).context("waiting for the traced process");
+        return match err.raw_os_error() {
+            Some(libc::EINTR) => Ok(Wait::Interrupted),
+            Some(libc::ECHILD) => Ok(Wait::NoTracee),
+            _ => Err(err).context("waiting for the traced process"),
+        };
     }
-    Ok(Some((tid as u32, status)))
+    Ok(Wait::Stop(tid as u32, status))
 }
 
 /// A ptrace request on a stopped tracee; a tracee that died meanwhile is no error.

@@ -150,14 +150,10 @@ impl RepairedProcesses {
         }
         let image: Vec<PathBuf> = crate::plan::exits::mapped_image(pid);
         drop(tracer.take_attachment());
-        let (unwind_stops, links) = repair::attach(tracer, &image, scope)?;
-        let keeper = tracer.release_iterator(nz).and_then(|iterator| {
-            Keeper::start(
-                Tracee::Running(pid, iterator),
-                tracer.take_repairs()?,
-                &links,
-            )
-        });
+        let (unwind_stops, stops) = repair::attach(tracer, &image, scope)?;
+        let keeper = tracer
+            .take_repairs()
+            .and_then(|repairs| Keeper::start(Tracee::Running(pid), repairs, &stops));
         let keeper = match keeper {
             Ok(keeper) => keeper,
             Err(err) => {

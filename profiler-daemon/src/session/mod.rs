@@ -306,7 +306,7 @@ impl Session {
     }
 
     /// Finalizes every file, writes `session.json` and returns the report.
-    pub fn finish(self, losses: IntakeLosses) -> Result<SessionReport> {
+    pub fn finish(mut self, losses: IntakeLosses) -> Result<SessionReport> {
         let mut report = SessionReport {
             fdr_version: self.version.number(),
             exits: self.exits.mode.to_owned(),
@@ -318,6 +318,7 @@ impl Session {
                 by_thread.values().for_each(|t| all.add(t));
                 all
             }),
+            repair_unrecorded_threads: None,
             events: self.events,
             events_lost: 0,
             events_lost_unattributed: self.unattributed_lost + losses.unattributed_lost,
@@ -342,9 +343,10 @@ impl Session {
             for (tid, thread) in process.threads {
                 threads.push(thread.finish(tid));
             }
-            if let Some(repairs) = &self.repairs {
+            if let Some(repairs) = &mut self.repairs {
                 for t in &mut threads {
-                    t.repair = repairs.get(&t.tid).copied();
+                    // Taken: what remains was done in threads not recorded.
+                    t.repair = repairs.remove(&t.tid);
                 }
             }
             threads.sort_by_key(|t| t.tid);
@@ -368,6 +370,15 @@ impl Session {
                 threads,
             });
         }
+        report.repair_unrecorded_threads = self
+            .repairs
+            .as_ref()
+            .filter(|left| !left.is_empty())
+            .map(|left| {
+                let mut all = summary::RepairStats::default();
+                left.values().for_each(|t| all.add(t));
+                all
+            });
         report.events_lost += report.events_lost_unattributed + report.events_malformed;
         let json = serde_json::to_vec_pretty(&report)?;
         self.out.write_atomically(MANIFEST, &json)?;

@@ -246,6 +246,10 @@ pub struct RepairStats {
     /// hooked at that moment.
     #[serde(default)]
     pub frames_released: u64,
+    /// Processes this thread forked, followed by the repairs (their frames are hooked too;
+    /// their calls are not recorded).
+    #[serde(default)]
+    pub forks_followed: u64,
     /// Time the program's thread stayed stopped for its repairs, in all and at worst
     /// (nanoseconds, from its stop being seen to its resumption).
     pub repair_ns_total: u64,
@@ -262,6 +266,7 @@ impl RepairStats {
         self.slots_left_alone += other.slots_left_alone;
         self.signals_passed_on += other.signals_passed_on;
         self.frames_released += other.frames_released;
+        self.forks_followed += other.forks_followed;
         self.repair_ns_total += other.repair_ns_total;
         self.repair_ns_max = self.repair_ns_max.max(other.repair_ns_max);
     }
@@ -276,8 +281,16 @@ impl RepairStats {
         } else {
             String::new()
         };
+        let forks = if self.forks_followed > 0 {
+            format!(
+                "; {} forked processes followed (repaired, not recorded)",
+                self.forks_followed
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again), {} slots left alone; stopped {:.3} ms for repairs, worst {:.1} us; {} signals passed on{}",
+            "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again), {} slots left alone; stopped {:.3} ms for repairs, worst {:.1} us; {} signals passed on{}{}",
             self.throws,
             self.frames_restored,
             self.catches,
@@ -286,7 +299,8 @@ impl RepairStats {
             self.repair_ns_total as f64 / 1e6,
             self.repair_ns_max as f64 / 1e3,
             self.signals_passed_on,
-            released
+            released,
+            forks
         )
     }
 }
@@ -339,6 +353,10 @@ pub struct SessionReport {
     /// `--exits repair`: what the repairs did in all threads (each thread's in its report).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repair: Option<RepairStats>,
+    /// `--exits repair`: the part of [`SessionReport::repair`] done in threads the session did
+    /// not record (those of the processes a traced one forked, or threads with no traced call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repair_unrecorded_threads: Option<RepairStats>,
     /// Traced processes.
     pub processes: Vec<ProcessReport>,
     /// Functions by total time, longest first.

@@ -5,9 +5,9 @@
 //! Debian's `libgtest-dev` and `libgmock-dev`) and its tests are built with
 //! `-fxray-instrument`, then a slice of its gtest suite that throws (malformed documents,
 //! missing keys, bad conversions) runs untraced, under `--exits repair`, under the defaults
-//! (`auto`: gtest calls fork, so each function is decided from its code; the table says what
-//! they chose) and under `--exits sleds`. Every traced run must pass the same tests as the untraced one. Target: `--exits
-//! repair` takes at most 0.25x the time of `--exits sleds` (issue 16).
+//! (`auto`, which repairs a launched command that can unwind; the table says what they chose)
+//! and under `--exits sleds`. Every traced run must pass the same tests as the untraced one.
+//! Target (issue 16): the defaults take at most 0.25x the time of `--exits sleds`.
 use super::support::{self, median};
 use crate::run;
 use anyhow::{bail, Context as _, Result};
@@ -84,8 +84,8 @@ pub fn run() -> Result<String> {
     }
 
     let sleds = rows.last().map_or(f64::NAN, |r| r.2);
-    let repair = rows[0].2;
-    let ratio = repair / sleds;
+    let repair = rows[0].2 / sleds;
+    let ratio = rows[1].2 / sleds;
     let mut s = String::new();
     let _ = writeln!(s, "## A real C++ test suite: yaml-cpp {VERSION}\n");
     let _ = writeln!(
@@ -113,8 +113,8 @@ pub fn run() -> Result<String> {
     }
     let _ = writeln!(
         s,
-        "\nTarget (issue 16): `--exits repair` at most 0.25x the time of `--exits sleds`: \
-         {ratio:.2}x, {}.",
+        "\nTarget (issue 16): the defaults at most 0.25x the time of `--exits sleds`: \
+         {ratio:.2}x, {} (`--exits repair`: {repair:.2}x).",
         if ratio <= 0.25 { "met" } else { "not met" }
     );
     Ok(s)
