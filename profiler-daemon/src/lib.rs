@@ -15,6 +15,10 @@
 //!    written as one FDR file per thread (through the `xray-fdr` crate), with the summary and
 //!    the manifest.
 //!
+//! 5. [`repair`]: `--exits repair`, the ptrace keeper that makes return probes safe for
+//!    exceptions ([`repair::keeper`]), and every process of a binary traced that way
+//!    ([`repair::processes`]).
+//!
 //! Reading a session back (replay, symbolization, reports, conversions) is the `fdr-analysis`
 //! crate, which needs no BPF. On top of both sit the commands: [`record`] (the default
 //! command), [`service`] (the system service) and [`tools`] (`list`, `dump`, `verify`,
@@ -24,6 +28,7 @@ pub mod cli;
 pub mod kernel;
 pub mod plan;
 pub mod record;
+pub mod repair;
 pub mod service;
 pub mod session;
 pub mod tools;

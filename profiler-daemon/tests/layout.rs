@@ -1,5 +1,5 @@
 //! The daemon's source tree keeps the shape of its pipeline: every import between two of its
-//! files runs down the stages (traced → plan → kernel → session → commands → cli), no files
+//! files runs down the stages (traced → plan → kernel → session → repair → commands → cli), no files
 //! import each other in a cycle, and `cli` is used by `main` alone.
 //!
 //! Imports are read from the sources, not from the compiler: `crate::a::b` and `super::b`
@@ -14,14 +14,15 @@ const STAGES: &[(&str, u32)] = &[
     ("plan", 2),
     ("kernel", 3),
     ("session", 4),
-    ("record", 5),
-    ("tools", 5),
-    ("service", 5),
-    ("cli", 6),
+    ("repair", 5),
+    ("record", 6),
+    ("tools", 6),
+    ("service", 6),
+    ("cli", 7),
 ];
 
 /// `lib.rs` and `main.rs` sit above everything.
-const ROOT_RANK: u32 = 7;
+const ROOT_RANK: u32 = 8;
 
 type Module = Vec<String>;
 

@@ -527,7 +527,7 @@ impl Tracer {
     }
 
     /// The file descriptors of `attachment`'s links, for a process that must keep its probes
-    /// in place after ours ends (`record::repair::Keeper`). None for perf-event links: aya
+    /// in place after ours ends (`repair::keeper::Keeper`). None for perf-event links: aya
     /// keeps those to itself.
     pub fn link_fds(&self, attachment: &Attachment) -> Result<Vec<std::os::fd::RawFd>> {
         if !attachment.perf.is_empty() {

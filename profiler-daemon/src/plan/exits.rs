@@ -36,7 +36,7 @@ pub enum ExitMode {
     /// decided for each function from its machine code.
     PerFunction,
     /// Return probes everywhere, the stack repaired at each throw (a launched command or a
-    /// running process: fdr-profiled becomes its ptrace tracer; see `record::repair`).
+    /// running process: fdr-profiled becomes its ptrace tracer; see `repair::keeper`).
     Repair,
 }
 

@@ -5,8 +5,9 @@
 //! at the end `fdr-analysis` writes the report.
 mod args;
 pub mod objects;
-pub mod repair;
+
 mod repaired;
+mod stuck;
 
 pub use args::RecordArgs;
 
@@ -15,6 +16,7 @@ use crate::kernel::intake::{Intake, DRAIN_BUDGET};
 use crate::plan::discovery::Discovery;
 use crate::plan::exits::{ExitMode, ExitPolicy, Exits};
 use crate::plan::select::FunctionFilter;
+use crate::repair::keeper as repair;
 use crate::session::order::Sequencer;
 use crate::session::output::OutputDir;
 use crate::session::summary::RepairsByThread;
@@ -28,6 +30,7 @@ use std::os::fd::AsRawFd as _;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use stuck::{stuck_note, stuck_thread, STUCK_CHECK_INTERVAL};
 
 /// How often the ring buffers are drained. Events are written without waking the daemon, so
 /// this bounds how full a buffer gets: at ~0.5 µs per probe hit and 48 bytes per event, 10 ms
@@ -202,7 +205,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         // Each process gets its probes once its keeper traces it (see `repaired`).
         return_probes = None;
         tracer.set_armed(true).and_then(|()| {
-            repaired = Some(repaired::RepairedProcesses::start(
+            repaired = Some(repaired::AttachRepair::start(
                 &mut tracer,
                 &mut session,
                 std::path::Path::new(&planned.executable.path),
@@ -285,15 +288,8 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     })
 }
 
-/// A thread with more frames open beyond the kernel's limit of 64 pending return probes than
-/// any recursion keeps: the kernel is stuck at its limit (the return probes of frames an
-/// exception left are dropped only when a traced caller returns, and none will).
-const STUCK_BEYOND_RETURN_LIMIT: u32 = 4096;
-/// How often threads are checked for that (reading the kernel's per-thread table).
-const STUCK_CHECK_INTERVAL: Duration = Duration::from_millis(100);
-
 /// Under repair, when a thread is stuck at the kernel's limit of pending return probes (see
-/// [`STUCK_BEYOND_RETURN_LIMIT`]), its calls would have no exit of their own for the rest of
+/// [`stuck::STUCK_BEYOND_RETURN_LIMIT`]), its calls would have no exit of their own for the rest of
 /// the session: the whole process's exits are observed by their sleds from then on (exact,
 /// at the cost of a single-stepped `ret` each), and the manifest says when and why. The
 /// frames hooked before still return through the trampoline and are still repaired.
@@ -323,43 +319,6 @@ fn exit_sleds_if_stuck(books: &KernelBooks, probing: &mut Probing, session: &mut
     session.note_exits(&note);
 }
 
-/// A thread stuck at the kernel's limit of pending return probes (see
-/// [`STUCK_BEYOND_RETURN_LIMIT`]), and how many of its calls have no return probe; with
-/// `process`, only among that process's threads.
-fn stuck_thread(
-    books: &KernelBooks,
-    session: &Session,
-    process: Option<u32>,
-) -> Option<(u32, u64)> {
-    // The programs know the kernel is at its limit when they counted every pending return
-    // probe; frames the kernel hooked before recording began (--pid) they do not know of, and
-    // then the frames it no longer hooks show as frames proven gone by a later call rather
-    // than by a catch (under repair every exception is seen caught).
-    let limit = u64::from(STUCK_BEYOND_RETURN_LIMIT);
-    let of_process = |tid: u32| {
-        process.is_none_or(|pid| std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists())
-    };
-    books
-        .threads()
-        .into_iter()
-        .find(|&(tid, s)| s.beyond_return_depth > STUCK_BEYOND_RETURN_LIMIT && of_process(tid))
-        .map(|(tid, s)| (tid, u64::from(s.beyond_return_depth)))
-        .or_else(|| {
-            session
-                .most_frames_closed_uncaught(|pid| process.is_none_or(|p| p == pid))
-                .filter(|&(_, n)| n > limit)
-        })
-}
-
-/// What the manifest says when `whose` (a process, or "" for the session's) exits are observed
-/// by their sleds from now on, thread `tid` having had `calls` calls without a return probe.
-fn stuck_note(whose: &str, tid: u32, calls: u64) -> String {
-    format!(
-        "{whose}exits observed by their sleds from CLOCK_MONOTONIC {} ns on: thread {tid} had {calls} calls without a return probe, the kernel at its limit of 64 pending ones (return probes of frames an exception left, which the kernel drops only when a traced caller returns)",
-        crate::session::monotonic_ns()
-    )
-}
-
 /// `--exits repair`, as asked for or as `auto` chose it, with what it needs of the kernel.
 struct RepairWanted {
     offsets: crate::kernel::btf::RepairOffsets,
@@ -384,7 +343,7 @@ impl RepairWanted {
     }
 }
 
-/// Whether the session repairs the stack (see `record::repair`): `--exits repair` (a launched
+/// Whether the session repairs the stack (see `repair::keeper`): `--exits repair` (a launched
 /// command or `--pid`), or `auto` for a launched command whose image can unwind, where this
 /// kernel allows it (its BTF, `uprobe_multi` links).
 fn repair_wanted(
@@ -423,7 +382,7 @@ fn repair_wanted(
 }
 
 /// Places the throw and catch probes of `--exits repair` and starts its keeper, the ptrace
-/// tracer of `target` (see `record::repair::Keeper`).
+/// tracer of `target` (see `repair::keeper::Keeper`).
 fn start_keeper(
     tracer: &mut Tracer,
     planned: &objects::Planned,
@@ -485,7 +444,7 @@ struct Probing {
     /// instead (see [`exit_sleds_instead`]).
     return_probes: Option<Vec<objects::ReturnProbes>>,
     /// `--attach --exits repair`: the processes traced, each with probes of its own.
-    repaired: Option<repaired::RepairedProcesses>,
+    repaired: Option<repaired::AttachRepair>,
 }
 
 async fn record(

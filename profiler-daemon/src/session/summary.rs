@@ -227,7 +227,7 @@ pub struct ExitMethods {
     pub exit_sled_calls: u64,
 }
 
-/// What `--exits repair` did, in one thread or in all (`record::repair`).
+/// What `--exits repair` did, in one thread or in all (`repair::keeper`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RepairStats {
     /// Throws whose frames were repaired.

@@ -1,0 +1,51 @@
+//! Under `--exits repair`, a thread stuck at the kernel's limit of 64 pending return probes:
+//! the return probes of frames an exception left are dropped only when a traced caller
+//! returns, and under `--pid` (or `--attach`) none may, so the thread's later calls get no
+//! return probe. The recording then observes the process's exits by their sleds instead.
+use crate::kernel::bpf::KernelBooks;
+use crate::session::Session;
+use std::time::Duration;
+
+/// A thread with more frames open beyond the kernel's limit of 64 pending return probes than
+/// any recursion keeps: the kernel is stuck at its limit (the return probes of frames an
+/// exception left are dropped only when a traced caller returns, and none will).
+pub const STUCK_BEYOND_RETURN_LIMIT: u32 = 4096;
+/// How often threads are checked for that (reading the kernel's per-thread table).
+pub const STUCK_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A thread stuck at the kernel's limit of pending return probes (see
+/// [`STUCK_BEYOND_RETURN_LIMIT`]), and how many of its calls have no return probe; with
+/// `process`, only among that process's threads.
+pub fn stuck_thread(
+    books: &KernelBooks,
+    session: &Session,
+    process: Option<u32>,
+) -> Option<(u32, u64)> {
+    // The programs know the kernel is at its limit when they counted every pending return
+    // probe; frames the kernel hooked before recording began (--pid) they do not know of, and
+    // then the frames it no longer hooks show as frames proven gone by a later call rather
+    // than by a catch (under repair every exception is seen caught).
+    let limit = u64::from(STUCK_BEYOND_RETURN_LIMIT);
+    let of_process = |tid: u32| {
+        process.is_none_or(|pid| std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists())
+    };
+    books
+        .threads()
+        .into_iter()
+        .find(|&(tid, s)| s.beyond_return_depth > STUCK_BEYOND_RETURN_LIMIT && of_process(tid))
+        .map(|(tid, s)| (tid, u64::from(s.beyond_return_depth)))
+        .or_else(|| {
+            session
+                .most_frames_closed_uncaught(|pid| process.is_none_or(|p| p == pid))
+                .filter(|&(_, n)| n > limit)
+        })
+}
+
+/// What the manifest says when `whose` (a process, or "" for the session's) exits are observed
+/// by their sleds from now on, thread `tid` having had `calls` calls without a return probe.
+pub fn stuck_note(whose: &str, tid: u32, calls: u64) -> String {
+    format!(
+        "{whose}exits observed by their sleds from CLOCK_MONOTONIC {} ns on: thread {tid} had {calls} calls without a return probe, the kernel at its limit of 64 pending ones (return probes of frames an exception left, which the kernel drops only when a traced caller returns)",
+        crate::session::monotonic_ns()
+    )
+}

@@ -1,0 +1,259 @@
+//! Every process that runs one executable, each traced by a repair keeper of its own (see
+//! [`super::keeper`]) before any frame of it is hooked: `--attach BIN --exits repair`, and the
+//! service's targets with `exits = "repair"`.
+//!
+//! Every probe of such a process is its own, entries included: the kernel hooks a frame's
+//! return address for a return probe whenever any probe at that offset fires, even in a
+//! process the return probe's own filter leaves out (`handler_chain()` in
+//! kernel/events/uprobes.c), and a hooked frame in a process no keeper traces turns its next
+//! exception into `std::terminate`. The only probe for every process is `process_start`, at
+//! the executable's entry point: it names each process that starts running it (the caller
+//! takes the names with `Tracer::started_processes` and hands over those that run this
+//! executable). Each one, and each one already running, is handled as `--pid` handles its
+//! process: its keeper seizes every thread, the throw and catch stops go in, then its return
+//! probes, then its entry and exit sleds. What it ran before that (a few milliseconds after
+//! it started) is not traced; a process that cannot be traced (gone already, another tracer)
+//! is never half-traced. When a process exits its probes go; at the end each keeper lets its
+//! process go as under `--pid`.
+use super::keeper::{self, Keeper, Tracee};
+use crate::kernel::bpf::{Attachment, Scope, Tracer};
+use crate::plan::AttachPlan;
+use crate::session::summary::RepairsByThread;
+use crate::traced::mappings::{self, FileId};
+use anyhow::{bail, Context as _, Result};
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+
+/// The traced processes of one executable.
+pub struct RepairedProcesses {
+    /// The executable (its file), and its plans, exits decided.
+    executable: Option<FileId>,
+    plans: Vec<AttachPlan>,
+    live: Vec<Process>,
+}
+
+/// One traced process: its keeper and every probe placed for it.
+struct Process {
+    pid: u32,
+    keeper: Keeper,
+    /// Its entry and exit sleds and catch probes.
+    probes: Attachment,
+    /// Its return probes, one set per plan; `None` once its exits are observed by their sleds
+    /// (see [`RepairedProcesses::exit_sleds_instead`]).
+    returns: Option<Vec<Attachment>>,
+    /// The throw and catch stops (the keeper holds them too, until it lets the process go).
+    unwind_stops: Attachment,
+}
+
+/// A process just traced: its keeper's pid and how many probes it got.
+pub struct Traced {
+    pub keeper: u32,
+    pub probes: usize,
+}
+
+/// What a keeper reported about its process at the end.
+pub enum Ended {
+    /// Its report.
+    Report(Result<RepairsByThread>),
+    /// It had not let the process go within [`keeper::RELEASE_WAIT`]: it goes on by itself.
+    NotLetGo { keeper: u32 },
+}
+
+impl RepairedProcesses {
+    /// Places the `process_start` probe at `executable`'s entry point, for the processes that
+    /// start running it; `plans` are its objects' plans, their exits decided.
+    pub fn new(
+        tracer: &mut Tracer,
+        executable: &Path,
+        plans: Vec<AttachPlan>,
+    ) -> Result<RepairedProcesses> {
+        let entry = xray_object::elf::ElfImage::open(executable)
+            .map_err(anyhow::Error::from)
+            .and_then(|elf| {
+                elf.entry_file_offset()
+                    .context("it has no entry point in its file (not an executable?)")
+            })
+            .with_context(|| format!("--exits repair: {}", executable.display()))?;
+        tracer
+            .attach_process_start(executable, entry)
+            .context("--exits repair: probing the executable's entry point")?;
+        drop(tracer.take_attachment());
+        Ok(RepairedProcesses {
+            executable: mappings::file_id(executable),
+            plans,
+            live: Vec::new(),
+        })
+    }
+
+    /// The plans every process gets.
+    pub fn plans(&self) -> &[AttachPlan] {
+        &self.plans
+    }
+
+    /// Whether process `pid` runs the executable now.
+    pub fn runs_it(&self, pid: u32) -> bool {
+        self.executable.is_some() && mappings::executable_id(pid) == self.executable
+    }
+
+    /// The processes running the executable now.
+    pub fn running(&self) -> Vec<u32> {
+        self.executable
+            .map(crate::traced::process::running)
+            .unwrap_or_default()
+    }
+
+    /// The processes traced now.
+    pub fn live(&self) -> impl Iterator<Item = u32> + '_ {
+        self.live.iter().map(|p| p.pid)
+    }
+
+    /// Traces `pid`: its keeper first, then the throw and catch stops, its return probes, its
+    /// sleds. `None` when it is traced already; an error (nothing of it placed) when it cannot
+    /// be.
+    pub fn trace(&mut self, pid: u32, tracer: &mut Tracer) -> Result<Option<Traced>> {
+        if self.live.iter().any(|p| p.pid == pid) {
+            return Ok(None);
+        }
+        let nz = NonZeroU32::new(pid).context("pid 0")?;
+        let scope = Scope::Process(nz);
+        if !self.runs_it(pid) {
+            bail!("it exited, or runs another program now");
+        }
+        let image: Vec<PathBuf> = crate::plan::exits::mapped_image(pid);
+        drop(tracer.take_attachment());
+        let (unwind_stops, stops) = keeper::attach(tracer, &image, scope).map_err(|err| {
+            if self.runs_it(pid) {
+                err
+            } else {
+                anyhow::anyhow!("it exited while it was being traced")
+            }
+        })?;
+        let keeper = tracer
+            .take_repairs()
+            .and_then(|repairs| Keeper::start(Tracee::Running(pid), repairs, &stops));
+        let keeper = match keeper {
+            Ok(keeper) => keeper,
+            Err(err) => {
+                tracer.detach(unwind_stops);
+                return Err(err);
+            }
+        };
+        // Traced: now its frames may be hooked.
+        let mut returns = Vec::new();
+        let mut placed = 0;
+        let attached = self.plans.iter().try_for_each(|plan| {
+            let (n, links) = tracer.attach_keeping_returns(plan, scope)?;
+            placed += n;
+            returns.push(links);
+            Ok::<_, anyhow::Error>(())
+        });
+        for object in &image {
+            for point in crate::plan::catches::catch_points(object) {
+                // Without it, frames an exception leaves close at the thread's next event.
+                let _ = tracer.attach_catch(object, point.file_offset, scope);
+            }
+        }
+        let probes = tracer.take_attachment();
+        let process = Process {
+            pid,
+            keeper,
+            probes,
+            returns: Some(returns),
+            unwind_stops,
+        };
+        if let Err(err) = attached {
+            let mut keeper = remove_probes(process, tracer);
+            if keeper.release() {
+                let _ = keeper.finish();
+            }
+            return Err(err);
+        }
+        let traced = Traced {
+            keeper: process.keeper.pid(),
+            probes: placed,
+        };
+        self.live.push(process);
+        Ok(Some(traced))
+    }
+
+    /// The processes that exited since the last call, their probes removed, with what their
+    /// keepers repaired.
+    pub fn ended(&mut self, tracer: &mut Tracer) -> Vec<(u32, Result<RepairsByThread>)> {
+        let (ended, live): (Vec<Process>, Vec<Process>) = std::mem::take(&mut self.live)
+            .into_iter()
+            .partition(|p| p.keeper.has_ended());
+        self.live = live;
+        ended
+            .into_iter()
+            .map(|process| {
+                let pid = process.pid;
+                (pid, remove_probes(process, tracer).finish())
+            })
+            .collect()
+    }
+
+    /// The traced processes whose exits are still observed by return probes.
+    pub fn with_return_probes(&self) -> Vec<u32> {
+        self.live
+            .iter()
+            .filter(|p| p.returns.is_some())
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// Observes the exits of process `pid` by their sleds from now on (a thread of it stuck at
+    /// the kernel's limit of pending return probes); returns how many exit sleds were placed,
+    /// and a warning for each object whose sleds could not be.
+    pub fn exit_sleds_instead(&mut self, pid: u32, tracer: &mut Tracer) -> (usize, Vec<String>) {
+        let (mut placed, mut warnings) = (0, Vec::new());
+        let Some(process) = self.live.iter_mut().find(|p| p.pid == pid) else {
+            return (placed, warnings);
+        };
+        let Some(scope) = NonZeroU32::new(pid).map(Scope::Process) else {
+            return (placed, warnings);
+        };
+        let returns = process.returns.take().unwrap_or_default();
+        for (plan, links) in self.plans.iter().zip(returns) {
+            match tracer.exit_sleds_instead(plan, links, scope) {
+                Ok(n) => placed += n,
+                Err(err) => warnings.push(format!(
+                    "process {pid}: {}: exit sleds not placed ({err:#}); its calls keep ending at the next event that proves them gone",
+                    plan.display_path
+                )),
+            }
+        }
+        process.probes.extend(tracer.take_attachment());
+        (placed, warnings)
+    }
+
+    /// At the end (recording disarmed): removes every process's probes, then has each keeper
+    /// let its process go, as under `--pid`.
+    pub fn finish(mut self, tracer: &mut Tracer) -> Vec<(u32, Ended)> {
+        std::mem::take(&mut self.live)
+            .into_iter()
+            .map(|process| {
+                let pid = process.pid;
+                let mut keeper = remove_probes(process, tracer);
+                let ended = if keeper.release() {
+                    Ended::Report(keeper.finish())
+                } else {
+                    Ended::NotLetGo {
+                        keeper: keeper.pid(),
+                    }
+                };
+                (pid, ended)
+            })
+            .collect()
+    }
+}
+
+/// Removes the probes placed for `process` (the keeper keeps its own handles on the throw and
+/// catch stops until it lets the process go); returns its keeper.
+fn remove_probes(process: Process, tracer: &mut Tracer) -> Keeper {
+    tracer.detach(process.probes);
+    for links in process.returns.unwrap_or_default() {
+        tracer.detach(links);
+    }
+    tracer.detach(process.unwind_stops);
+    process.keeper
+}
