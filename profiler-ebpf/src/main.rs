@@ -122,11 +122,12 @@ static CFG_K_SIGACTION_SIZE: u32 = 0;
 #[unsafe(no_mangle)]
 static CFG_TASK_PID_OFFSET: u32 = 0;
 
-/// `--exits repair --attach`: the processes that started running the traced binary (their
-/// pid, pushed by `process_start`), for the daemon to trace each before it probes it. A push
-/// to a full queue is counted (`counter::PROCESSES_UNSEEN`).
+/// `--exits repair --attach`: the processes that started running a traced binary, pushed by
+/// `process_start` as `(binary << 32) | pid` (the binary: the probe's cookie's function id),
+/// for the daemon to trace each before it probes it. A push to a full queue is counted
+/// (`counter::PROCESSES_UNSEEN`).
 #[map(name = "STARTED")]
-static STARTED: Queue<u32> = Queue::with_max_entries(1024, 0);
+static STARTED: Queue<u64> = Queue::with_max_entries(1024, 0);
 
 /// `--exits repair`: each stopped thread's [`RepairState`], by thread id (written here at a
 /// throw, read and updated by the daemon, removed by the daemon after the catch).
@@ -764,9 +765,11 @@ fn send_signal(signal: u32) {
 /// running it: names the process to the daemon, which traces it and probes it (see
 /// [`STARTED`]).
 #[uprobe]
-pub fn process_start(_ctx: ProbeContext) -> u32 {
-    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if STARTED.push(&pid, 0).is_err() {
+pub fn process_start(ctx: ProbeContext) -> u32 {
+    let pid = bpf_get_current_pid_tgid() >> 32;
+    // SAFETY: plain helper call.
+    let binary = Cookie::decode(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }).function_id;
+    if STARTED.push(&((u64::from(binary) << 32) | pid), 0).is_err() {
         count(counter::PROCESSES_UNSEEN, 1);
     }
     0

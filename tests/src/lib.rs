@@ -37,6 +37,7 @@ pub mod fixtures;
 pub mod launched;
 pub mod run;
 pub mod scenario;
+pub mod server;
 pub mod structure;
 #[cfg(test)]
 mod synthetic;

@@ -22,123 +22,13 @@
 //!
 //! Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon.
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use tests::run::{spawn_fixture, start_pid, Running};
+use tests::run::start_pid;
+use tests::server::{server_fixture, total, tracers, Server};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The server fixture, built once.
-fn server_fixture() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = tests::fixtures::fixture_cache_dir().join("server-cpp");
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = dir.join("server");
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/server.cpp");
-        let built = Command::new(tests::tools::clangxx())
-            .args(tests::fixtures::workloads::CXX_XRAY_FLAGS)
-            .arg(&source)
-            .arg("-o")
-            .arg(&out)
-            .output()
-            .expect("running clang++");
-        assert!(
-            built.status.success(),
-            "building {}: {}",
-            source.display(),
-            String::from_utf8_lossy(&built.stderr)
-        );
-        out
-    })
-    .clone()
-}
-
-/// A running server and the FIFO that feeds its long requests.
-struct Server {
-    running: Running,
-    fifo: std::fs::File,
-}
-
-impl Server {
-    fn start(scratch: &Path) -> Server {
-        let fifo_path = scratch.join("commands");
-        let c = std::ffi::CString::new(fifo_path.to_str().unwrap()).unwrap();
-        // SAFETY: a valid C string.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let mut running = spawn_fixture(
-            "server",
-            &server_fixture(),
-            &["--fifo", fifo_path.to_str().unwrap()],
-        );
-        wait_stdout(&mut running, "server: ready");
-        // The server holds it open read-write: this open does not block.
-        let fifo = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&fifo_path)
-            .unwrap();
-        Server { running, fifo }
-    }
-
-    fn pid(&self) -> u32 {
-        self.running.pid()
-    }
-
-    /// One command for the long-request thread: `r` return, `t` throw, `q` quit, `d` throw from
-    /// a 100-deep recursion to the thread's loop, `a`/`b` 20,000 calls of `sv_leaf_a`/`sv_leaf_b`.
-    fn command(&mut self, c: u8) {
-        self.fifo.write_all(&[c]).unwrap();
-    }
-
-    /// SIGTERM (after letting the long-request thread quit): the server stops through its
-    /// handler. Returns its last line, after checking it exited 0.
-    fn stop(mut self) -> String {
-        self.command(b'q');
-        self.running.signal(libc::SIGTERM);
-        let done = self.running.finish(TIMEOUT);
-        tests::run::assert_success("server", &done);
-        done.stdout.lines().last().unwrap_or_default().to_owned()
-    }
-}
-
-fn wait_stdout(running: &mut Running, line: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !running.output_so_far().0.lines().any(|l| l == line) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no {line:?}: {:?}",
-            running.output_so_far()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// `key=<n>` in the server's last line.
-fn total(line: &str, key: &str) -> u64 {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
-}
-
-/// The tracer of every thread of `pid` (TracerPid in /proc).
-fn tracers(pid: u32) -> Vec<u64> {
-    let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
-        let tracer = status
-            .lines()
-            .find_map(|l| l.strip_prefix("TracerPid:"))
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap();
-        out.push(tracer);
-    }
-    out
-}
 
 /// The repair line of the summary.
 fn repair_line(stderr: &str) -> String {

@@ -425,12 +425,18 @@ impl Tracer {
     }
 
     /// `--exits repair --attach`: places the `process_start` probe at `file_offset` of the
-    /// traced executable (its entry point), for every process.
-    pub fn attach_process_start(&mut self, binary: &Path, file_offset: u64) -> Result<()> {
+    /// traced executable (its entry point), for every process; [`Tracer::started_processes`]
+    /// names them with `tag`.
+    pub fn attach_process_start(
+        &mut self,
+        binary: &Path,
+        file_offset: u64,
+        tag: u32,
+    ) -> Result<()> {
         let probe = Probe {
             file_offset,
             cookie: Cookie {
-                function_id: 0,
+                function_id: tag,
                 kind: 0,
                 regs: [0; 3],
                 flags: 0,
@@ -444,17 +450,18 @@ impl Tracer {
         )
     }
 
-    /// The processes that started running the traced executable since the last call (see
-    /// [`Tracer::attach_process_start`]), oldest first.
-    pub fn started_processes(&mut self) -> Vec<u32> {
+    /// The processes that started running a traced executable since the last call, as
+    /// `(tag, pid)` (see [`Tracer::attach_process_start`]), oldest first.
+    pub fn started_processes(&mut self) -> Vec<(u32, u32)> {
         let Some(map) = self.ebpf.map_mut(STARTED_MAP) else {
             return Vec::new();
         };
-        let Ok(mut queue) = aya::maps::Queue::<_, u32>::try_from(map) else {
+        let Ok(mut queue) = aya::maps::Queue::<_, u64>::try_from(map) else {
             return Vec::new();
         };
         std::iter::from_fn(|| queue.pop(0).ok())
             .take(4096)
+            .map(|v| ((v >> 32) as u32, v as u32))
             .collect()
     }
 

@@ -37,7 +37,7 @@ impl AttachRepair {
                 plan
             })
             .collect();
-        let processes = RepairedProcesses::new(tracer, executable, plans)?;
+        let processes = RepairedProcesses::new(tracer, executable, plans, 0)?;
         let mut this = AttachRepair {
             processes,
             objects_added: false,
@@ -53,7 +53,7 @@ impl AttachRepair {
     /// Traces the processes that started since the last call, and removes the probes of those
     /// that exited (adding what their keeper repaired to the session).
     pub fn poll(&mut self, tracer: &mut Tracer, session: &mut Session) {
-        for pid in tracer.started_processes() {
+        for (_, pid) in tracer.started_processes() {
             self.trace(pid, tracer, session);
         }
         for (pid, report) in self.processes.ended(tracer) {
@@ -123,7 +123,7 @@ impl AttachRepair {
     /// At the end of the session (recording disarmed): removes every process's probes, has each
     /// keeper let its process go, and says which processes were and were not traced. `unseen`:
     /// processes the start queue had no room for.
-    pub fn finish(self, tracer: &mut Tracer, session: &mut Session, unseen: u64) {
+    pub fn finish(mut self, tracer: &mut Tracer, session: &mut Session, unseen: u64) {
         if !self.objects_added {
             self.add_objects(session, 0);
         }

@@ -451,11 +451,15 @@ fn seize_all(pid: u32) -> Result<Vec<u32>> {
         if new.is_empty() {
             return Ok(seized);
         }
+        // SAFETY: getpid has no preconditions.
+        let us = unsafe { libc::getpid() } as u32;
         for tid in new {
             match seize(tid) {
                 Ok(()) => seized.push(tid),
                 // It exited meanwhile.
                 Err(_) if !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() => {}
+                // Created meanwhile by a thread seized already: traced from its creation.
+                Err(_) if crate::traced::process::tracer_of(tid) == Some(us) => seized.push(tid),
                 Err(err) => {
                     let tracer = crate::traced::process::tracer_of(tid).unwrap_or(0);
                     return Err(if tracer != 0 {

@@ -8,8 +8,8 @@
 //! kernel/events/uprobes.c), and a hooked frame in a process no keeper traces turns its next
 //! exception into `std::terminate`. The only probe for every process is `process_start`, at
 //! the executable's entry point: it names each process that starts running it (the caller
-//! takes the names with `Tracer::started_processes` and hands over those that run this
-//! executable). Each one, and each one already running, is handled as `--pid` handles its
+//! takes the names with `Tracer::started_processes` and hands over those with this
+//! executable's tag). Each one, and each one already running, is handled as `--pid` handles its
 //! process: its keeper seizes every thread, the throw and catch stops go in, then its return
 //! probes, then its entry and exit sleds. What it ran before that (a few milliseconds after
 //! it started) is not traced; a process that cannot be traced (gone already, another tracer)
@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 pub struct RepairedProcesses {
     /// The executable (its file), and its plans, exits decided.
     executable: Option<FileId>,
+    /// What `Tracer::started_processes` names the processes that start it with.
+    tag: u32,
     plans: Vec<AttachPlan>,
     live: Vec<Process>,
 }
@@ -61,11 +63,13 @@ pub enum Ended {
 
 impl RepairedProcesses {
     /// Places the `process_start` probe at `executable`'s entry point, for the processes that
-    /// start running it; `plans` are its objects' plans, their exits decided.
+    /// start running it (named with `tag`); `plans` are its objects' plans, their exits
+    /// decided.
     pub fn new(
         tracer: &mut Tracer,
         executable: &Path,
         plans: Vec<AttachPlan>,
+        tag: u32,
     ) -> Result<RepairedProcesses> {
         let entry = xray_object::elf::ElfImage::open(executable)
             .map_err(anyhow::Error::from)
@@ -75,14 +79,20 @@ impl RepairedProcesses {
             })
             .with_context(|| format!("--exits repair: {}", executable.display()))?;
         tracer
-            .attach_process_start(executable, entry)
+            .attach_process_start(executable, entry, tag)
             .context("--exits repair: probing the executable's entry point")?;
         drop(tracer.take_attachment());
         Ok(RepairedProcesses {
             executable: mappings::file_id(executable),
+            tag,
             plans,
             live: Vec::new(),
         })
+    }
+
+    /// The tag of the processes that start running the executable.
+    pub fn tag(&self) -> u32 {
+        self.tag
     }
 
     /// The plans every process gets.
@@ -228,7 +238,7 @@ impl RepairedProcesses {
 
     /// At the end (recording disarmed): removes every process's probes, then has each keeper
     /// let its process go, as under `--pid`.
-    pub fn finish(mut self, tracer: &mut Tracer) -> Vec<(u32, Ended)> {
+    pub fn finish(&mut self, tracer: &mut Tracer) -> Vec<(u32, Ended)> {
         std::mem::take(&mut self.live)
             .into_iter()
             .map(|process| {

@@ -353,12 +353,14 @@ fn target(raw: &RawTarget) -> Located<TargetConfig> {
         None => ExitMode::Auto,
         Some(v) => match v.get_ref().as_str() {
             "auto" => ExitMode::Auto,
+            "per-function" => ExitMode::PerFunction,
             "sleds" => ExitMode::Sleds,
             "return" => ExitMode::Return,
+            "repair" => ExitMode::Repair,
             other => {
                 return Err((
                     v.span(),
-                    format!("exits must be \"auto\", \"sleds\" or \"return\", not {other:?}"),
+                    format!("exits must be \"auto\", \"per-function\", \"sleds\", \"return\" or \"repair\", not {other:?}"),
                 ))
             }
         },

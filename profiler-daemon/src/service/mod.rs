@@ -13,6 +13,7 @@ pub mod config;
 pub mod control;
 pub mod libraries;
 pub mod log;
+pub mod repaired;
 pub mod retention;
 pub mod runtime;
 pub mod segments;

@@ -10,6 +10,7 @@
 //! end and its catches carry no function id: they go where the thread's last event went. A
 //! target whose pattern matches several binaries keeps one recorder per binary, and its
 //! snapshots one directory per binary.
+use super::repaired::Repaired;
 use crate::kernel::bpf::{Attachment, LoadOptions, Scope, Tracer};
 use crate::kernel::intake::{Event, Intake, DRAIN_BUDGET};
 use crate::plan::exits::{self, ExitMode, ExitPolicy, Exits, ExitsChoice};
@@ -78,6 +79,8 @@ struct Watched {
     libraries: Libraries,
     /// Snapshots of it that could not be written (`min_free`, or an error).
     snapshots_not_written: std::cell::Cell<u64>,
+    /// `exits = "repair"`: its processes, each traced by a keeper and probed on its own.
+    repaired: Option<Repaired>,
 }
 
 /// Runs the service until SIGTERM or SIGINT, listening for `status` and `snapshot` requests on
@@ -100,7 +103,14 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         floor: false,
         ablate: 0,
         perf_events_only: false,
-        repair: None,
+        // Loaded for every target of the first configuration that asks for it.
+        repair: config
+            .targets
+            .iter()
+            .any(|t| t.exits == ExitMode::Repair)
+            .then(crate::kernel::btf::repair_offsets)
+            .transpose()
+            .map_err(|why| anyhow::anyhow!("exits = \"repair\": {why}"))?,
     })?;
     let mut targets = Vec::new();
     let mut tags = Tags::default();
@@ -279,8 +289,25 @@ fn attach_binary(
     for probe in &mut tagged.probes {
         probe.cookie.function_id |= tag << TAG_SHIFT;
     }
-    let probes = match tracer.attach(&tagged, Scope::AllProcesses) {
-        Ok(probes) => probes,
+    // Under repair every probe is per process (see `repair::processes`).
+    let placed = if config.exits == ExitMode::Repair {
+        if tracer.options().repair.is_none() {
+            tags.give_back(tag);
+            bail!(
+                "target {}: exits = \"repair\" needs the repair programs, which the running service did not load (no target asked for it when it started): restart the service",
+                config.name
+            );
+        }
+        let name = format!("target {} ({})", config.name, plan.display_path);
+        let probes = tagged.probes.len();
+        Repaired::new(tracer, name, path, tagged, tag).map(|r| (probes, Some(r)))
+    } else {
+        tracer
+            .attach(&tagged, Scope::AllProcesses)
+            .map(|n| (n, None))
+    };
+    let (probes, repaired) = match placed {
+        Ok(placed) => placed,
         Err(err) => {
             tags.give_back(tag);
             return Err(err);
@@ -295,6 +322,10 @@ fn attach_binary(
         );
     }
     for point in crate::plan::catches::catch_points(&plan.binary) {
+        if repaired.is_some() {
+            // Each process's own, once traced.
+            break;
+        }
         if let Err(err) = tracer.attach_catch(&plan.binary, point.file_offset, Scope::AllProcesses)
         {
             tracing::warn!("{}: catches not probed ({err:#})", plan.binary.display());
@@ -344,6 +375,7 @@ fn attach_binary(
         config.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return),
     );
     Ok(Some(Watched {
+        repaired,
         path: path.to_path_buf(),
         label: plan.exe_name.clone(),
         snapshots_not_written: std::cell::Cell::new(0),
@@ -377,6 +409,11 @@ impl Watched {
     /// Probes the libraries of the processes already running the binary (later ones are
     /// looked at when their first event arrives).
     fn watch_running(&mut self, config: &TargetConfig, tracer: &mut Tracer, tags: &mut Tags) {
+        if let Some(repaired) = &mut self.repaired {
+            for pid in repaired.running() {
+                repaired.trace(pid, tracer);
+            }
+        }
         let Some(executable) = self.libraries.executable() else {
             return;
         };
@@ -649,6 +686,7 @@ async fn serve(
         tokio::select! {
             _ = drain.tick() => {
                 intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                look_at_repaired(svc);
                 look_at_processes(svc, &mut router, false);
                 for crash in router.crashes_due() {
                     snapshot_crash(svc.config, svc.targets, &crash);
@@ -765,6 +803,12 @@ fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, route
         tracing::warn!("{err:#}");
     }
     intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+    // Repaired processes are let go, with no frame left hooked.
+    for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+        if let Some(repaired) = w.repaired.take() {
+            repaired.finish(svc.tracer);
+        }
+    }
     let mut closed = 0;
     for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
         if let Some(segments) = &mut w.segments {
@@ -818,6 +862,9 @@ fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target])) {
             attachments.append(&mut target.attachments);
             for w in &mut target.binaries {
                 attachments.extend(w.libraries.take_attachments());
+                if let Some(repaired) = w.repaired.take() {
+                    repaired.finish(svc.tracer);
+                }
             }
         }
     }
@@ -1165,6 +1212,7 @@ fn status_json(
                         "expired": s.expired,
                         "evicted": s.evicted,
                         "window_ns": s.window_ns,
+                        "repair": w.repaired.as_ref().map(Repaired::status),
                     })
                 })
                 .collect();
@@ -1361,4 +1409,23 @@ fn snapshot(dir: &Path, target: &Target, w: &Watched) -> Result<()> {
         tracing::warn!("{}: no report: {err:#}", dir.display());
     }
     Ok(())
+}
+
+/// `exits = "repair"`: traces the processes that started running a binary of a repaired
+/// target since the last look, and removes the probes of those that exited.
+fn look_at_repaired(svc: &mut Service<'_>) {
+    let started = svc.tracer.started_processes();
+    let repaired = svc
+        .targets
+        .iter_mut()
+        .filter(|t| !t.removed)
+        .flat_map(|t| t.binaries.iter_mut())
+        .filter_map(|w| w.repaired.as_mut());
+    for r in repaired {
+        let tag = r.tag();
+        for &(_, pid) in started.iter().filter(|&&(t, _)| t == tag) {
+            r.trace(pid, svc.tracer);
+        }
+        r.reap(svc.tracer);
+    }
 }

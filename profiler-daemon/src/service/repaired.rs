@@ -1,0 +1,118 @@
+//! A target with `exits = "repair"`: every process of one of its binaries traced as
+//! [`crate::repair::processes`] says (a keeper each, probes of its own once the keeper holds
+//! it), what happened to each logged, and what the repairs did kept for the status.
+use crate::kernel::bpf::Tracer;
+use crate::plan::AttachPlan;
+use crate::repair::processes::{Ended, RepairedProcesses, Traced};
+use crate::session::summary::{RepairStats, RepairsByThread};
+use anyhow::Result;
+use std::path::Path;
+
+/// The repaired processes of one binary of a target.
+pub struct Repaired {
+    processes: RepairedProcesses,
+    /// What the log and the status call it (`target NAME (PATH)`).
+    name: String,
+    /// Processes traced so far, and those that could not be.
+    traced: u64,
+    not_traced: u64,
+    /// What the keepers of the processes that exited (or were let go) repaired.
+    repairs: RepairStats,
+}
+
+impl Repaired {
+    /// Places the probe that names the processes starting `binary` with `tag`; `plan` is its
+    /// tagged plan, exits decided.
+    pub fn new(
+        tracer: &mut Tracer,
+        name: String,
+        binary: &Path,
+        plan: AttachPlan,
+        tag: u32,
+    ) -> Result<Repaired> {
+        Ok(Repaired {
+            processes: RepairedProcesses::new(tracer, binary, vec![plan], tag)?,
+            name,
+            traced: 0,
+            not_traced: 0,
+            repairs: RepairStats::default(),
+        })
+    }
+
+    /// The processes running the binary now.
+    pub fn running(&self) -> Vec<u32> {
+        self.processes.running()
+    }
+
+    /// The tag of the processes that start running the binary.
+    pub fn tag(&self) -> u32 {
+        self.processes.tag()
+    }
+
+    /// Traces `pid` (said in the log, as is a process that cannot be traced).
+    pub fn trace(&mut self, pid: u32, tracer: &mut Tracer) {
+        match self.processes.trace(pid, tracer) {
+            Ok(Some(Traced { keeper, probes })) => {
+                self.traced += 1;
+                tracing::info!(
+                    fdr_pid = pid,
+                    "{}: process {pid} traced with its stack repaired, {probes} probes (its tracer: process {keeper}, fdr-repair)",
+                    self.name
+                );
+            }
+            Ok(None) => {}
+            Err(err) => {
+                self.not_traced += 1;
+                tracing::warn!(
+                    fdr_pid = pid,
+                    "{}: process {pid} is not traced: {err:#}",
+                    self.name
+                );
+            }
+        }
+    }
+
+    /// Removes the probes of the processes that exited, keeping what their keepers repaired.
+    pub fn reap(&mut self, tracer: &mut Tracer) {
+        for (pid, report) in self.processes.ended(tracer) {
+            tracing::debug!(fdr_pid = pid, "{}: process {pid} exited", self.name);
+            self.add(report);
+        }
+    }
+
+    /// Removes every process's probes and has each keeper let its process go (the service
+    /// stops, or a reload removes the target).
+    pub fn finish(mut self, tracer: &mut Tracer) {
+        for (pid, ended) in self.processes.finish(tracer) {
+            match ended {
+                Ended::Report(report) => {
+                    tracing::info!(fdr_pid = pid, "{}: process {pid} let go, no frame left hooked", self.name);
+                    self.add(report);
+                }
+                Ended::NotLetGo { keeper } => tracing::warn!(
+                    fdr_pid = pid,
+                    "{}: the keeper of process {pid} (process {keeper}) has not let it go within {:?}: it goes on by itself",
+                    self.name,
+                    crate::repair::keeper::RELEASE_WAIT
+                ),
+            }
+        }
+    }
+
+    fn add(&mut self, report: Result<RepairsByThread>) {
+        match report {
+            Ok(by_thread) => by_thread.values().for_each(|t| self.repairs.add(t)),
+            Err(err) => tracing::warn!("{}: {err:#}", self.name),
+        }
+    }
+
+    /// The status's `repair` object.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "processes_traced": self.traced,
+            "processes_live": self.processes.live().count(),
+            "processes_not_traced": self.not_traced,
+            "of_processes_ended": self.repairs,
+        })
+    }
+}
