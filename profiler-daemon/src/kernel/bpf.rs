@@ -550,16 +550,26 @@ impl Tracer {
 
     /// Removes the probes of `attachment`, leaving every other probe in place.
     pub fn detach(&mut self, attachment: Attachment) {
-        for slot in attachment.multi {
-            if let Some(link) = self.links.get_mut(slot) {
-                drop(link.take());
-            }
-        }
+        drop(self.detach_later(attachment));
+    }
+
+    /// [`Tracer::detach`], handing back the `uprobe_multi` links instead of closing them: the
+    /// probes go when the links are dropped. The kernel takes its time removing uprobes (a
+    /// grace period per link: about 50 ms each measured here), which an event loop must not
+    /// wait for; drop them on another thread. Perf-event links are removed here.
+    #[must_use = "the probes stay in place until the links are dropped"]
+    pub fn detach_later(&mut self, attachment: Attachment) -> Vec<MultiLink> {
+        let links = attachment
+            .multi
+            .into_iter()
+            .filter_map(|slot| self.links.get_mut(slot)?.take())
+            .collect();
         for (program, id) in attachment.perf {
             if let Ok(p) = uprobe(&mut self.ebpf, program) {
                 let _ = p.detach(id);
             }
         }
+        links
     }
 
     /// Starts (`true`) or stops recording: the programs ignore every hit while disarmed (see

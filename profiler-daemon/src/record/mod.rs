@@ -389,7 +389,12 @@ fn start_keeper(
     scope: Scope,
     target: &mut Target,
 ) -> Result<()> {
-    let (placed, stops) = repair::attach(tracer, &planned.image, scope)?;
+    let (placed, stops) = repair::attach(
+        tracer,
+        &planned.image,
+        scope,
+        &mut repair::PointCache::default(),
+    )?;
     let mut start = || -> Result<repair::Keeper> {
         let tracee = match target {
             Target::Launch(child, _) => repair::Tracee::Launched(child.pid()),

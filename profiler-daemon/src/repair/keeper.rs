@@ -30,7 +30,9 @@
 //! crash, SIGKILL), frames it hooked go on being repaired until the command exits; the keeper
 //! ignores the terminal's signals and exits with the command.
 use crate::kernel::bpf::{Attachment, PodRepairState, Scope, Tracer};
+use crate::plan::catches::CatchPoint;
 use crate::session::summary::RepairsByThread;
+use crate::traced::mappings::FileId;
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{event_kind, repair_state};
@@ -56,6 +58,35 @@ pub struct UnwindStops {
     objects: Vec<StopPoints>,
 }
 
+/// The throw and catch points (`event_kind::THROW`, `CATCH`) of the objects looked at so far,
+/// by file (device and inode): finding them reads an ELF symbol table each, 100 ms and more for
+/// a C++ runtime, which a process that starts must not wait for each time.
+#[derive(Default)]
+pub struct PointCache(HashMap<FileId, std::rc::Rc<Vec<(CatchPoint, u8)>>>);
+
+impl PointCache {
+    /// The throw and catch points of `object` (none if it cannot be read).
+    pub fn points(&mut self, object: &std::path::Path) -> std::rc::Rc<Vec<(CatchPoint, u8)>> {
+        let read = || {
+            std::rc::Rc::new(
+                crate::plan::catches::throw_points(object)
+                    .into_iter()
+                    .map(|p| (p, event_kind::THROW))
+                    .chain(
+                        crate::plan::catches::catch_points(object)
+                            .into_iter()
+                            .map(|p| (p, event_kind::CATCH)),
+                    )
+                    .collect(),
+            )
+        };
+        match crate::traced::mappings::file_id(object) {
+            Some(id) => self.0.entry(id).or_insert_with(read).clone(),
+            None => read(),
+        }
+    }
+}
+
 /// The throw and catch points of one object.
 struct StopPoints {
     file: File,
@@ -73,10 +104,11 @@ pub fn attach(
     tracer: &mut Tracer,
     image: &[PathBuf],
     scope: Scope,
+    cache: &mut PointCache,
 ) -> Result<(Attachment, UnwindStops)> {
     // Only what is placed here goes to the keeper.
     drop(tracer.take_attachment());
-    let placed = place_unwind_stops(tracer, image, scope);
+    let placed = place_unwind_stops(tracer, image, scope, cache);
     let attachment = tracer.take_attachment();
     let stops = placed.and_then(|objects| {
         if !objects.iter().any(|o| {
@@ -110,19 +142,11 @@ fn place_unwind_stops(
     tracer: &mut Tracer,
     image: &[PathBuf],
     scope: Scope,
+    cache: &mut PointCache,
 ) -> Result<Vec<StopPoints>> {
     let mut objects = Vec::new();
     for object in image {
-        let points: Vec<(crate::plan::catches::CatchPoint, u8)> =
-            crate::plan::catches::throw_points(object)
-                .into_iter()
-                .map(|p| (p, event_kind::THROW))
-                .chain(
-                    crate::plan::catches::catch_points(object)
-                        .into_iter()
-                        .map(|p| (p, event_kind::CATCH)),
-                )
-                .collect();
+        let points = cache.points(object);
         if points.is_empty() {
             continue;
         }
@@ -132,9 +156,9 @@ fn place_unwind_stops(
             offsets: Vec::new(),
             cookies: Vec::new(),
         };
-        for (point, kind) in points {
+        for (point, kind) in points.iter() {
             let cookie = tracer
-                .attach_unwind_stop(object, point.file_offset, kind, scope)
+                .attach_unwind_stop(object, point.file_offset, *kind, scope)
                 .with_context(|| format!("probing {} in {}", point.name, object.display()))?;
             stops.offsets.push(point.file_offset);
             stops.cookies.push(cookie);
@@ -179,8 +203,9 @@ impl Keeper {
     /// Forks the keeper of `tracee` (a command still parked before its exec, or a running
     /// process); returns once it is its tracer. `stops` are the throw and catch probes placed
     /// for it (see [`attach`]): with the repairs table they are all the keeper keeps open, so
-    /// that fdr-profiled's end removes every other probe. Call it before any thread exists:
-    /// the child of a fork runs only the forking thread.
+    /// that fdr-profiled's end removes every other probe. The child of a fork runs only the
+    /// forking thread: call it where no other thread can hold a lock the keeper takes (none
+    /// exists but the probe closer of `repair::processes`, which only closes descriptors).
     pub fn start(
         tracee: Tracee,
         (repairs, repairs_fd): (BpfHashMap<MapData, u32, PodRepairState>, RawFd),

@@ -17,17 +17,24 @@
 //! process go as under `--pid`.
 use super::keeper::{self, Keeper, Tracee};
 use crate::kernel::bpf::{Attachment, Scope, Tracer};
+use crate::kernel::uprobe_multi::MultiLink;
 use crate::plan::AttachPlan;
 use crate::session::summary::RepairsByThread;
 use crate::traced::mappings::{self, FileId};
 use anyhow::{bail, Context as _, Result};
+use profiler_common::event_kind;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
 /// The traced processes of one executable.
 pub struct RepairedProcesses {
+    /// Where the probes of processes that exited are removed, off the caller's loop (see
+    /// `Tracer::detach_later`).
+    closer: Closer,
     /// The executable (its file), and its plans, exits decided.
     executable: Option<FileId>,
+    /// The throw and catch points of the objects the processes map.
+    points: keeper::PointCache,
     /// What `Tracer::started_processes` names the processes that start it with.
     tag: u32,
     plans: Vec<AttachPlan>,
@@ -82,7 +89,14 @@ impl RepairedProcesses {
             .attach_process_start(executable, entry, tag)
             .context("--exits repair: probing the executable's entry point")?;
         drop(tracer.take_attachment());
+        // The objects each process maps from its start, read now.
+        let mut points = keeper::PointCache::default();
+        for object in crate::plan::exits::static_image(executable) {
+            points.points(&object);
+        }
         Ok(RepairedProcesses {
+            closer: Closer::default(),
+            points,
             executable: mappings::file_id(executable),
             tag,
             plans,
@@ -131,13 +145,14 @@ impl RepairedProcesses {
         }
         let image: Vec<PathBuf> = crate::plan::exits::mapped_image(pid);
         drop(tracer.take_attachment());
-        let (unwind_stops, stops) = keeper::attach(tracer, &image, scope).map_err(|err| {
-            if self.runs_it(pid) {
-                err
-            } else {
-                anyhow::anyhow!("it exited while it was being traced")
-            }
-        })?;
+        let (unwind_stops, stops) = keeper::attach(tracer, &image, scope, &mut self.points)
+            .map_err(|err| {
+                if self.runs_it(pid) {
+                    err
+                } else {
+                    anyhow::anyhow!("it exited while it was being traced")
+                }
+            })?;
         let keeper = tracer
             .take_repairs()
             .and_then(|repairs| Keeper::start(Tracee::Running(pid), repairs, &stops));
@@ -158,7 +173,8 @@ impl RepairedProcesses {
             Ok::<_, anyhow::Error>(())
         });
         for object in &image {
-            for point in crate::plan::catches::catch_points(object) {
+            let points = self.points.points(object);
+            for (point, _) in points.iter().filter(|(_, k)| *k == event_kind::CATCH) {
                 // Without it, frames an exception leaves close at the thread's next event.
                 let _ = tracer.attach_catch(object, point.file_offset, scope);
             }
@@ -197,7 +213,9 @@ impl RepairedProcesses {
             .into_iter()
             .map(|process| {
                 let pid = process.pid;
-                (pid, remove_probes(process, tracer).finish())
+                let (keeper, links) = remove_probes_later(process, tracer);
+                self.closer.close(links);
+                (pid, keeper.finish())
             })
             .collect()
     }
@@ -260,10 +278,49 @@ impl RepairedProcesses {
 /// Removes the probes placed for `process` (the keeper keeps its own handles on the throw and
 /// catch stops until it lets the process go); returns its keeper.
 fn remove_probes(process: Process, tracer: &mut Tracer) -> Keeper {
-    tracer.detach(process.probes);
-    for links in process.returns.unwrap_or_default() {
-        tracer.detach(links);
+    let (keeper, links) = remove_probes_later(process, tracer);
+    drop(links);
+    keeper
+}
+
+/// [`remove_probes`], handing back the links whose drop removes the probes.
+fn remove_probes_later(process: Process, tracer: &mut Tracer) -> (Keeper, Vec<MultiLink>) {
+    let mut links = tracer.detach_later(process.probes);
+    for returns in process.returns.unwrap_or_default() {
+        links.extend(tracer.detach_later(returns));
     }
-    tracer.detach(process.unwind_stops);
-    process.keeper
+    links.extend(tracer.detach_later(process.unwind_stops));
+    (process.keeper, links)
+}
+
+/// A thread of its own that drops links, started at the first use: closing a `uprobe_multi`
+/// link waits for the kernel to remove its uprobes. Only closes descriptors (a keeper forked
+/// meanwhile closes its copies at its start).
+#[derive(Default)]
+struct Closer(Option<std::sync::mpsc::Sender<Vec<MultiLink>>>);
+
+impl Closer {
+    fn close(&mut self, links: Vec<MultiLink>) {
+        if links.is_empty() {
+            return;
+        }
+        if self.0.is_none() {
+            let (send, receive) = std::sync::mpsc::channel::<Vec<MultiLink>>();
+            let started = std::thread::Builder::new()
+                .name("probe-closer".into())
+                .spawn(move || receive.into_iter().for_each(drop));
+            if started.is_ok() {
+                self.0 = Some(send);
+            }
+        }
+        match &self.0 {
+            Some(send) => {
+                if let Err(unsent) = send.send(links) {
+                    drop(unsent.0);
+                }
+            }
+            // No thread to spare: closed here.
+            None => drop(links),
+        }
+    }
 }
