@@ -46,16 +46,20 @@ pub struct Server {
 }
 
 impl Server {
+    /// Starts the server fixture, its FIFO in `scratch`; returns once it serves.
     pub fn start(scratch: &Path) -> Server {
+        Server::start_copy(scratch, &server_fixture())
+    }
+
+    /// [`Server::start`] with `bin`, a copy of the fixture (a test that traces every process
+    /// of a binary runs its own copy, so that the servers of tests running beside it are not
+    /// among them).
+    pub fn start_copy(scratch: &Path, bin: &Path) -> Server {
         let fifo_path = scratch.join("commands");
         let c = std::ffi::CString::new(fifo_path.to_str().unwrap()).unwrap();
         // SAFETY: a valid C string.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let mut running = spawn_fixture(
-            "server",
-            &server_fixture(),
-            &["--fifo", fifo_path.to_str().unwrap()],
-        );
+        let mut running = spawn_fixture("server", bin, &["--fifo", fifo_path.to_str().unwrap()]);
         wait_stdout(&mut running, "server: ready");
         // The server holds it open read-write: this open does not block.
         let fifo = std::fs::OpenOptions::new()

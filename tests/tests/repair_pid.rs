@@ -308,19 +308,17 @@ fn attach_repairs_every_process_running_the_binary() {
     let (dir_a, dir_b) = (scratch.path().join("a"), scratch.path().join("b"));
     std::fs::create_dir_all(&dir_a).unwrap();
     std::fs::create_dir_all(&dir_b).unwrap();
-    let mut before = Server::start(&dir_a);
+    // A copy of its own: the servers of the tests running beside this one are not traced.
+    let bin = tests::fixtures::private_copy(&server_fixture(), scratch.path());
+    let mut before = Server::start_copy(&dir_a, &bin);
     let out = scratch.path().join("out");
-    let mut tracer = tests::run::start_attach(
-        &server_fixture(),
-        &out,
-        &["--exits", "repair", "--no-report"],
-    );
+    let mut tracer = tests::run::start_attach(&bin, &out, &["--exits", "repair", "--no-report"]);
     let traced = |pid: u32| {
         move |l: &str| l.starts_with(&format!("fdr-profiled: repair: process {pid} traced"))
     };
     tracer.wait_for_stderr_match("the running server traced", TIMEOUT, traced(before.pid()));
     assert!(tracers(before.pid()).iter().all(|&t| t != 0));
-    let mut during = Server::start(&dir_b);
+    let mut during = Server::start_copy(&dir_b, &bin);
     tracer.wait_for_stderr_match("the new server traced", TIMEOUT, traced(during.pid()));
     for server in [&mut before, &mut during] {
         server.command(b'a');
@@ -349,7 +347,7 @@ fn attach_repairs_every_process_running_the_binary() {
     assert_eq!(total(&last, "long_caught"), 2, "{last}");
     assert_eq!(total(&last, "caught"), total(&last, "third"), "{last}");
 
-    let trace = tests::trace::check_trace_dir(&out, &server_fixture());
+    let trace = tests::trace::check_trace_dir(&out, &bin);
     let session = &trace.session;
     assert_eq!(session.json["exits"], "repair", "{}", session.json);
     assert!(

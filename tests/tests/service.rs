@@ -1618,8 +1618,8 @@ fn a_repaired_target_traces_each_cpp_process_with_its_stack_repaired() {
     let (dir_a, dir_b) = (scratch.path().join("a"), scratch.path().join("b"));
     std::fs::create_dir_all(&dir_a).unwrap();
     std::fs::create_dir_all(&dir_b).unwrap();
-    let bin = server_fixture();
-    let mut before = Server::start(&dir_a);
+    let bin = private_copy(&server_fixture(), scratch.path());
+    let mut before = Server::start_copy(&dir_a, &bin);
     let output = scratch.path().join("out");
     let config = scratch.path().join("fdr-profiled.toml");
     std::fs::write(
@@ -1636,7 +1636,7 @@ fn a_repaired_target_traces_each_cpp_process_with_its_stack_repaired() {
         move |l: &str| l.contains(&format!("process {pid} traced with its stack repaired"))
     };
     service.wait_for_stderr_match("the running server traced", TIMEOUT, traced(before.pid()));
-    let mut during = Server::start(&dir_b);
+    let mut during = Server::start_copy(&dir_b, &bin);
     service.wait_for_stderr_match("the new server traced", TIMEOUT, traced(during.pid()));
     assert!(tracers(during.pid()).iter().all(|&t| t != 0));
     for server in [&mut before, &mut during] {
@@ -1720,4 +1720,68 @@ fn a_repaired_target_traces_each_cpp_process_with_its_stack_repaired() {
     assert_eq!(total(&last, "usr1"), 1, "{last}");
     assert_eq!(total(&last, "long_caught"), 2, "{last}");
     assert_eq!(total(&last, "caught"), total(&last, "third"), "{last}");
+}
+
+/// The service SIGKILLed while it repairs a C++ server, once it has a thread besides its main
+/// one (the one that removes the probes of processes that exited): the server's keeper lets
+/// it go only once all of the service is gone, its probes with it, so that no frame is hooked
+/// after the release; the server goes on throwing and catching, untraced, and ends normally.
+#[test]
+fn a_repaired_server_outlives_the_service_killed() {
+    use tests::server::{server_fixture, total, tracers, Server};
+    let scratch = tests::scratch_dir("service-repair-kill");
+    let (dir_a, dir_b) = (scratch.path().join("a"), scratch.path().join("b"));
+    std::fs::create_dir_all(&dir_a).unwrap();
+    std::fs::create_dir_all(&dir_b).unwrap();
+    let bin = private_copy(&server_fixture(), scratch.path());
+    let mut server = Server::start_copy(&dir_a, &bin);
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"cpp\"\nbinary = \"{}\"\nexits = \"repair\"\nwindow = \"1s\"\n",
+            scratch.path().join("out").display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let mut service = spawn_service(scratch.path(), &config);
+    service.wait_for_stderr_match("the server traced", TIMEOUT, |l| {
+        l.contains(&format!(
+            "process {} traced with its stack repaired",
+            server.pid()
+        ))
+    });
+    // A second server that exits: its probes are removed on the service's second thread.
+    let short = Server::start_copy(&dir_b, &bin);
+    let short_pid = short.pid();
+    service.wait_for_stderr_match("the short server traced", TIMEOUT, |l| {
+        l.contains(&format!(
+            "process {short_pid} traced with its stack repaired"
+        ))
+    });
+    short.stop();
+    service.wait_for_stderr_match("the short server reaped", TIMEOUT, |l| {
+        l.contains(&format!("process {short_pid} exited"))
+    });
+    server.command(b'r');
+    std::thread::sleep(Duration::from_millis(300));
+    service.signal(libc::SIGKILL);
+    let _ = service.finish(TIMEOUT);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tracers(server.pid()).iter().any(|&t| t != 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still traced 10 s after the service died: {:?}",
+            tracers(server.pid())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Its workers throw and catch on, through frames no probe hooks any more.
+    std::thread::sleep(Duration::from_millis(1000));
+    server.command(b't');
+    std::thread::sleep(Duration::from_millis(300));
+    let last = server.stop();
+    assert_eq!(total(&last, "caught"), total(&last, "third"), "{last}");
+    assert_eq!(total(&last, "long_caught"), 1, "{last}");
 }

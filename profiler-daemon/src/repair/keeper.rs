@@ -510,14 +510,40 @@ pub const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10)
 /// Set by [`RELEASE_SIGNAL`]'s handler.
 static RELEASE_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// A pidfd of fdr-profiled, readable once all of it is gone (see [`release_due`]); -1 when
+/// there is none.
+static PARENT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
 extern "C" fn on_release_signal(_: libc::c_int) {
     RELEASE_ASKED.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
+/// Whether the keeper of a running process must let it go now: fdr-profiled asked (having
+/// removed its probes first), or fdr-profiled is gone, every thread of it. Not as soon as the
+/// thread that forked the keeper is gone (a parent-death signal would come then): while another
+/// thread of fdr-profiled lives, its probes are still in place and go on hooking frames, which
+/// a keeper that had let go would leave for an exception to find.
+fn release_due() -> bool {
+    if RELEASE_ASKED.load(std::sync::atomic::Ordering::SeqCst) {
+        return true;
+    }
+    let fd = PARENT.load(std::sync::atomic::Ordering::SeqCst);
+    if fd < 0 {
+        return false;
+    }
+    let mut poll = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait; a pidfd is readable once its process has exited.
+    unsafe { libc::poll(&mut poll, 1, 0) > 0 }
+}
+
 /// The keeper of a running process lets it go when fdr-profiled asks ([`RELEASE_SIGNAL`]) or
-/// dies (the same signal, as its parent-death signal). A wait for the tracee's next stop is
-/// interrupted by it, and by a timer every [`RELEASE_POLL`] (a request that came just before
-/// a wait began is seen then).
+/// is gone (see [`release_due`]). A wait for the tracee's next stop is interrupted by the
+/// request, and by a timer every [`RELEASE_POLL`] (a request that came just before a wait
+/// began, and fdr-profiled's end, are seen then).
 fn listen_for_release(parent: libc::pid_t) {
     // SAFETY: installing async-signal-safe handlers (an atomic store, nothing) and a timer.
     unsafe {
@@ -539,9 +565,11 @@ fn listen_for_release(parent: libc::pid_t) {
             it_value: every,
         };
         libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut());
-        libc::prctl(libc::PR_SET_PDEATHSIG, RELEASE_SIGNAL as libc::c_ulong);
-        // fdr-profiled died before the line above: nobody will ask.
-        if libc::getppid() != parent {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, parent, 0);
+        if pidfd >= 0 && libc::getppid() == parent {
+            PARENT.store(pidfd as i32, std::sync::atomic::Ordering::SeqCst);
+        } else {
+            // fdr-profiled is gone already: nobody will ask.
             on_release_signal(RELEASE_SIGNAL);
         }
     }
@@ -605,7 +633,7 @@ impl<'a> Repairer<'a> {
     fn serve(mut self, running: bool, report: &mut dyn FnMut(&RepairsByThread)) -> Result<()> {
         let mut reported = false;
         loop {
-            if running && RELEASE_ASKED.load(std::sync::atomic::Ordering::SeqCst) {
+            if running && release_due() {
                 self.release()?;
                 if !reported {
                     report(&self.stats);
