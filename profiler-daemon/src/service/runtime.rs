@@ -673,7 +673,13 @@ async fn serve(
     let mut watchdog_usec = 0;
     let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
     let mut ping = tokio::time::interval(Duration::from_micros(watchdog_usec.max(2) / 2));
-    let mut status = tokio::time::interval(STATUS_INTERVAL);
+    // The first tick a period from now, not at once: events routed before the loop's first
+    // turn (a process traced as the service became ready) would otherwise be taken over a
+    // few milliseconds (64,465 events/s for 2,007 events, seen under load).
+    let mut status = tokio::time::interval_at(
+        tokio::time::Instant::now() + STATUS_INTERVAL,
+        STATUS_INTERVAL,
+    );
     // A tick the loop could not take on time comes late, never as a burst of ticks a moment
     // apart: the events per second are taken over the time since the last one.
     status.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
