@@ -124,3 +124,23 @@ pub fn tracers(pid: u32) -> Vec<u64> {
     }
     out
 }
+
+/// Asserts that no thread of `pid` has a tracer.
+pub fn assert_untraced(pid: u32) {
+    let now = tracers(pid);
+    assert_eq!(now, vec![0; now.len()], "no ptrace relation is left");
+}
+
+/// Waits (at most 10 s) until no thread of `pid` has a tracer: its keeper lets it go by itself
+/// once `gone` (fdr-profiled, the service) has died.
+pub fn wait_untraced(pid: u32, gone: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tracers(pid).iter().any(|&t| t != 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still traced 10 s after {gone} died: {:?}",
+            tracers(pid)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

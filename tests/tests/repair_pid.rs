@@ -26,7 +26,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use tests::run::start_pid;
-use tests::server::{server_fixture, total, tracers, Server};
+use tests::server::{assert_untraced, server_fixture, total, tracers, wait_untraced, Server};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -75,11 +75,7 @@ fn a_running_server_keeps_serving_under_repair_and_is_let_go() {
     }
     let done = tracer.finish(TIMEOUT);
     tests::run::assert_success("fdr-profiled --pid --exits repair", &done);
-    assert_eq!(
-        tracers(server.pid()),
-        vec![0; tracers(server.pid()).len()],
-        "no ptrace relation is left"
-    );
+    assert_untraced(server.pid());
     let repair = repair_line(&done.stderr);
     assert!(
         repair.contains(" return addresses put back when the process was let go"),
@@ -152,15 +148,7 @@ fn a_running_server_is_let_go_when_fdr_profiled_is_killed() {
     tracer.signal(libc::SIGKILL);
     let _ = tracer.finish(TIMEOUT);
     // The keeper lets the process go by itself.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while tracers(server.pid()).iter().any(|&t| t != 0) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still traced 10 s after fdr-profiled died: {:?}",
-            tracers(server.pid())
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_untraced(server.pid(), "fdr-profiled");
     server.running.signal(libc::SIGUSR1);
     server.command(b't');
     std::thread::sleep(Duration::from_millis(300));
@@ -238,11 +226,7 @@ fn a_thread_stuck_at_the_return_probe_limit_turns_the_process_to_exit_sleds() {
     std::thread::sleep(Duration::from_millis(1500));
     let done = tests::run::interrupt_and_finish(tracer, TIMEOUT);
     tests::run::assert_success("fdr-profiled --pid --exits repair", &done);
-    assert_eq!(
-        tracers(server.pid()),
-        vec![0; tracers(server.pid()).len()],
-        "no ptrace relation is left"
-    );
+    assert_untraced(server.pid());
     server.command(b't');
     std::thread::sleep(Duration::from_millis(300));
     let last = server.stop();
@@ -334,11 +318,7 @@ fn attach_repairs_every_process_running_the_binary() {
     });
     let done = tests::run::interrupt_and_finish(tracer, TIMEOUT);
     tests::run::assert_success("fdr-profiled --attach --exits repair", &done);
-    assert_eq!(
-        tracers(before.pid()),
-        vec![0; tracers(before.pid()).len()],
-        "no ptrace relation is left"
-    );
+    assert_untraced(before.pid());
     // The long request entered during the session was hooked and released: throw through it.
     before.command(b't');
     std::thread::sleep(Duration::from_millis(300));

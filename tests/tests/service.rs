@@ -1613,7 +1613,7 @@ fn a_binary_replaced_on_disk_is_traced_again() {
 /// moment is caught.
 #[test]
 fn a_repaired_target_traces_each_cpp_process_with_its_stack_repaired() {
-    use tests::server::{server_fixture, total, tracers, Server};
+    use tests::server::{assert_untraced, server_fixture, total, tracers, Server};
     let scratch = tests::scratch_dir("service-repair");
     let (dir_a, dir_b) = (scratch.path().join("a"), scratch.path().join("b"));
     std::fs::create_dir_all(&dir_a).unwrap();
@@ -1708,11 +1708,7 @@ fn a_repaired_target_traces_each_cpp_process_with_its_stack_repaired() {
         "{}",
         done.stderr
     );
-    assert_eq!(
-        tracers(before.pid()),
-        vec![0; tracers(before.pid()).len()],
-        "no ptrace relation is left"
-    );
+    assert_untraced(before.pid());
     // The long request entered while it was traced was hooked and released: throw through it.
     before.command(b't');
     std::thread::sleep(Duration::from_millis(300));
@@ -1728,7 +1724,7 @@ fn a_repaired_target_traces_each_cpp_process_with_its_stack_repaired() {
 /// after the release; the server goes on throwing and catching, untraced, and ends normally.
 #[test]
 fn a_repaired_server_outlives_the_service_killed() {
-    use tests::server::{server_fixture, total, tracers, Server};
+    use tests::server::{server_fixture, total, wait_untraced, Server};
     let scratch = tests::scratch_dir("service-repair-kill");
     let (dir_a, dir_b) = (scratch.path().join("a"), scratch.path().join("b"));
     std::fs::create_dir_all(&dir_a).unwrap();
@@ -1768,15 +1764,7 @@ fn a_repaired_server_outlives_the_service_killed() {
     std::thread::sleep(Duration::from_millis(300));
     service.signal(libc::SIGKILL);
     let _ = service.finish(TIMEOUT);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while tracers(server.pid()).iter().any(|&t| t != 0) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still traced 10 s after the service died: {:?}",
-            tracers(server.pid())
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_untraced(server.pid(), "the service");
     // Its workers throw and catch on, through frames no probe hooks any more.
     std::thread::sleep(Duration::from_millis(1000));
     server.command(b't');
