@@ -106,18 +106,20 @@ pub fn attach(
     scope: Scope,
     cache: &mut PointCache,
 ) -> Result<(Attachment, UnwindStops)> {
+    let can_throw = image.iter().any(|o| {
+        cache
+            .points(o)
+            .iter()
+            .any(|(_, kind)| *kind == event_kind::THROW)
+    });
+    if !can_throw {
+        bail!("--exits repair: no unwinder (_Unwind_RaiseException) in the image: nothing can throw, use --exits return");
+    }
     // Only what is placed here goes to the keeper.
     drop(tracer.take_attachment());
     let placed = place_unwind_stops(tracer, image, scope, cache);
     let attachment = tracer.take_attachment();
     let stops = placed.and_then(|objects| {
-        if !objects.iter().any(|o| {
-            o.cookies
-                .iter()
-                .any(|&c| profiler_common::Cookie::decode(c).kind == event_kind::THROW)
-        }) {
-            bail!("--exits repair: no unwinder (_Unwind_RaiseException) in the image: nothing can throw, use --exits return");
-        }
         let links = tracer.link_fds(&attachment).context(
             "--exits repair needs uprobe_multi links (Linux 6.6 or later): a perf-event probe cannot be handed to the repair keeper",
         )?;
@@ -977,17 +979,24 @@ impl<'a> Repairer<'a> {
 
 /// The new process a `PTRACE_EVENT_FORK` stop of `tid` announces.
 fn event_message(tid: u32) -> Option<u32> {
-    let mut message: libc::c_ulong = 0;
-    // SAFETY: plain system call writing into `message`.
+    ptrace_get::<libc::c_ulong>(libc::PTRACE_GETEVENTMSG, tid).and_then(|m| u32::try_from(m).ok())
+}
+
+/// What a ptrace `request` that fills a `T` (`PTRACE_GETREGS`, `PTRACE_GETEVENTMSG`) gives of
+/// the stopped thread `tid`. `T` must be plain data, valid when all zero.
+fn ptrace_get<T: Copy>(request: libc::c_uint, tid: u32) -> Option<T> {
+    let mut out = std::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: plain system call writing at most a `T` into `out`.
     let r = unsafe {
         libc::ptrace(
-            libc::PTRACE_GETEVENTMSG,
+            request,
             tid as libc::pid_t,
             std::ptr::null_mut::<libc::c_void>(),
-            (&raw mut message).cast::<libc::c_void>(),
+            out.as_mut_ptr().cast::<libc::c_void>(),
         )
     };
-    (r == 0).then(|| u32::try_from(message).ok()).flatten()
+    // SAFETY: `out` was zeroed, and every `T` used here is valid so.
+    (r == 0).then(|| unsafe { out.assume_init() })
 }
 
 /// Whether `tid` is the first thread of its process (`Tgid` equal to its id).
@@ -1052,18 +1061,7 @@ fn probe_stack_pointer(tid: u32, state: &profiler_common::RepairState) -> Option
 
 /// The stopped thread's stack pointer.
 fn stack_pointer(tid: u32) -> Option<u64> {
-    // SAFETY: user_regs_struct is plain data; PTRACE_GETREGS fills it.
-    let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    // SAFETY: plain system call writing into `regs`.
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_GETREGS,
-            tid as libc::pid_t,
-            std::ptr::null_mut::<libc::c_void>(),
-            (&raw mut regs).cast::<libc::c_void>(),
-        )
-    };
-    (r == 0).then_some(regs.rsp)
+    ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid).map(|regs| regs.rsp)
 }
 
 fn read_word(tid: u32, at: u64) -> Option<u64> {
