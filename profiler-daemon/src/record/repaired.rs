@@ -15,9 +15,6 @@ pub struct AttachRepair {
     /// Whether the plans' objects are in the session's manifest yet (with the count of probes
     /// the first traced process got).
     objects_added: bool,
-    /// Processes traced so far, and those that could not be, with why.
-    traced: u64,
-    not_traced: Vec<(u32, String)>,
 }
 
 impl AttachRepair {
@@ -41,8 +38,6 @@ impl AttachRepair {
         let mut this = AttachRepair {
             processes,
             objects_added: false,
-            traced: 0,
-            not_traced: Vec::new(),
         };
         for pid in this.processes.running() {
             this.trace(pid, tracer, session);
@@ -75,12 +70,10 @@ impl AttachRepair {
                     self.objects_added = true;
                     self.add_objects(session, probes);
                 }
-                self.traced += 1;
             }
             Ok(None) => {}
             Err(err) => {
                 eprintln!("fdr-profiled: warning: repair: process {pid} is not traced: {err:#}");
-                self.not_traced.push((pid, format!("{err:#}")));
             }
         }
     }
@@ -137,16 +130,16 @@ impl AttachRepair {
                 ),
             }
         }
-        let mut note = format!("{} processes traced", self.traced);
-        if !self.not_traced.is_empty() {
-            let named: Vec<String> = self
-                .not_traced
+        let mut note = format!("{} processes traced", self.processes.traced());
+        let not_traced = self.processes.not_traced();
+        if !not_traced.is_empty() {
+            let named: Vec<String> = not_traced
                 .iter()
                 .map(|(pid, why)| format!("{pid} ({why})"))
                 .collect();
             note.push_str(&format!(
                 "; {} not traced: {}",
-                self.not_traced.len(),
+                not_traced.len(),
                 named.join(", ")
             ));
         }

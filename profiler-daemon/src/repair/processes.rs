@@ -39,6 +39,9 @@ pub struct RepairedProcesses {
     tag: u32,
     plans: Vec<AttachPlan>,
     live: Vec<Process>,
+    /// Processes traced so far, and those that could not be, with why.
+    traced: u64,
+    not_traced: Vec<(u32, String)>,
 }
 
 /// One traced process: its keeper and every probe placed for it.
@@ -101,6 +104,8 @@ impl RepairedProcesses {
             tag,
             plans,
             live: Vec::new(),
+            traced: 0,
+            not_traced: Vec::new(),
         })
     }
 
@@ -131,10 +136,30 @@ impl RepairedProcesses {
         self.live.iter().map(|p| p.pid)
     }
 
+    /// Processes traced so far.
+    pub fn traced(&self) -> u64 {
+        self.traced
+    }
+
+    /// Processes that could not be traced, with why.
+    pub fn not_traced(&self) -> &[(u32, String)] {
+        &self.not_traced
+    }
+
     /// Traces `pid`: its keeper first, then the throw and catch stops, its return probes, its
-    /// sleds. `None` when it is traced already; an error (nothing of it placed) when it cannot
-    /// be.
+    /// sleds. `None` when it is traced already; an error (nothing of it placed, counted) when
+    /// it cannot be.
     pub fn trace(&mut self, pid: u32, tracer: &mut Tracer) -> Result<Option<Traced>> {
+        let traced = self.place(pid, tracer);
+        match &traced {
+            Ok(Some(_)) => self.traced += 1,
+            Ok(None) => {}
+            Err(err) => self.not_traced.push((pid, format!("{err:#}"))),
+        }
+        traced
+    }
+
+    fn place(&mut self, pid: u32, tracer: &mut Tracer) -> Result<Option<Traced>> {
         if self.live.iter().any(|p| p.pid == pid) {
             return Ok(None);
         }

@@ -13,9 +13,6 @@ pub struct Repaired {
     processes: RepairedProcesses,
     /// What the log and the status call it (`target NAME (PATH)`).
     name: String,
-    /// Processes traced so far, and those that could not be.
-    traced: u64,
-    not_traced: u64,
     /// What the keepers of the processes that exited (or were let go) repaired.
     repairs: RepairStats,
 }
@@ -33,8 +30,6 @@ impl Repaired {
         Ok(Repaired {
             processes: RepairedProcesses::new(tracer, binary, vec![plan], tag)?,
             name,
-            traced: 0,
-            not_traced: 0,
             repairs: RepairStats::default(),
         })
     }
@@ -53,7 +48,6 @@ impl Repaired {
     pub fn trace(&mut self, pid: u32, tracer: &mut Tracer) {
         match self.processes.trace(pid, tracer) {
             Ok(Some(Traced { keeper, probes })) => {
-                self.traced += 1;
                 tracing::info!(
                     fdr_pid = pid,
                     "{}: process {pid} traced with its stack repaired, {probes} probes (its tracer: process {keeper}, fdr-repair)",
@@ -62,7 +56,6 @@ impl Repaired {
             }
             Ok(None) => {}
             Err(err) => {
-                self.not_traced += 1;
                 tracing::warn!(
                     fdr_pid = pid,
                     "{}: process {pid} is not traced: {err:#}",
@@ -109,9 +102,9 @@ impl Repaired {
     /// The status's `repair` object.
     pub fn status(&self) -> serde_json::Value {
         serde_json::json!({
-            "processes_traced": self.traced,
+            "processes_traced": self.processes.traced(),
             "processes_live": self.processes.live().count(),
-            "processes_not_traced": self.not_traced,
+            "processes_not_traced": self.processes.not_traced().len(),
             "of_processes_ended": self.repairs,
         })
     }
