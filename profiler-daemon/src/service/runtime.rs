@@ -1420,6 +1420,10 @@ fn snapshot(dir: &Path, target: &Target, w: &Watched) -> Result<()> {
 /// `exits = "repair"`: traces the processes that started running a binary of a repaired
 /// target since the last look, and removes the probes of those that exited.
 fn look_at_repaired(svc: &mut Service<'_>) {
+    // No target repairs: nothing to look at (and no map read every drain).
+    if svc.tracer.options().repair.is_none() {
+        return;
+    }
     let started = svc.tracer.started_processes();
     let repaired = svc
         .targets
