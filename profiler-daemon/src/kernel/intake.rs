@@ -130,15 +130,16 @@ impl Intake {
     /// Hands every event in the buffers to `sink`, buffer by buffer, until they are empty.
     /// Returns how many events were read. Use it once the programs are disarmed (nothing new
     /// comes in); while they record, [`Intake::drain_some`] gives the event loop its turn.
-    pub fn drain(&mut self, sink: impl FnMut(Event)) -> u64 {
+    pub fn drain(&mut self, sink: impl FnMut(&mut Event)) -> u64 {
         self.drain_some(u64::MAX, sink).0
     }
 
     /// Like [`Intake::drain`], but at most `per_ring` events from each buffer: when the
     /// programs write faster than the daemon reads (a slow build, a loaded machine), draining
     /// until empty would never end, and the event loop would never see a signal or a deadline.
-    /// Returns how many events were read, and whether every buffer was emptied.
-    pub fn drain_some(&mut self, per_ring: u64, mut sink: impl FnMut(Event)) -> (u64, bool) {
+    /// Returns how many events were read, and whether every buffer was emptied. The sink gets
+    /// each event where it was decoded, and may change it.
+    pub fn drain_some(&mut self, per_ring: u64, mut sink: impl FnMut(&mut Event)) -> (u64, bool) {
         let mut count = 0;
         let mut emptied = true;
         for ring in &mut self.rings {
@@ -153,9 +154,9 @@ impl Intake {
                 };
                 taken += 1;
                 match Event::from_record(&item) {
-                    Some(event) => {
+                    Some(mut event) => {
                         count += 1;
-                        sink(event);
+                        sink(&mut event);
                     }
                     // Cannot happen with our own eBPF object; counted rather than trusted.
                     None => self.malformed += 1,

@@ -1088,7 +1088,7 @@ impl Router {
         due
     }
 
-    fn route(&mut self, targets: &mut [Target], mut event: Event, gap: Option<Gap>) {
+    fn route(&mut self, targets: &mut [Target], event: &mut Event, gap: Option<Gap>) {
         self.lost += gap.map_or(0, |g| g.lost);
         let h = &mut event.header;
         let function_event = profiler_common::SledKind::from_u8(h.kind).is_some();
@@ -1144,7 +1144,7 @@ impl Router {
         if let Some(slow) = w.slow.as_mut().and_then(|s| s.observe(&event.header)) {
             self.slow.push((t, b, slow));
         }
-        w.recorder.push(&event, gap);
+        w.recorder.push(event, gap);
     }
 }
 

@@ -93,7 +93,7 @@ impl Segments {
     /// Writes a thread's next event into the current segment, opening one if needed; while
     /// writing is stopped the event is counted as not written (free space is looked at again
     /// by [`Segments::tick`], not for every event).
-    pub fn record(&mut self, event: Event, gap: Option<Gap>) {
+    pub fn record(&mut self, event: &Event, gap: Option<Gap>) {
         if self.current.is_none() {
             if self.stopped.is_some() {
                 self.not_written += 1;

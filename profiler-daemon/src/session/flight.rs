@@ -230,11 +230,11 @@ impl FlightRecorder {
 
     /// Every held event, thread by thread in program order, with its gap: what a snapshot
     /// writes. A thread whose end is held ends with it.
-    pub fn replay(&self, mut to: impl FnMut(Event, Option<Gap>)) {
+    pub fn replay(&self, mut to: impl FnMut(&Event, Option<Gap>)) {
         for (&(pid, tid), held) in &self.threads {
             for h in held {
                 let (event, gap) = h.event(pid, tid);
-                to(event, gap);
+                to(&event, gap);
             }
         }
     }

@@ -26,6 +26,7 @@ use crate::session::summary::{
 };
 use anyhow::Result;
 use profiler_common::event_kind;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, HashMap, HashSet};
 pub use thread::{ThreadCounts, ThreadTrace};
 use xray_fdr::writer::{ThreadWriter, WallClock};
@@ -84,13 +85,15 @@ pub struct Session {
     clock: Clock,
     processes: BTreeMap<u32, Process>,
     /// Which process each live thread belongs to (end markers carry no pid).
-    pid_of: HashMap<u32, u32>,
-    totals: HashMap<u32, FunctionTotals>,
+    pid_of: FxHashMap<u32, u32>,
+    /// The (tid, pid) of the last event written: `pid_of` has it, and its file is open.
+    last: Option<(u32, u32)>,
+    totals: FxHashMap<u32, FunctionTotals>,
     events: u64,
     ignored: u64,
     /// Threads whose file could not be created: said once, their later events only counted
     /// (in `ignored`), until the thread ends.
-    unwritable: HashSet<(u32, u32)>,
+    unwritable: FxHashSet<(u32, u32)>,
     unattributed_lost: u64,
     version: FdrVersion,
     exits: ExitsChoice,
@@ -118,11 +121,12 @@ impl Session {
             return_probed: HashSet::new(),
             clock: Clock::now(),
             processes: BTreeMap::new(),
-            pid_of: HashMap::new(),
-            totals: HashMap::new(),
+            pid_of: FxHashMap::default(),
+            last: None,
+            totals: FxHashMap::default(),
             events: 0,
             ignored: 0,
-            unwritable: HashSet::new(),
+            unwritable: FxHashSet::default(),
             unattributed_lost: 0,
             version,
             exits,
@@ -215,8 +219,9 @@ impl Session {
 
     /// Records a thread's next event (in its program order, see [`crate::session::order`]); `gap` says
     /// how many of its events were lost right before it.
-    pub fn record(&mut self, event: Event, gap: Option<Gap>) {
-        let h = event.header;
+    pub fn record(&mut self, event: &Event, gap: Option<Gap>) {
+        let h = &event.header;
+        let tid = h.tid;
         let ending = h.kind == event_kind::THREAD_EXIT;
         if !ending {
             self.events += 1;
@@ -224,22 +229,34 @@ impl Session {
         let pid = if h.pid != 0 {
             h.pid
         } else {
-            self.pid_of.get(&h.tid).copied().unwrap_or(0)
+            self.pid_of.get(&tid).copied().unwrap_or(0)
         };
-        let known = self
+        if let Some(thread) = self
             .processes
-            .get(&pid)
-            .is_some_and(|p| p.threads.contains_key(&h.tid));
-        if ending && !known {
-            // A thread whose every event was lost, or that never reached instrumented code.
-            self.unattributed_lost += gap.map_or(0, |g| g.lost);
-            self.pid_of.remove(&h.tid);
-            self.unwritable.remove(&(pid, h.tid));
+            .get_mut(&pid)
+            .and_then(|p| p.threads.get_mut(&tid))
+        {
+            // A thread with an open file (never an unwritable one: see below). `last` saves
+            // setting `pid_of` again for the thread whose event came before.
+            if self.last != Some((tid, pid)) {
+                self.pid_of.insert(tid, pid);
+                self.last = Some((tid, pid));
+            }
+            thread.apply(event, gap, &mut self.totals);
+            if ending {
+                self.end_thread(pid, tid);
+            }
             return;
         }
-        let mut event = event;
-        event.header.pid = pid;
-        if self.unwritable.contains(&(pid, h.tid)) {
+        if ending {
+            // A thread whose every event was lost, or that never reached instrumented code.
+            self.unattributed_lost += gap.map_or(0, |g| g.lost);
+            self.pid_of.remove(&tid);
+            self.last = None;
+            self.unwritable.remove(&(pid, tid));
+            return;
+        }
+        if self.unwritable.contains(&(pid, tid)) {
             self.ignored += 1;
             self.unattributed_lost += gap.map_or(0, |g| g.lost);
             return;
@@ -250,28 +267,33 @@ impl Session {
             &self.executable.name,
             &self.clock,
             self.version,
-            &event,
+            pid,
+            h,
         ) {
             Ok(thread) => thread,
             Err(err) => {
                 eprintln!(
-                    "fdr-profiled: warning: {err:#}; the events of thread {} are counted as ignored",
-                    h.tid
+                    "fdr-profiled: warning: {err:#}; the events of thread {tid} are counted as ignored",
                 );
-                self.unwritable.insert((pid, h.tid));
+                // Never created, so never found above until the thread ends.
+                self.unwritable.insert((pid, tid));
                 self.ignored += 1;
                 self.unattributed_lost += gap.map_or(0, |g| g.lost);
                 return;
             }
         };
-        self.pid_of.insert(h.tid, pid);
-        thread.apply(&event, gap, &mut self.totals);
-        if ending {
-            self.pid_of.remove(&h.tid);
-            if let Some(process) = self.processes.get_mut(&pid) {
-                if let Some(thread) = process.threads.remove(&h.tid) {
-                    process.done.push(thread.finish(h.tid));
-                }
+        self.pid_of.insert(tid, pid);
+        self.last = Some((tid, pid));
+        thread.apply(event, gap, &mut self.totals);
+    }
+
+    /// Closes the file of a thread that ended.
+    fn end_thread(&mut self, pid: u32, tid: u32) {
+        self.pid_of.remove(&tid);
+        self.last = None;
+        if let Some(process) = self.processes.get_mut(&pid) {
+            if let Some(thread) = process.threads.remove(&tid) {
+                process.done.push(thread.finish(tid));
             }
         }
     }
@@ -398,13 +420,13 @@ fn thread_of<'a>(
     exe_name: &str,
     clock: &Clock,
     version: FdrVersion,
-    event: &Event,
+    pid: u32,
+    h: &profiler_common::EventHeader,
 ) -> Result<&'a mut ThreadTrace> {
-    let h = &event.header;
-    let process = match processes.entry(h.pid) {
+    let process = match processes.entry(pid) {
         std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::btree_map::Entry::Vacant(e) => {
-            let dir = out.create_subdir(&format!("{exe_name}-{}", h.pid))?;
+            let dir = out.create_subdir(&format!("{exe_name}-{}", pid))?;
             let dir_name = dir
                 .path()
                 .file_name()
@@ -435,7 +457,7 @@ fn thread_of<'a>(
             let writer = ThreadWriter::with_version(
                 handle,
                 h.tid,
-                h.pid,
+                pid,
                 CYCLE_FREQUENCY,
                 clock.wall_clock(h.ts_ns),
                 version,

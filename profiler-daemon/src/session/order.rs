@@ -8,7 +8,8 @@
 //! guessed from timestamps.
 use crate::kernel::intake::Event;
 use profiler_common::{event_kind, EventHeader, ThreadState};
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 
 /// Events of a thread that were lost right before the event they come with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,16 +27,20 @@ struct Pending {
 }
 
 /// Per-thread reordering.
+///
+/// Events go through by reference: one that is the next of its thread (nearly all of them) is
+/// handed on where it lies; only an event that arrived early is copied, to wait.
 #[derive(Default)]
 pub struct Sequencer {
-    threads: HashMap<u32, Pending>,
+    threads: FxHashMap<u32, Pending>,
     stale: u64,
 }
 
 impl Sequencer {
     /// Takes an event from the buffers; delivers it, and any events it was holding up, to
-    /// `sink` in the thread's program order.
-    pub fn push(&mut self, event: Event, sink: &mut impl FnMut(Event, Option<Gap>)) {
+    /// `sink` in the thread's program order. The sink may change the events it is given (the
+    /// service rewrites ids); `event` is kept (copied) only when it came early.
+    pub fn push(&mut self, event: &mut Event, sink: &mut impl FnMut(&mut Event, Option<Gap>)) {
         let h = &event.header;
         let Some(first) = h.seq.checked_sub(u64::from(h.gap_lost)) else {
             self.stale += 1;
@@ -49,7 +54,7 @@ impl Sequencer {
             return;
         }
         if first > pending.next {
-            pending.waiting.insert(first, event);
+            pending.waiting.insert(first, event.clone());
             return;
         }
         if deliver(pending, event, sink) {
@@ -61,10 +66,10 @@ impl Sequencer {
             .first_key_value()
             .is_some_and(|(&k, _)| k == pending.next)
         {
-            let Some((_, event)) = pending.waiting.pop_first() else {
+            let Some((_, mut event)) = pending.waiting.pop_first() else {
                 break;
             };
-            if deliver(pending, event, sink) {
+            if deliver(pending, &mut event, sink) {
                 self.threads.remove(&tid);
                 return;
             }
@@ -77,10 +82,10 @@ impl Sequencer {
     pub fn end_threads(
         &mut self,
         books: &[(u32, ThreadState)],
-        sink: &mut impl FnMut(Event, Option<Gap>),
+        sink: &mut impl FnMut(&mut Event, Option<Gap>),
     ) {
         for &(tid, state) in books {
-            let marker = Event {
+            let mut marker = Event {
                 header: EventHeader {
                     seq: state.seq,
                     tid,
@@ -92,7 +97,7 @@ impl Sequencer {
                 nargs: 0,
                 data: None,
             };
-            self.push(marker, sink);
+            self.push(&mut marker, sink);
         }
     }
 
@@ -102,17 +107,17 @@ impl Sequencer {
     pub fn finish(
         &mut self,
         live: &[(u32, ThreadState)],
-        sink: &mut impl FnMut(Event, Option<Gap>),
+        sink: &mut impl FnMut(&mut Event, Option<Gap>),
     ) {
         self.end_threads(live, sink);
         for (_, mut pending) in std::mem::take(&mut self.threads) {
-            while let Some((first, event)) = pending.waiting.pop_first() {
+            while let Some((first, mut event)) = pending.waiting.pop_first() {
                 let missing = first - pending.next;
                 let gap = Gap {
                     lost: missing + u64::from(event.header.gap_lost),
                 };
                 pending.next = event.header.seq + 1;
-                sink(event, Some(gap));
+                sink(&mut event, Some(gap));
             }
         }
     }
@@ -129,7 +134,11 @@ impl Sequencer {
 }
 
 /// Delivers the next event of a thread; true when it was the thread's last.
-fn deliver(pending: &mut Pending, event: Event, sink: &mut impl FnMut(Event, Option<Gap>)) -> bool {
+fn deliver(
+    pending: &mut Pending,
+    event: &mut Event,
+    sink: &mut impl FnMut(&mut Event, Option<Gap>),
+) -> bool {
     let h = event.header;
     let gap = (h.gap_lost > 0).then_some(Gap {
         lost: u64::from(h.gap_lost),

@@ -1,8 +1,9 @@
 //! What a session produced, for the terminal and for `session.json`.
 use crate::plan::FunctionNames;
 use fdr_analysis::report::render::human_ns;
+use rustc_hash::FxHashMap;
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt::Write as _;
 
 /// Per-function totals, accumulated from matched entry/exit pairs as they are written.
@@ -37,7 +38,7 @@ impl CallTimer {
 
     /// A function returned (or tail-called out) at `ts`. Frames above it that never saw their
     /// exit (unwound by an exception, say) are dropped untimed.
-    pub fn exit(&mut self, function_id: u32, ts: u64, totals: &mut HashMap<u32, FunctionTotals>) {
+    pub fn exit(&mut self, function_id: u32, ts: u64, totals: &mut FxHashMap<u32, FunctionTotals>) {
         if self.too_deep > 0 {
             self.too_deep -= 1;
             return;
@@ -366,7 +367,7 @@ pub struct SessionReport {
 impl SessionReport {
     /// Functions ordered by total time, longest first, named.
     pub fn rank_functions(
-        totals: &HashMap<u32, FunctionTotals>,
+        totals: &FxHashMap<u32, FunctionTotals>,
         names: &FunctionNames,
         return_probed: &HashSet<u32>,
     ) -> Vec<FunctionReport> {
@@ -577,7 +578,7 @@ mod tests {
 
     #[test]
     fn timer_matches_nested_and_unwound_calls() {
-        let mut totals = HashMap::new();
+        let mut totals = FxHashMap::default();
         let mut t = CallTimer::default();
         t.enter(1, 100);
         t.enter(2, 110);

@@ -38,14 +38,14 @@ fn a_thread_whose_file_cannot_be_created_is_counted_not_retried() {
             reason: "test".into(),
         },
     );
-    session.record(event(1, 1_000, SledKind::Entry as u8), None);
+    session.record(&event(1, 1_000, SledKind::Entry as u8), None);
     std::fs::remove_dir_all(dir.path().join("s/prog-100")).unwrap();
     for i in 0..1000 {
-        session.record(event(2, 2_000 + i, SledKind::Entry as u8), None);
+        session.record(&event(2, 2_000 + i, SledKind::Entry as u8), None);
     }
     assert_eq!(session.unwritable.len(), 1);
-    session.record(event(1, 5_000, SledKind::Exit as u8), None);
-    session.record(event(2, 6_000, event_kind::THREAD_EXIT), None);
+    session.record(&event(1, 5_000, SledKind::Exit as u8), None);
+    session.record(&event(2, 6_000, event_kind::THREAD_EXIT), None);
     assert!(
         session.unwritable.is_empty(),
         "forgotten at the thread's end"

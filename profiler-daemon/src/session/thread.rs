@@ -18,7 +18,7 @@ use crate::kernel::intake::Event;
 use crate::session::order::Gap;
 use crate::session::summary::{CallTimer, FunctionTotals, ThreadReport};
 use profiler_common::{event_flags, event_kind, SledKind};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::fs::File;
 use xray_fdr::records::FunctionAction;
 use xray_fdr::writer::{Recorded, ThreadWriter};
@@ -171,7 +171,7 @@ impl ThreadTrace {
         &mut self,
         event: &Event,
         gap: Option<Gap>,
-        totals: &mut HashMap<u32, FunctionTotals>,
+        totals: &mut FxHashMap<u32, FunctionTotals>,
     ) {
         let h = &event.header;
         let ts = if h.ts_ns == 0 { self.last_ts } else { h.ts_ns };
@@ -223,7 +223,7 @@ impl ThreadTrace {
         dead: impl Fn(u64) -> bool,
         ts: u64,
         cpu: u16,
-        totals: &mut HashMap<u32, FunctionTotals>,
+        totals: &mut FxHashMap<u32, FunctionTotals>,
     ) -> std::io::Result<()> {
         while let Some(&top) = self.frames.last() {
             if !dead(top.slot) {
@@ -256,7 +256,7 @@ impl ThreadTrace {
         writer: &mut ThreadWriter<File>,
         event: &Event,
         ts: u64,
-        totals: &mut HashMap<u32, FunctionTotals>,
+        totals: &mut FxHashMap<u32, FunctionTotals>,
     ) -> std::io::Result<Fate> {
         let h = &event.header;
         let cpu = h.cpu;

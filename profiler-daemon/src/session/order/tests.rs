@@ -19,9 +19,9 @@ fn ev(tid: u32, seq: u64, gap_lost: u32, kind: u8) -> Event {
 fn run(events: Vec<Event>) -> (Vec<(u32, u64, Option<Gap>)>, Sequencer) {
     let mut out = Vec::new();
     let mut s = Sequencer::default();
-    let mut sink = |e: Event, g: Option<Gap>| out.push((e.header.tid, e.header.seq, g));
-    for e in events {
-        s.push(e, &mut sink);
+    let mut sink = |e: &mut Event, g: Option<Gap>| out.push((e.header.tid, e.header.seq, g));
+    for mut e in events {
+        s.push(&mut e, &mut sink);
     }
     (out, s)
 }
@@ -108,9 +108,9 @@ fn finish_delivers_trailing_losses_and_stragglers() {
     let mut out = Vec::new();
     let mut s = Sequencer::default();
     let mut sink =
-        |e: Event, g: Option<Gap>| out.push((e.header.tid, e.header.seq, e.header.kind, g));
-    s.push(ev(1, 0, 0, ENTRY), &mut sink);
-    s.push(ev(2, 3, 0, ENTRY), &mut sink); // 0..3 of thread 2 never arrive
+        |e: &mut Event, g: Option<Gap>| out.push((e.header.tid, e.header.seq, e.header.kind, g));
+    s.push(&mut ev(1, 0, 0, ENTRY), &mut sink);
+    s.push(&mut ev(2, 3, 0, ENTRY), &mut sink); // 0..3 of thread 2 never arrive
     let live = [(
         1,
         ThreadState {
