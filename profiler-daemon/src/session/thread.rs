@@ -121,7 +121,9 @@ struct Frame {
 
 /// A thread's file and bookkeeping.
 pub struct ThreadTrace {
-    writer: Option<ThreadWriter<File>>,
+    /// Boxed: [`ThreadTrace::apply`] takes it out and puts it back for every event, and the
+    /// writer is a few hundred bytes.
+    writer: Option<Box<ThreadWriter<File>>>,
     /// Path relative to the session directory.
     pub file: String,
     /// The frames open in the writer, outermost first.
@@ -147,7 +149,7 @@ impl ThreadTrace {
     /// Wraps a writer whose preamble is on disk as `file`.
     pub fn new(writer: ThreadWriter<File>, file: String) -> ThreadTrace {
         ThreadTrace {
-            writer: Some(writer),
+            writer: Some(Box::new(writer)),
             file,
             frames: Vec::new(),
             highest_slot: 0,
@@ -357,7 +359,7 @@ impl ThreadTrace {
         let mut records = 0;
         let mut dropped_write_errors = self.counts.dropped_write_errors;
         if let Some(writer) = self.writer {
-            match writer.finish() {
+            match (*writer).finish() {
                 Ok((_, stats)) => {
                     records = stats.records;
                 }

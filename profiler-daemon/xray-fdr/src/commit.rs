@@ -85,6 +85,13 @@ impl Pending {
             self.bytes.extend_from_slice(p);
         }
     }
+    /// Appends one record of fixed size (a function or metadata record): no loop over parts,
+    /// and a copy of known length.
+    #[inline]
+    pub fn push_record<const N: usize>(&mut self, record: &[u8; N]) {
+        self.starts.push(self.bytes.len() as u32);
+        self.bytes.extend_from_slice(record);
+    }
     /// Appends bytes to the last record, making them one unit that version 5 never splits
     /// across pages (an Entry_Args record and its arguments).
     pub fn extend_last(&mut self, bytes: &[u8]) {

@@ -414,14 +414,14 @@ impl<W: TraceSink> ThreadWriter<W> {
             tsc
         };
         if self.cpu != Some(cpu) {
-            self.pending.push(&[&records::new_cpu_id(cpu, tsc)]);
+            self.pending.push_record(&records::new_cpu_id(cpu, tsc));
             if self.cpu.is_some() {
                 self.stats.cpu_changes += 1;
             }
             self.cpu = Some(cpu);
             self.base = tsc;
         } else if tsc - self.base > max_delta {
-            self.pending.push(&[&records::tsc_wrap(tsc)]);
+            self.pending.push_record(&records::tsc_wrap(tsc));
             self.stats.tsc_wraps += 1;
             self.base = tsc;
         }
@@ -440,7 +440,7 @@ impl<W: TraceSink> ThreadWriter<W> {
         let tsc = self.prepare(tsc, cpu, u64::from(u32::MAX));
         let delta = (tsc - self.base) as u32;
         let rec = records::function_record(action, function_id, delta).map_err(invalid_input)?;
-        self.pending.push(&[&rec]);
+        self.pending.push_record(&rec);
         self.base = tsc;
         self.stats.records += 1;
         match action {
