@@ -231,8 +231,11 @@ pub struct EventPayload {
     pub event_type: u64,
 }
 
-/// Per-thread state the eBPF programs keep in [`THREADS_MAP`], keyed by thread id. Larger
-/// than a BPF program's stack: the programs create it by copying a zeroed map value.
+/// Per-thread state the eBPF programs keep in [`THREADS_MAP`], attached to the thread itself
+/// (task storage: no lookup by id on the event path, freed with the thread). Created zeroed at
+/// the thread's first event. The daemon reads the live threads' states through the
+/// [`THREAD_BOOKS_PROGRAM`] iterator, and those of threads whose exit record was lost from
+/// [`EXITED_THREADS_MAP`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ThreadState {
@@ -247,10 +250,13 @@ pub struct ThreadState {
     pub returns_pending: u32,
     /// Return-probed functions only: entered frames beyond [`MAX_RETURN_PROBE_DEPTH`] (no return probe).
     pub beyond_return_depth: u32,
-    /// 1 when the thread exited but its exit record found the buffer full: the daemon reads
-    /// the state (its trailing losses) from the table and deletes it; a new thread reusing the
-    /// id before that starts afresh, its predecessor's trailing losses counted unattributed.
+    /// 1 when the thread exited but its exit record found the buffer full: the state was
+    /// moved into [`EXITED_THREADS_MAP`], where the daemon reads its trailing losses.
     pub exited: u32,
+    /// The thread's id, set at its first event.
+    pub tid: u32,
+    /// Its process's id, set at its first event.
+    pub pid: u32,
     /// Return-probed functions only: bit `i` set when the frame with pending return probe `i` already left
     /// by a tail call (its Tail_Exit was reported, so its return probe must stay silent).
     pub tail_exited: [u64; TAIL_BITS_WORDS],
@@ -270,6 +276,8 @@ impl Default for ThreadState {
             returns_pending: 0,
             beyond_return_depth: 0,
             exited: 0,
+            tid: 0,
+            pid: 0,
             tail_exited: [0; TAIL_BITS_WORDS],
             return_slots: [0; MAX_RETURN_PROBE_DEPTH as usize],
         }
@@ -295,8 +303,14 @@ pub const DEFAULT_MAX_EVENT_BYTES: u32 = 4096;
 
 /// Name of the array of per-CPU ring buffers (index = CPU) the programs write events into.
 pub const RINGS_MAP: &str = "RINGS";
-/// Name of the per-thread state hash map ([`ThreadState`] by thread id).
+/// Name of the per-thread state map ([`ThreadState`] in task storage).
 pub const THREADS_MAP: &str = "THREADS";
+/// Name of the hash map of the [`ThreadState`] of threads whose exit record found the buffer
+/// full, by thread id (collected and removed by the daemon).
+pub const EXITED_THREADS_MAP: &str = "EXITED_THREADS";
+/// Name of the task iterator that writes `(tid, ThreadState)` of every thread with state (the
+/// live threads' books, read by the daemon: their trailing losses, their return-probe depth).
+pub const THREAD_BOOKS_PROGRAM: &str = "thread_books";
 /// Name of the one-entry array whose value is 1 once the daemon has placed its first probes
 /// (see `profiler-ebpf`'s `armed`).
 pub const ARMED_MAP: &str = "ARMED";
@@ -304,12 +318,15 @@ pub const ARMED_MAP: &str = "ARMED";
 pub const COUNTERS_MAP: &str = "COUNTERS";
 /// Indexes into [`COUNTERS_MAP`].
 pub mod counter {
-    /// Events dropped because the per-thread state table was full (not attributable).
+    /// Events dropped because the thread's state could not be created (the kernel could not
+    /// allocate it, or another BPF program held the storage lock on that CPU; not
+    /// attributable).
     pub const NO_THREAD_STATE: u32 = 0;
     /// Thread-exit records that found the buffer full.
     pub const EXIT_RECORDS_LOST: u32 = 1;
-    /// Events lost at the end of threads whose exit record was lost and whose id was reused
-    /// before the daemon read their state.
+    /// Events lost at the end of threads whose exit record was lost and whose state found no
+    /// room in [`super::EXITED_THREADS_MAP`] (full, or a thread of the same id not yet
+    /// collected).
     pub const TRAILING_LOST_UNATTRIBUTED: u32 = 2;
     /// Return probes that fired for calls entered before recording began (hooked by the
     /// kernel while the probes were being placed, or, under `--exits repair`, before the
@@ -413,6 +430,13 @@ pub mod ablate {
     pub const STATE: u32 = 2;
     /// Do not read the clock.
     pub const CLOCK: u32 = 4;
+    /// Write each event with one `bpf_ringbuf_output` (a copy) instead of reserving room and
+    /// writing into it.
+    pub const WRITE_BY_COPY: u32 = 8;
+    /// Write each event into a per-CPU array instead of the ring buffer (nothing reaches the
+    /// daemon): what a write costs when events are gathered per CPU and submitted in batches,
+    /// before the batch's own submission.
+    pub const WRITE_PER_CPU: u32 = 16;
 }
 
 /// Names of global variables the daemon sets at load time.

@@ -22,6 +22,7 @@
 #![no_main]
 
 mod regs;
+mod task_storage;
 
 use aya_ebpf::{
     bindings::{
@@ -32,7 +33,7 @@ use aya_ebpf::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_ringbuf_output,
         bpf_ringbuf_query, bpf_ringbuf_reserve, bpf_ringbuf_submit, generated::bpf_probe_read_user,
-        generated::bpf_send_signal_thread,
+        generated::bpf_send_signal_thread, generated::bpf_seq_write,
     },
     macros::{btf_map, map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, Queue},
@@ -43,18 +44,26 @@ use core::ffi::c_void;
 use profiler_common::{
     ablate, counter, event_flags, event_kind, repair_state, ArgsEvent, Cookie, EventHeader,
     EventPayload, RepairState, SledKind, ThreadState, MAX_ARGS, MAX_EVENT_BYTES, MAX_REPAIR_FRAMES,
-    MAX_RETURN_PROBE_DEPTH, STOP_SIGNALS, TAIL_BITS_WORDS,
+    MAX_RETURN_PROBE_DEPTH, STOP_SIGNALS,
 };
+use task_storage::TaskStorage;
 
 /// One ring buffer per CPU, created and inserted by the daemon (`--buffer-size` each). The
 /// template here only fixes the inner map's type; its size does not constrain the real ones.
 #[btf_map]
 static RINGS: ArrayOfMaps<RingBuf<u8, 4096>, 4096> = ArrayOfMaps::new();
 
-/// Per-thread sequence numbers, loss and return-probe bookkeeping, by thread id. Entries are created
-/// at a thread's first event and removed when it exits (`thread_exit`).
-#[map(name = "THREADS")]
-static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(1 << 18, BPF_F_NO_PREALLOC);
+/// Per-thread sequence numbers, loss and return-probe bookkeeping, in the thread's own task
+/// storage (no lookup by id on the event path). Created at a thread's first event, removed
+/// when it exits (`thread_exit`).
+#[btf_map(name = "THREADS")]
+static THREADS: TaskStorage<ThreadState> = TaskStorage::new();
+
+/// The state of threads whose exit record found the buffer full, by thread id, for the daemon
+/// to collect (their trailing losses).
+#[map(name = "EXITED_THREADS")]
+static EXITED_THREADS: HashMap<u32, ThreadState> =
+    HashMap::with_max_entries(1 << 14, BPF_F_NO_PREALLOC);
 
 /// 1 once every probe of the session's first objects is in place. Probes are placed one link
 /// at a time, exit probes first; before the daemon arms them, nothing is recorded, so no trace
@@ -143,14 +152,14 @@ static REPAIR_SCRATCH: PerCpuArray<RepairState> = PerCpuArray::with_max_entries(
 #[unsafe(no_mangle)]
 static CFG_ABLATE: u32 = 0;
 
+/// Stand-in per-CPU batch for the `ablate::WRITE_PER_CPU` measurement: a count, then 64
+/// slots of 128 bytes.
+#[map(name = "ABLATE_BATCH")]
+static BATCH: PerCpuArray<[u64; 1 + 64 * 16]> = PerCpuArray::with_max_entries(1, 0);
+
 /// Stand-in thread state for the `ablate::STATE` measurement.
 #[map(name = "ABLATE_STATE")]
 static ABLATE_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
-
-/// A zeroed thread state, never written: a new thread's state is copied from it (the state is
-/// larger than a program's stack).
-#[map(name = "ZERO_STATE")]
-static ZERO_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
 
 fn ablated(part: u32) -> bool {
     setting(&CFG_ABLATE) & part != 0
@@ -168,40 +177,23 @@ fn count(index: u32, n: u64) {
     }
 }
 
-/// The thread's state; created on its first event when `create`. `None` if the thread has none
-/// and none is to be created, or the table is full.
-fn thread_state(tid: u32, create: bool) -> Option<&'static mut ThreadState> {
+/// The thread's state; created (zeroed) at its first event when `create`. `None` if the thread
+/// has none and none is to be created, or it could not be created.
+#[inline(always)]
+fn thread_state(create: bool) -> Option<&'static mut ThreadState> {
     if ablated(ablate::STATE) {
         // SAFETY: per-CPU slot, valid for the program's run.
         return ABLATE_STATE.get_ptr_mut(0).map(|s| unsafe { &mut *s });
     }
-    if let Some(s) = THREADS.get_ptr_mut(&tid) {
-        // SAFETY: map values stay valid for the program's run; only this thread's probes
-        // touch its entry, and they run one at a time.
-        let s = unsafe { &mut *s };
-        if s.exited != 0 {
-            // A new thread got the id of one whose books the daemon has not collected yet.
-            count(counter::TRAILING_LOST_UNATTRIBUTED, s.gap_lost as u64);
-            s.seq = 0;
-            s.lost = 0;
-            s.gap_lost = 0;
-            s.returns_pending = 0;
-            s.beyond_return_depth = 0;
-            s.exited = 0;
-            s.tail_exited = [0; TAIL_BITS_WORDS];
-        }
-        return Some(s);
+    let s = THREADS.current(create)?;
+    if s.tid == 0 {
+        // Its first event: the ids are kept in the state, which saves a helper call on every
+        // later one.
+        let pid_tgid = bpf_get_current_pid_tgid();
+        s.tid = pid_tgid as u32;
+        s.pid = (pid_tgid >> 32) as u32;
     }
-    if !create {
-        return None;
-    }
-    let fresh = ZERO_STATE.get_ptr(0)?;
-    // SAFETY: a map value pointer, valid for the program's run.
-    THREADS
-        .insert(&tid, unsafe { &*fresh }, BPF_NOEXIST as u64)
-        .ok()?;
-    // SAFETY: as above.
-    THREADS.get_ptr_mut(&tid).map(|s| unsafe { &mut *s })
+    Some(s)
 }
 
 /// The ring buffer of this CPU, as the map pointer the ring-buffer helpers take.
@@ -341,7 +333,7 @@ fn stack_pointer(ctx: *mut c_void) -> u64 {
     unsafe { (*r).rsp }
 }
 
-fn header(state: &ThreadState, pid_tgid: u64, cookie: &Cookie, cpu: u32, sp: u64) -> EventHeader {
+fn header(state: &ThreadState, cookie: &Cookie, cpu: u32, sp: u64) -> EventHeader {
     EventHeader {
         // SAFETY: plain helper call.
         ts_ns: if ablated(ablate::CLOCK) {
@@ -350,8 +342,8 @@ fn header(state: &ThreadState, pid_tgid: u64, cookie: &Cookie, cpu: u32, sp: u64
             unsafe { bpf_ktime_get_ns() }
         },
         seq: state.seq,
-        pid: (pid_tgid >> 32) as u32,
-        tid: pid_tgid as u32,
+        pid: state.pid,
+        tid: state.tid,
         function_id: cookie.function_id,
         kind: cookie.kind,
         flags: 0,
@@ -367,7 +359,31 @@ fn write<T: Copy>(ring: *mut c_void, rec: &T, seq: u64) -> bool {
     if ablated(ablate::WRITE) {
         return true;
     }
+    if ablated(ablate::WRITE_PER_CPU) {
+        let Some(slot) = BATCH.get_ptr_mut(0) else {
+            return false;
+        };
+        // SAFETY: per-CPU slot of 8 KiB; the index keeps a T (at most 128 bytes) inside it.
+        unsafe {
+            let b = &mut *slot;
+            let at = (b[0] & 63) as usize;
+            b[0] += 1;
+            core::ptr::write_unaligned((b.as_mut_ptr().add(1 + at * 16)) as *mut T, *rec);
+        }
+        return true;
+    }
     let flags = submit_flags(ring, seq);
+    if ablated(ablate::WRITE_BY_COPY) {
+        // SAFETY: `rec` is a T on the stack; the helper copies size_of::<T>() bytes of it.
+        return unsafe {
+            bpf_ringbuf_output(
+                ring,
+                rec as *const T as *mut c_void,
+                core::mem::size_of::<T>() as u64,
+                flags,
+            )
+        } == 0;
+    }
     // SAFETY: reserve returns null or room for a T; T is plain data at most 8-byte aligned.
     unsafe {
         let p = bpf_ringbuf_reserve(ring, core::mem::size_of::<T>() as u64, 0) as *mut T;
@@ -381,13 +397,13 @@ fn write<T: Copy>(ring: *mut c_void, rec: &T, seq: u64) -> bool {
 }
 
 /// What every probe starts with: the attach cookie, the CPU, the thread, and the thread's
-/// state (`None`, counted, when the state table is full). A catch does not start a thread's
+/// state (`None`, counted, when it could not be created). A catch does not start a thread's
 /// books: it only matters to threads that ran traced code.
 // Inlined: the BTF of a function of its own would describe its `Option` in a layout the
 // kernel refuses (a union member at a non-zero offset), and the task iterator makes the
 // object's BTF a must.
 #[inline(always)]
-fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, u64, &'static mut ThreadState)> {
+fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, &'static mut ThreadState)> {
     // SAFETY: plain helper calls on the kernel's context.
     let (cookie, cpu) = unsafe {
         (
@@ -395,15 +411,14 @@ fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, u64, &'static mut ThreadS
             bpf_get_smp_processor_id(),
         )
     };
-    let pid_tgid = bpf_get_current_pid_tgid();
     let create = cookie.kind != event_kind::CATCH;
-    let Some(state) = thread_state(pid_tgid as u32, create) else {
+    let Some(state) = thread_state(create) else {
         if create {
             count(counter::NO_THREAD_STATE, 1);
         }
         return None;
     };
-    Some((cookie, cpu, pid_tgid, state))
+    Some((cookie, cpu, state))
 }
 
 #[uprobe]
@@ -411,12 +426,12 @@ pub fn sled(ctx: ProbeContext) -> u32 {
     if !armed() {
         return 0;
     }
-    let Some((cookie, cpu, pid_tgid, state)) = probe_hit(ctx.as_ptr()) else {
+    let Some((cookie, cpu, state)) = probe_hit(ctx.as_ptr()) else {
         return 0;
     };
     let sp = stack_pointer(ctx.as_ptr());
     let flags = account_call(state, &cookie, sp);
-    let mut h = header(state, pid_tgid, &cookie, cpu, sp);
+    let mut h = header(state, &cookie, cpu, sp);
     h.flags = flags;
     let written = match ring(cpu) {
         None => false,
@@ -501,7 +516,7 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
     if !armed() {
         return 0;
     }
-    let Some((cookie, cpu, pid_tgid, state)) = probe_hit(ctx.as_ptr()) else {
+    let Some((cookie, cpu, state)) = probe_hit(ctx.as_ptr()) else {
         return 0;
     };
     // The return probe fires after `ret` popped the frame's return-address slot.
@@ -526,7 +541,7 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
         kind: SledKind::Exit as u8,
         ..cookie
     };
-    let h = header(state, pid_tgid, &cookie, cpu, slot);
+    let h = header(state, &cookie, cpu, slot);
     let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));
     settle(state, written);
     0
@@ -534,13 +549,9 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
 
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    let Some(s) = THREADS.get_ptr_mut(&tid) else {
+    let Some(state) = THREADS.current(false) else {
         return 0;
     };
-    // SAFETY: map value pointer, valid for this run.
-    let state = unsafe { &mut *s };
     // SAFETY: plain helper call.
     let cpu = unsafe { bpf_get_smp_processor_id() };
     let cookie = Cookie {
@@ -549,7 +560,7 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
         regs: [0; 3],
         flags: 0,
     };
-    let mut h = header(state, pid_tgid, &cookie, cpu, 0);
+    let mut h = header(state, &cookie, cpu, 0);
     // The exit code is set before this tracepoint fires (do_exit): how the thread died.
     let offset = setting(&CFG_EXIT_CODE_OFFSET);
     if offset != 0 && offset < 65536 {
@@ -564,12 +575,52 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
         }
     }
     let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));
-    if written {
-        let _ = THREADS.remove(&tid);
-    } else {
-        // Leave the books for the daemon to collect (it knows them by the flag).
+    if !written {
+        // Leave the books for the daemon to collect (their trailing losses).
         count(counter::EXIT_RECORDS_LOST, 1);
         state.exited = 1;
+        if EXITED_THREADS
+            .insert(&state.tid, &*state, BPF_NOEXIST as u64)
+            .is_err()
+        {
+            count(
+                counter::TRAILING_LOST_UNATTRIBUTED,
+                u64::from(state.gap_lost),
+            );
+        }
+    }
+    THREADS.remove_current();
+    0
+}
+
+/// The books of every thread that has state (a task iterator over every task, run by the
+/// daemon when it needs the live threads' trailing losses or return-probe depth): writes
+/// `ThreadState` of each, in the iterator's output.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub fn thread_books(ctx: *mut c_void) -> i32 {
+    // The context is `struct bpf_iter__task { struct bpf_iter_meta *meta; struct task_struct
+    // *task; }`, `meta` starting with the `struct seq_file *` the output goes to. Plain loads:
+    // the verifier types them (trusted pointers), as the storage helper requires.
+    // SAFETY: the context of a task iterator has this layout.
+    let (meta, task) = unsafe {
+        let fields = ctx as *const *mut u64;
+        (*fields, *fields.add(1))
+    };
+    if meta.is_null() || task.is_null() {
+        return 0;
+    }
+    let Some(state) = THREADS.of(task as *mut _) else {
+        return 0;
+    };
+    // SAFETY: `meta` points at a live bpf_iter_meta, whose first field is the seq_file.
+    unsafe {
+        let seq = *meta as *mut _;
+        bpf_seq_write(
+            seq,
+            (state as *const ThreadState).cast(),
+            core::mem::size_of::<ThreadState>() as u32,
+        );
     }
     0
 }

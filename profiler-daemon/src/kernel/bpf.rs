@@ -9,9 +9,9 @@ use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
     cookie_flags, counter, event_kind, globals, Cookie, RepairState, SledKind, ThreadState,
-    ARMED_MAP, COUNTERS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, PROCESS_START_PROGRAM,
-    REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, STARTED_MAP,
-    THREADS_MAP, THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
+    ARMED_MAP, COUNTERS_MAP, EXITED_THREADS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM,
+    PROCESS_START_PROGRAM, REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, RETURN_PROGRAM, RINGS_MAP,
+    SLED_PROGRAM, STARTED_MAP, THREAD_BOOKS_PROGRAM, THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
 };
 use std::num::NonZeroU32;
 use std::path::Path;
@@ -115,6 +115,8 @@ impl Tracer {
         let offsets = options.repair.unwrap_or_default();
         let trampoline = crate::kernel::btf::trampoline_offsets().unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
+            // The per-thread state is task storage, which aya 0.14 creates but has no type for.
+            .allow_unsupported_maps()
             .override_global(globals::TASK_MM_OFFSET, &trampoline.task_mm, true)
             .override_global(globals::MM_XOL_AREA_OFFSET, &trampoline.mm_xol_area, true)
             .override_global(globals::XOL_VADDR_OFFSET, &trampoline.xol_vaddr, true)
@@ -214,6 +216,17 @@ impl Tracer {
             exit.attach("sched_process_exit").map_err(|e| {
                 anyhow!(
                     "cannot attach to the sched_process_exit tracepoint: {}",
+                    one_line(&e)
+                )
+            })?;
+            let books: &mut aya::programs::Iter = ebpf
+                .program_mut(THREAD_BOOKS_PROGRAM)
+                .with_context(|| format!("the eBPF object has no {THREAD_BOOKS_PROGRAM} program"))?
+                .try_into()?;
+            let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+            books.load("task", &btf).map_err(|e| {
+                anyhow!(
+                    "the kernel refused the {THREAD_BOOKS_PROGRAM} program: {}",
                     one_line(&e)
                 )
             })?;
@@ -587,24 +600,78 @@ impl Tracer {
         Ok(())
     }
 
+    /// What the kernel counted for each of the recording programs (by name, both loads of a
+    /// program together) while run-time statistics were on (see [`RunTimeStats`]); programs
+    /// that did not run are left out.
+    pub fn program_costs(&self) -> Vec<ProgramCost> {
+        use std::os::fd::AsFd as _;
+        let mut costs: Vec<ProgramCost> = Vec::new();
+        let mut add = |name: &str, fd: std::os::fd::BorrowedFd<'_>| {
+            let Ok((runs, run_ns)) = crate::kernel::sys::program_run_stats(fd) else {
+                return;
+            };
+            match costs.iter_mut().find(|c| c.program == name) {
+                Some(c) => {
+                    c.runs += runs;
+                    c.run_ns += run_ns;
+                }
+                None => costs.push(ProgramCost {
+                    program: name.to_owned(),
+                    runs,
+                    run_ns,
+                }),
+            }
+        };
+        for (name, program) in &self.multi {
+            add(name, program.fd());
+        }
+        for name in [
+            SLED_PROGRAM,
+            RETURN_PROGRAM,
+            FLOOR_PROGRAM,
+            FLOOR_RETURN_PROGRAM,
+            THREAD_EXIT_PROGRAM,
+        ] {
+            if let Some(fd) = self.ebpf.program(name).and_then(|p| p.fd().ok()) {
+                add(name, fd.as_fd());
+            }
+        }
+        costs.retain(|c| c.runs > 0);
+        costs
+    }
+
     /// Takes the per-CPU ring buffers out (the reader owns them from then on).
     pub fn take_rings(&mut self) -> Vec<RingBuf<MapData>> {
         std::mem::take(&mut self.rings)
     }
 
-    /// Takes the loss counters and the per-thread state table out (read after detaching).
+    /// Takes the loss counters and the per-thread books out (read after detaching).
     pub fn take_books(&mut self) -> Result<KernelBooks> {
+        use std::os::fd::AsFd as _;
         let counters = self
             .ebpf
             .take_map(COUNTERS_MAP)
             .context("the eBPF object has no counters map")?;
-        let threads = self
+        let exited = self
             .ebpf
-            .take_map(THREADS_MAP)
-            .context("the eBPF object has no threads map")?;
+            .take_map(EXITED_THREADS_MAP)
+            .context("the eBPF object has no exited-threads map")?;
+        let live = match self.ebpf.program(THREAD_BOOKS_PROGRAM) {
+            Some(program) => match program.fd() {
+                Ok(fd) => Some(
+                    fd.as_fd()
+                        .try_clone_to_owned()
+                        .context("duplicating the thread-books program's descriptor")?,
+                ),
+                // Not loaded: the floor records nothing.
+                Err(_) => None,
+            },
+            None => None,
+        };
         Ok(KernelBooks {
             counters: PerCpuArray::try_from(counters)?,
-            threads: BpfHashMap::try_from(threads)?,
+            exited: BpfHashMap::try_from(exited)?,
+            live,
         })
     }
 }
@@ -614,6 +681,43 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
         .program_mut(name)
         .with_context(|| format!("the eBPF object has no {name} program"))?
         .try_into()?)
+}
+
+/// The time the kernel spent running one program (`--kernel-stats`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProgramCost {
+    /// The program's name in the eBPF object.
+    pub program: String,
+    /// Its runs.
+    pub runs: u64,
+    /// Nanoseconds they took in all.
+    pub run_ns: u64,
+}
+
+impl ProgramCost {
+    /// Nanoseconds per run.
+    pub fn ns_per_run(&self) -> f64 {
+        self.run_ns as f64 / self.runs.max(1) as f64
+    }
+}
+
+/// The kernel's run-time statistics of every BPF program, on while this lives
+/// (`BPF_ENABLE_STATS`): each run then also reads the clock twice, which costs every BPF
+/// program of the system a little, so only the benchmarks ask for it (`--kernel-stats`).
+pub struct RunTimeStats(#[allow(dead_code)] std::os::fd::OwnedFd);
+
+impl RunTimeStats {
+    /// Turns the statistics on.
+    pub fn enable() -> Result<RunTimeStats> {
+        aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .map(RunTimeStats)
+            .map_err(|e| {
+                anyhow!(
+                    "cannot turn on the kernel's BPF run-time statistics: {}",
+                    one_line(&e)
+                )
+            })
+    }
 }
 
 /// [`ThreadState`] as aya reads it from a map.
@@ -634,7 +738,11 @@ unsafe impl aya::Pod for PodRepairState {}
 /// threads still alive (their trailing losses).
 pub struct KernelBooks {
     counters: PerCpuArray<MapData, u64>,
-    threads: BpfHashMap<MapData, u32, PodThreadState>,
+    /// Threads whose exit record was lost, by thread id.
+    exited: BpfHashMap<MapData, u32, PodThreadState>,
+    /// The loaded `thread_books` task iterator, which writes the state of every live thread
+    /// that has one; `None` for the floor.
+    live: Option<std::os::fd::OwnedFd>,
 }
 
 impl KernelBooks {
@@ -652,9 +760,32 @@ impl KernelBooks {
     }
 
     /// Every thread the kernel side still has state for: threads alive, and threads whose
-    /// exit record was lost.
+    /// exit record was lost and not yet collected.
     pub fn threads(&self) -> Vec<(u32, ThreadState)> {
-        self.threads
+        let mut threads = self.exited();
+        match self.live_threads() {
+            Ok(live) => threads.extend(live.into_iter().map(|s| (s.tid, s))),
+            Err(err) => log::warn!("cannot read the live threads' books: {err:#}"),
+        }
+        threads
+    }
+
+    /// The state of every live thread that has one, as the `thread_books` iterator writes it.
+    fn live_threads(&self) -> Result<Vec<ThreadState>> {
+        use std::io::Read as _;
+        use std::os::fd::AsFd as _;
+        let Some(program) = &self.live else {
+            return Ok(Vec::new());
+        };
+        let mut bytes = Vec::new();
+        crate::kernel::task_iter::for_every_task(program.as_fd())
+            .and_then(|mut iter| iter.read_to_end(&mut bytes))
+            .context("running the thread-books iterator")?;
+        Ok(thread_states(&bytes))
+    }
+
+    fn exited(&self) -> Vec<(u32, ThreadState)> {
+        self.exited
             .iter()
             .filter_map(|r| r.ok())
             .map(|(tid, s)| (tid, s.0))
@@ -664,16 +795,25 @@ impl KernelBooks {
     /// Collects the state of threads that exited while their buffer was full (their exit
     /// record was lost), removing it from the table.
     pub fn take_exited(&mut self) -> Vec<(u32, ThreadState)> {
-        let exited: Vec<(u32, ThreadState)> = self
-            .threads()
-            .into_iter()
-            .filter(|(_, s)| s.exited != 0)
-            .collect();
+        let exited = self.exited();
         for (tid, _) in &exited {
-            let _ = self.threads.remove(tid);
+            let _ = self.exited.remove(tid);
         }
         exited
     }
+}
+
+/// The [`ThreadState`]s in the bytes the `thread_books` iterator wrote, one after another (a
+/// trailing partial record, which the kernel never writes, is ignored).
+fn thread_states(bytes: &[u8]) -> Vec<ThreadState> {
+    bytes
+        .chunks_exact(std::mem::size_of::<ThreadState>())
+        .map(|record| {
+            // SAFETY: `record` holds size_of::<ThreadState>() bytes; ThreadState is plain data
+            // of integers, valid for any bit pattern; the read is unaligned.
+            unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<ThreadState>()) }
+        })
+        .collect()
 }
 
 /// Errors from aya and the verifier can span many lines; our errors are one line.

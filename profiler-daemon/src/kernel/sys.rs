@@ -2,7 +2,7 @@
 //! loads, per-process task iterators), where aya has no API for them.
 use aya_obj::generated::{bpf_attr, bpf_cmd};
 use std::io;
-use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::os::fd::{BorrowedFd, FromRawFd as _, OwnedFd};
 
 /// The `bpf(2)` system call for commands that return a new file descriptor.
 pub(crate) fn sys_bpf_fd(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
@@ -32,4 +32,32 @@ pub(crate) fn sys_bpf_fd(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedF
 /// An error for arguments the kernel could not be given.
 pub(crate) fn invalid(message: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, message.to_owned())
+}
+
+/// What the kernel counted for a program while run-time statistics were on
+/// (`BPF_ENABLE_STATS`): its runs and the nanoseconds they took in all.
+pub(crate) fn program_run_stats(program: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    use aya_obj::generated::bpf_prog_info;
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: plain C structs; all-zero is their "unset" value.
+    let mut info = unsafe { std::mem::zeroed::<bpf_prog_info>() };
+    // SAFETY: as above.
+    let mut attr = unsafe { std::mem::zeroed::<bpf_attr>() };
+    attr.info.bpf_fd = program.as_raw_fd() as u32;
+    attr.info.info_len = std::mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.info = (&raw mut info) as u64;
+    // SAFETY: `attr` is a valid bpf_attr of the size passed, `info` outlives the call and is
+    // as large as `info_len` says.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_long,
+            &raw mut attr,
+            std::mem::size_of::<bpf_attr>(),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((info.run_cnt, info.run_time_ns))
 }

@@ -1,7 +1,8 @@
-//! A task iterator over the threads of one process: `BPF_LINK_CREATE` (`BPF_TRACE_ITER`, with
-//! `bpf_iter_link_info.task.pid`, Linux 6.1+), then `BPF_ITER_CREATE`. aya 0.14 attaches a
-//! task iterator only over every task of the system; `--exits repair` runs one per traced
-//! process, and the keepers of several processes may run theirs at the same time.
+//! Task iterators: `BPF_LINK_CREATE` (`BPF_TRACE_ITER`, with `bpf_iter_link_info.task.pid`
+//! for the threads of one process, Linux 6.1+), then `BPF_ITER_CREATE`. aya 0.14 attaches a
+//! task iterator only over every task of the system, and keeps the link: `--exits repair` runs
+//! one per traced process (the keepers of several processes may run theirs at the same time),
+//! and the daemon's books run one over every task each time it reads them.
 use super::sys::sys_bpf_fd;
 use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd};
 use std::io;
@@ -22,10 +23,22 @@ struct TaskIterInfo {
 /// Attaches the loaded task iterator `program` to the threads of process `pid` and returns
 /// the file whose read runs it once over them (every thread of the process, none other).
 pub fn for_process(program: BorrowedFd<'_>, pid: NonZeroU32) -> io::Result<std::fs::File> {
-    let mut info = TaskIterInfo {
-        pid: pid.get(),
-        ..TaskIterInfo::default()
-    };
+    iterator(
+        program,
+        TaskIterInfo {
+            pid: pid.get(),
+            ..TaskIterInfo::default()
+        },
+    )
+}
+
+/// Attaches the loaded task iterator `program` to every task of the system and returns the
+/// file whose read runs it once over them.
+pub fn for_every_task(program: BorrowedFd<'_>) -> io::Result<std::fs::File> {
+    iterator(program, TaskIterInfo::default())
+}
+
+fn iterator(program: BorrowedFd<'_>, mut info: TaskIterInfo) -> io::Result<std::fs::File> {
     // SAFETY: bpf_attr is a plain C union; all-zero is its documented "unset" value.
     let mut attr = unsafe { std::mem::zeroed::<bpf_attr>() };
     // SAFETY: writing the link_create member of a zeroed union; `info` outlives the call.

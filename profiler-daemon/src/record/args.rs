@@ -77,9 +77,15 @@ pub struct RecordArgs {
     pub floor: bool,
 
     /// Benchmark only: skip parts of the kernel-side work (bits: 1 ring write, 2 thread
-    /// state, 4 clock) to measure what each costs. Traces made with it are wrong.
+    /// state, 4 clock; 8 write by copy, 16 write to per-CPU memory) to measure what each costs. Traces made with it are wrong.
     #[arg(long, hide = true, default_value_t = 0)]
     pub ablate: u32,
+
+    /// Benchmark only: turn on the kernel's BPF run-time statistics for the session and report
+    /// the time each recording program took per run (summary and `session.json`'s
+    /// `kernel_programs`). While on, every BPF program of the system runs a little slower.
+    #[arg(long, hide = true)]
+    pub kernel_stats: bool,
 
     /// Place every probe as its own perf event, even where the kernel has uprobe_multi links
     /// (the fallback path; for tests and benchmarks).

@@ -466,6 +466,10 @@ async fn record(
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     // Handled from here on: one that came meanwhile is delivered now.
     held_signals.release();
+    let kernel_stats = cli
+        .kernel_stats
+        .then(crate::kernel::bpf::RunTimeStats::enable)
+        .transpose()?;
 
     let (exit_tx, mut exit_rx) =
         tokio::sync::oneshot::channel::<Result<(ChildExit, Option<RepairsByThread>)>>();
@@ -593,6 +597,9 @@ async fn record(
     // of them. Disarm, then detach, so that nothing arrives after the last drain and nothing
     // is recorded while the probes go one link at a time; the kernel's books are kept to
     // account for the live threads' last events.
+    if kernel_stats.is_some() {
+        session.set_kernel_programs(probing.tracer.program_costs());
+    }
     if let Err(err) = probing.tracer.set_armed(false) {
         eprintln!("fdr-profiled: warning: {err:#}");
     }

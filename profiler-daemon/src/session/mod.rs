@@ -101,6 +101,8 @@ pub struct Session {
     window: Option<flight::FlightStats>,
     /// `--exits repair`: what the repairs did, by thread id.
     repairs: Option<BTreeMap<u32, summary::RepairStats>>,
+    /// `--kernel-stats`: the time the kernel spent in each recording program.
+    kernel_programs: Vec<crate::kernel::bpf::ProgramCost>,
 }
 
 impl Session {
@@ -132,6 +134,7 @@ impl Session {
             exits,
             window: None,
             repairs: None,
+            kernel_programs: Vec::new(),
         }
     }
 
@@ -152,6 +155,11 @@ impl Session {
     pub fn note_exits(&mut self, note: &str) {
         self.exits.reason.push_str("; ");
         self.exits.reason.push_str(note);
+    }
+
+    /// `--kernel-stats`: the time the kernel spent in each recording program.
+    pub fn set_kernel_programs(&mut self, costs: Vec<crate::kernel::bpf::ProgramCost>) {
+        self.kernel_programs = costs;
     }
 
     /// `--exits repair`: what the repairs did, by thread id, for the threads' reports.
@@ -341,6 +349,7 @@ impl Session {
                 all
             }),
             repair_unrecorded_threads: None,
+            kernel_programs: std::mem::take(&mut self.kernel_programs),
             events: self.events,
             events_lost: 0,
             events_lost_unattributed: self.unattributed_lost + losses.unattributed_lost,

@@ -358,6 +358,9 @@ pub struct SessionReport {
     /// not record (those of the processes a traced one forked, or threads with no traced call).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repair_unrecorded_threads: Option<RepairStats>,
+    /// `--kernel-stats`: the time the kernel spent in each recording program.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernel_programs: Vec<crate::kernel::bpf::ProgramCost>,
     /// Traced processes.
     pub processes: Vec<ProcessReport>,
     /// Functions by total time, longest first.
@@ -401,6 +404,25 @@ impl SessionReport {
             threads
         );
         let _ = writeln!(s, "  exits: {} ({})", self.exits, self.exits_reason);
+        if !self.kernel_programs.is_empty() {
+            let costs: Vec<String> = self
+                .kernel_programs
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} {} runs, {:.1} ns/run",
+                        c.program,
+                        c.runs,
+                        c.ns_per_run()
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "  kernel programs (BPF run-time statistics): {}",
+                costs.join("; ")
+            );
+        }
         let m = &self.exit_methods;
         let _ = writeln!(
             s,

@@ -232,6 +232,30 @@ const CONFIGS: &[Config] = &[
         floor: Some("floor, return probes"),
     },
     Config {
+        name: "return, write by one copy (bpf_ringbuf_output)",
+        workload: Workload::C,
+        tool: Tool::Daemon {
+            exits: Some("return"),
+            floor: false,
+            ablate: 8,
+            functions: None,
+        },
+        calls: 1_000_000,
+        floor: Some("floor, return probes"),
+    },
+    Config {
+        name: "return, ablation: write to per-CPU memory, not the ring",
+        workload: Workload::C,
+        tool: Tool::Daemon {
+            exits: Some("return"),
+            floor: false,
+            ablate: 16,
+            functions: None,
+        },
+        calls: 1_000_000,
+        floor: Some("floor, return probes"),
+    },
+    Config {
         name: "return, ablation: none of the three",
         workload: Workload::C,
         tool: Tool::Daemon {
@@ -366,7 +390,8 @@ pub fn run() -> Result<String> {
             let _ = std::fs::remove_dir_all(&work);
         }
     }
-    let section = table::render(rounds, &machine, &bins, &results);
+    let kernel = kernel_times(&bins, &daemon, &dir);
+    let section = table::render(rounds, &machine, &bins, &results, &kernel);
     let failed: Vec<&str> = CONFIGS
         .iter()
         .zip(&results)
@@ -381,6 +406,87 @@ pub fn run() -> Result<String> {
         );
     }
     Ok(section)
+}
+
+/// The time the kernel spent per run of the recording programs, per configuration of the C
+/// workload in return-probe mode (floor and ablations included): one more run of each with
+/// `--kernel-stats` (BPF run-time statistics on, which the timed rounds leave off: they add
+/// two clock reads to every run). By configuration index: (entry program, return program)
+/// nanoseconds per run, or why not measured.
+pub type KernelTimes = Vec<(usize, Result<(f64, f64), String>)>;
+
+fn kernel_times(bins: &Binaries, daemon: &Path, dir: &Path) -> KernelTimes {
+    CONFIGS
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            c.workload == Workload::C
+                && matches!(
+                    c.tool,
+                    Tool::Daemon {
+                        exits: Some("return"),
+                        functions: None,
+                        ..
+                    }
+                )
+        })
+        .map(|(i, config)| {
+            let work = dir.join(format!("kernel-{i}"));
+            let result = kernel_time(config, bins, daemon, &work).map_err(|e| format!("{e:#}"));
+            let _ = std::fs::remove_dir_all(&work);
+            match &result {
+                Ok((entry, ret)) => eprintln!(
+                    "xtask bench calls: kernel statistics: {}: {entry:.1} / {ret:.1} ns per run",
+                    config.name
+                ),
+                Err(e) => eprintln!(
+                    "xtask bench calls: kernel statistics: {}: failed: {e}",
+                    config.name
+                ),
+            }
+            (i, result)
+        })
+        .collect()
+}
+
+fn kernel_time(config: &Config, bins: &Binaries, daemon: &Path, work: &Path) -> Result<(f64, f64)> {
+    std::fs::create_dir_all(work)?;
+    let (program, mut args) = command(config, bins, daemon, work);
+    args.insert(0, "--kernel-stats".to_owned());
+    let out = run_limited(LIMIT_SECS, &program, &args)?;
+    let line = out
+        .stderr
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("kernel programs (BPF run-time statistics): ")
+        })
+        .with_context(|| {
+            format!(
+                "fdr-profiled reported no kernel program times: {}",
+                last_lines(&out.stderr, 3)
+            )
+        })?;
+    // `NAME RUNS runs, NS ns/run; ...`
+    let per_run = |name: &str| -> Option<f64> {
+        line.split("; ").find_map(|part| {
+            let rest = part.strip_prefix(name)?.strip_prefix(' ')?;
+            rest.split(", ")
+                .nth(1)?
+                .strip_suffix(" ns/run")?
+                .parse()
+                .ok()
+        })
+    };
+    let (entry, ret) = if matches!(config.tool, Tool::Daemon { floor: true, .. }) {
+        ("floor", "floor_return")
+    } else {
+        ("sled", "sled_return")
+    };
+    match (per_run(entry), per_run(ret)) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => bail!("no {entry} and {ret} times in {line:?}"),
+    }
 }
 
 /// Configuration indices in the order of `round`: even rounds run each floor before its traced

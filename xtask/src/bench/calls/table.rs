@@ -15,6 +15,7 @@ pub fn render(
     machine: &str,
     bins: &Binaries,
     results: &[Vec<Result<Measured, String>>],
+    kernel: &super::KernelTimes,
 ) -> String {
     let index = |name: &str| CONFIGS.iter().position(|c| c.name == name);
     let ok = |i: usize| -> Vec<f64> {
@@ -96,6 +97,7 @@ pub fn render(
             values.len()
         );
     }
+    render_kernel_times(&mut s, kernel);
     let _ = writeln!(s, "\nTarget (issue 4): fdr-profiled at most {TARGET_RATIO:.2}x its floor in both exit modes.\n");
     for name in ["fdr-profiled --exits sleds", "fdr-profiled --exits return"] {
         if let Some(i) = index(name) {
@@ -165,4 +167,36 @@ pub fn render(
     }
     let _ = writeln!(s, "```");
     s
+}
+
+/// The table of the kernel's time per program run (see `super::kernel_times`).
+fn render_kernel_times(s: &mut String, kernel: &super::KernelTimes) {
+    if kernel.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nWhere the time goes inside the kernel programs: one more run of each return-probe configuration with `--kernel-stats` (the kernel's BPF run-time statistics, `BPF_ENABLE_STATS`): nanoseconds per run of the entry program and of the return program. The statistics themselves add two clock reads to every run, so the floor's empty programs show their cost; *added* is the configuration's two runs (one call) minus the floor's.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| configuration | entry program, ns/run | return program, ns/run | added per call, ns |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|");
+    let floor = kernel.iter().find_map(|(i, r)| {
+        matches!(CONFIGS[*i].tool, super::Tool::Daemon { floor: true, .. })
+            .then(|| r.as_ref().ok().map(|(a, b)| a + b))
+            .flatten()
+    });
+    for (i, r) in kernel {
+        match r {
+            Ok((a, b)) => {
+                let added = floor.map_or("-".to_owned(), |f| format!("{:.1}", a + b - f));
+                let _ = writeln!(s, "| {} | {a:.1} | {b:.1} | {added} |", CONFIGS[*i].name);
+            }
+            Err(e) => {
+                let _ = writeln!(s, "| {} | failed: {e} | | |", CONFIGS[*i].name);
+            }
+        }
+    }
 }
