@@ -38,37 +38,67 @@ pub struct Event {
 impl Event {
     /// Decodes a ring-buffer record; `None` if it is malformed.
     pub fn from_record(bytes: &[u8]) -> Option<Event> {
-        let header = EventHeader::from_bytes(bytes)?;
-        let body = bytes.get(EventHeader::SIZE..)?;
-        let body = body.get(..header.payload_len as usize)?;
-        let mut event = Event {
-            header,
+        let mut event = Event::empty();
+        event.decode(bytes).then_some(event)
+    }
+
+    /// An event of nothing, to decode records into.
+    fn empty() -> Event {
+        Event {
+            header: EventHeader::default(),
             args: [0; MAX_ARGS],
             nargs: 0,
             data: None,
+        }
+    }
+
+    /// Decodes a ring-buffer record into `self`, as [`Event::from_record`] would build it
+    /// (arguments past `nargs` zero, no payload unless the record has one), reusing its memory:
+    /// the intake decodes every record into one `Event`. False if the record is malformed
+    /// (`self` is then garbage).
+    #[inline]
+    fn decode(&mut self, bytes: &[u8]) -> bool {
+        let Some(header) = EventHeader::from_bytes(bytes) else {
+            return false;
+        };
+        self.header = header;
+        self.data = None;
+        let Some(body) = bytes
+            .get(EventHeader::SIZE..)
+            .and_then(|b| b.get(..header.payload_len as usize))
+        else {
+            return false;
         };
         let kind = SledKind::from_u8(header.kind);
+        if kind == Some(SledKind::LogArgsEntry) {
+            if bytes.len() < core::mem::size_of::<ArgsEvent>() || body.len() % 8 != 0 {
+                return false;
+            }
+            self.args = [0; MAX_ARGS];
+            self.nargs = (body.len() / 8).min(MAX_ARGS);
+            for (arg, chunk) in self.args.iter_mut().zip(body.chunks_exact(8)) {
+                *arg = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            }
+            return true;
+        }
+        if self.nargs != 0 {
+            self.args = [0; MAX_ARGS];
+            self.nargs = 0;
+        }
         if matches!(kind, Some(SledKind::CustomEvent | SledKind::TypedEvent)) {
-            let meta = body.get(..core::mem::size_of::<EventPayload>())?;
-            let size = u64::from_le_bytes(meta[0..8].try_into().ok()?);
-            let event_type = u64::from_le_bytes(meta[8..16].try_into().ok()?);
-            event.data = Some(Box::new(EventData {
+            let Some(meta) = body.get(..core::mem::size_of::<EventPayload>()) else {
+                return false;
+            };
+            let size = u64::from_le_bytes(meta[0..8].try_into().expect("8 bytes"));
+            let event_type = u64::from_le_bytes(meta[8..16].try_into().expect("8 bytes"));
+            self.data = Some(Box::new(EventData {
                 size,
                 event_type,
                 bytes: body[meta.len()..].to_vec(),
             }));
-        } else if kind == Some(SledKind::LogArgsEntry) {
-            if bytes.len() < core::mem::size_of::<ArgsEvent>() || body.len() % 8 != 0 {
-                return None;
-            }
-            event.nargs = (body.len() / 8).min(MAX_ARGS);
-            for (i, chunk) in body.chunks_exact(8).take(MAX_ARGS).enumerate() {
-                event.args[i] = u64::from_le_bytes(chunk.try_into().ok()?);
-            }
-        } else if !body.is_empty() {
-            return None;
+            return true;
         }
-        Some(event)
+        body.is_empty()
     }
 }
 
@@ -142,6 +172,8 @@ impl Intake {
     pub fn drain_some(&mut self, per_ring: u64, mut sink: impl FnMut(&mut Event)) -> (u64, bool) {
         let mut count = 0;
         let mut emptied = true;
+        // Every record is decoded into this one event, where the sink reads it.
+        let mut event = Event::empty();
         for ring in &mut self.rings {
             let mut taken = 0;
             loop {
@@ -153,13 +185,13 @@ impl Intake {
                     break;
                 };
                 taken += 1;
-                match Event::from_record(&item) {
-                    Some(mut event) => {
-                        count += 1;
-                        sink(&mut event);
-                    }
+                if event.decode(&item) {
+                    count += 1;
+                    sink(&mut event);
+                } else {
                     // Cannot happen with our own eBPF object; counted rather than trusted.
-                    None => self.malformed += 1,
+                    self.malformed += 1;
+                    event = Event::empty();
                 }
             }
         }

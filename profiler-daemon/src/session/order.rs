@@ -29,10 +29,15 @@ struct Pending {
 /// Per-thread reordering.
 ///
 /// Events go through by reference: one that is the next of its thread (nearly all of them) is
-/// handed on where it lies; only an event that arrived early is copied, to wait.
+/// handed on where it lies; only an event that arrived early is copied, to wait. A ring holds
+/// runs of one thread's events, so the thread of the last event is found without a lookup.
 #[derive(Default)]
 pub struct Sequencer {
-    threads: FxHashMap<u32, Pending>,
+    /// The threads being ordered, in no particular order; `index` says where each is.
+    threads: Vec<(u32, Pending)>,
+    index: FxHashMap<u32, usize>,
+    /// The thread of the last event pushed, and where it is in `threads`.
+    last: Option<(u32, usize)>,
     stale: u64,
 }
 
@@ -46,8 +51,8 @@ impl Sequencer {
             self.stale += 1;
             return;
         };
-        let tid = h.tid;
-        let pending = self.threads.entry(tid).or_default();
+        let slot = self.slot(h.tid);
+        let pending = &mut self.threads[slot].1;
         if first < pending.next {
             // Only a corrupt record could number an event already delivered.
             self.stale += 1;
@@ -58,7 +63,7 @@ impl Sequencer {
             return;
         }
         if deliver(pending, event, sink) {
-            self.threads.remove(&tid);
+            self.remove(slot);
             return;
         }
         while pending
@@ -70,10 +75,36 @@ impl Sequencer {
                 break;
             };
             if deliver(pending, &mut event, sink) {
-                self.threads.remove(&tid);
+                self.remove(slot);
                 return;
             }
         }
+    }
+
+    /// Where thread `tid` is in `threads`, adding it if it is new.
+    #[inline]
+    fn slot(&mut self, tid: u32) -> usize {
+        if let Some((last, slot)) = self.last {
+            if last == tid {
+                return slot;
+            }
+        }
+        let slot = *self.index.entry(tid).or_insert_with(|| {
+            self.threads.push((tid, Pending::default()));
+            self.threads.len() - 1
+        });
+        self.last = Some((tid, slot));
+        slot
+    }
+
+    /// Forgets the thread at `slot` (it ended).
+    fn remove(&mut self, slot: usize) {
+        let (tid, _) = self.threads.swap_remove(slot);
+        self.index.remove(&tid);
+        if let Some(&(moved, _)) = self.threads.get(slot) {
+            self.index.insert(moved, slot);
+        }
+        self.last = None;
     }
 
     /// Ends threads from their kernel-side books (threads whose exit record was lost, or all
@@ -110,6 +141,8 @@ impl Sequencer {
         sink: &mut impl FnMut(&mut Event, Option<Gap>),
     ) {
         self.end_threads(live, sink);
+        self.index.clear();
+        self.last = None;
         for (_, mut pending) in std::mem::take(&mut self.threads) {
             while let Some((first, mut event)) = pending.waiting.pop_first() {
                 let missing = first - pending.next;
