@@ -40,6 +40,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     EbpfContext,
 };
+use aya_log_ebpf::{error, warn};
 use core::ffi::c_void;
 use profiler_common::{
     ablate, counter, event_flags, event_kind, repair_state, ArgsEvent, Cookie, EventHeader,
@@ -415,6 +416,13 @@ fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, &'static mut ThreadState)
     let Some(state) = thread_state(create) else {
         if create {
             count(counter::NO_THREAD_STATE, 1);
+            // Rare (the kernel could not allocate the state, or another BPF program held the
+            // storage lock on this CPU): never on the path of an event that is recorded.
+            warn!(
+                &(),
+                "thread {} has no per-thread state: its event is lost (counted unattributed)",
+                bpf_get_current_pid_tgid() as u32
+            );
         }
         return None;
     };
@@ -495,6 +503,13 @@ fn write_event(ctx: &ProbeContext, ring: *mut c_void, mut h: EventHeader, cookie
             ) != 0
         {
             h.flags |= event_flags::UNREADABLE;
+            warn!(
+                &(),
+                "thread {}: the payload of a custom event ({} bytes at {:x}) could not be read: written without it",
+                h.tid,
+                n,
+                ptr
+            );
             n = 0;
         }
         h.payload_len = (core::mem::size_of::<EventPayload>() as u64 + n) as u32;
@@ -505,6 +520,13 @@ fn write_event(ctx: &ProbeContext, ring: *mut c_void, mut h: EventHeader, cookie
         );
         let len = (PAYLOAD_AT as u64 + n) & 0xffff;
         if len > SCRATCH_BYTES as u64 {
+            error!(
+                &(),
+                "thread {}: a custom event record of {} bytes is larger than the {} the programs allow: lost (counted)",
+                h.tid,
+                len,
+                SCRATCH_BYTES
+            );
             return false;
         }
         bpf_ringbuf_output(ring, base as *mut c_void, len, submit_flags(ring, h.seq)) == 0
@@ -668,6 +690,12 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
     }
     r.signal = stop_signal(task);
     if REPAIRS.insert(&tid, &*r, 0).is_err() {
+        error!(
+            &(),
+            "thread {}: no room to record a throw's {} hooked frames: the stack is not repaired",
+            tid,
+            r.frames
+        );
         return 0;
     }
     send_signal(r.signal);
@@ -822,6 +850,11 @@ pub fn process_start(ctx: ProbeContext) -> u32 {
     let binary = Cookie::decode(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }).function_id;
     if STARTED.push(&((u64::from(binary) << 32) | pid), 0).is_err() {
         count(counter::PROCESSES_UNSEEN, 1);
+        warn!(
+            &(),
+            "process {} started running a traced binary while the start queue was full: not traced (counted)",
+            pid
+        );
     }
     0
 }

@@ -263,3 +263,41 @@ fn typed_events_in_both_versions() {
         }
     }
 }
+
+/// A custom event whose payload cannot be read (its pointer names no mapped memory): written
+/// without payload and counted as unreadable, and with `-v` the kernel program's report of it
+/// (aya-log) is shown, once per event, naming the thread, the size and the address; without
+/// `-v` nothing is shown and the count is the same.
+#[test]
+fn unreadable_payloads_are_counted_and_reported_with_verbose() {
+    const UNREADABLE: u64 = 3;
+    let n = UNREADABLE.to_string();
+    for verbose in [true, false] {
+        let daemon_args: &[&str] = if verbose { &["-v"] } else { &[] };
+        let run = launch(
+            &format!("events-unreadable-{verbose}"),
+            &events_fixture(),
+            daemon_args,
+            &["--iterations", "2", "--unreadable", &n],
+            TIMEOUT,
+        );
+        assert!(run
+            .done
+            .stdout
+            .lines()
+            .any(|l| l == format!("unreadable events={UNREADABLE}")));
+        let pid = run.pid();
+        assert_eq!(run.thread_u64("unreadable_events")[&pid], UNREADABLE);
+        assert_eq!(run.session_u64("events_lost"), 0);
+        let want = format!(
+            "fdr-profiled: kernel: warn: thread {pid}: the payload of a custom event (16 bytes at 10) could not be read: written without it"
+        );
+        let shown = run.done.stderr.lines().filter(|l| *l == want).count() as u64;
+        assert_eq!(
+            shown,
+            if verbose { UNREADABLE } else { 0 },
+            "-v {verbose}: {want:?} in:\n{}",
+            run.done.stderr
+        );
+    }
+}

@@ -355,7 +355,7 @@ fn map_ids(prog: BorrowedFd<'_>) -> Vec<u32> {
 #[test]
 fn object_programs_load_for_uprobe_multi_sharing_maps() {
     let object = profiler_daemon::kernel::bpf::EBPF_OBJECT;
-    let mut ebpf = aya::EbpfLoader::new()
+    let mut ebpf = profiler_daemon::kernel::bpf::object_loader()
         .load(object)
         .expect("load the eBPF object");
     let names: Vec<String> = ebpf

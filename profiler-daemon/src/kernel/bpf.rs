@@ -20,6 +20,14 @@ use std::path::Path;
 /// `uprobe_multi::MultiProgram::load` and its tests).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 
+/// A loader for [`EBPF_OBJECT`]: the per-thread state is task storage, which aya 0.14 creates
+/// but has no type for (it must be told to accept such maps).
+pub fn object_loader() -> EbpfLoader<'static> {
+    let mut loader = EbpfLoader::new();
+    loader.allow_unsupported_maps();
+    loader
+}
+
 /// `BPF_MAP_TYPE_RINGBUF` (uapi value).
 const BPF_MAP_TYPE_RINGBUF: u32 = 27;
 
@@ -42,6 +50,9 @@ pub struct LoadOptions {
     /// `--exits repair`: where the kernel keeps a thread's return-probe instances and its
     /// signal handlers.
     pub repair: Option<crate::kernel::btf::RepairOffsets>,
+    /// Show the programs' reports of rare anomalies (aya-log; see [`Tracer::show_kernel_log`]).
+    /// Off, the programs skip them.
+    pub kernel_log: bool,
 }
 
 /// The loaded programs and maps. Dropping it detaches every probe.
@@ -55,6 +66,8 @@ pub struct Tracer {
     rings: Vec<RingBuf<MapData>>,
     /// What was placed since the last [`Tracer::take_attachment`].
     attachment: Attachment,
+    /// The programs' anomaly reports (`LoadOptions::kernel_log`).
+    kernel_log: Option<aya_log::EbpfLogger<KernelLog>>,
 }
 
 /// A set of placed probes that can be removed again on their own (a service target that a
@@ -114,9 +127,12 @@ impl Tracer {
         let exit_code_offset = crate::kernel::btf::task_exit_code_offset().unwrap_or(0);
         let offsets = options.repair.unwrap_or_default();
         let trampoline = crate::kernel::btf::trampoline_offsets().unwrap_or_default();
-        let mut ebpf = EbpfLoader::new()
-            // The per-thread state is task storage, which aya 0.14 creates but has no type for.
-            .allow_unsupported_maps()
+        let kernel_log_level: u8 = if options.kernel_log {
+            aya_log::Level::Warn as u8
+        } else {
+            0
+        };
+        let mut ebpf = object_loader()
             .override_global(globals::TASK_MM_OFFSET, &trampoline.task_mm, true)
             .override_global(globals::MM_XOL_AREA_OFFSET, &trampoline.mm_xol_area, true)
             .override_global(globals::XOL_VADDR_OFFSET, &trampoline.xol_vaddr, true)
@@ -143,6 +159,7 @@ impl Tracer {
             .override_global(globals::WAKEUP_BYTES, &wakeup, true)
             .override_global(globals::EXIT_CODE_OFFSET, &exit_code_offset, true)
             .override_global(globals::ABLATE, &options.ablate, true)
+            .override_global(KERNEL_LOG_LEVEL, &kernel_log_level, true)
             .map_max_entries(RINGS_MAP, cpus)
             .load(EBPF_OBJECT)
             .map_err(|e| anyhow!("loading the eBPF programs failed: {}", one_line(&e)))?;
@@ -231,7 +248,18 @@ impl Tracer {
                 )
             })?;
         }
+        // After the uprobe_multi loads, which take every map from `ebpf`: the logger takes
+        // its ring buffer out.
+        let kernel_log = if options.kernel_log {
+            Some(
+                aya_log::EbpfLogger::init_with_logger(&mut ebpf, KernelLog)
+                    .map_err(|e| anyhow!("reading the programs' log: {}", one_line(&e)))?,
+            )
+        } else {
+            None
+        };
         Ok(Tracer {
+            kernel_log,
             attachment: Attachment::default(),
             links: Vec::new(),
             multi,
@@ -640,6 +668,14 @@ impl Tracer {
         costs
     }
 
+    /// Writes the anomalies the programs reported since the last call (`LoadOptions::kernel_log`)
+    /// to standard error. Cheap when there are none (a look at the log's ring, no system call).
+    pub fn show_kernel_log(&mut self) {
+        if let Some(log) = &mut self.kernel_log {
+            log.flush();
+        }
+    }
+
     /// Takes the per-CPU ring buffers out (the reader owns them from then on).
     pub fn take_rings(&mut self) -> Vec<RingBuf<MapData>> {
         std::mem::take(&mut self.rings)
@@ -681,6 +717,28 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
         .program_mut(name)
         .with_context(|| format!("the eBPF object has no {name} program"))?
         .try_into()?)
+}
+
+/// aya-log's global in the eBPF object: the most verbose level the programs report at (0: none).
+const KERNEL_LOG_LEVEL: &str = "AYA_LOG_LEVEL";
+
+/// Where the programs' anomaly reports go: standard error, one line each.
+pub struct KernelLog;
+
+impl log::Log for KernelLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        eprintln!(
+            "fdr-profiled: kernel: {}: {}",
+            record.level().as_str().to_lowercase(),
+            record.args()
+        );
+    }
+
+    fn flush(&self) {}
 }
 
 /// The time the kernel spent running one program (`--kernel-stats`).

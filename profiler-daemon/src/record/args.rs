@@ -72,6 +72,13 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_report: bool,
 
+    /// Show the rare anomalies the kernel-side programs report as they happen (an event whose
+    /// thread state could not be created, a custom event payload that could not be read, a
+    /// throw that could not be repaired...), one `fdr-profiled: kernel:` line each. Every loss
+    /// they cause is counted in the summary either way.
+    #[arg(short, long)]
+    pub verbose: bool,
+
     /// Benchmark baseline: attach empty programs on the same probes and record nothing.
     #[arg(long, hide = true)]
     pub floor: bool,

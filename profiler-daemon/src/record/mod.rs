@@ -125,6 +125,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         ablate: cli.ablate,
         perf_events_only: cli.no_uprobe_multi,
         repair: repair.as_ref().map(|r| r.offsets),
+        kernel_log: cli.verbose,
     })?;
     let out = OutputDir::create_root(&cli.out_dir())?;
 
@@ -539,6 +540,7 @@ async fn record(
         tokio::select! {
             _ = drain.tick() => {
                 intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| session.record(e, g)));
+                probing.tracer.show_kernel_log();
                 if last_flush.elapsed() >= FLUSH_INTERVAL {
                     // Threads that exited with a full buffer: their books are in the table.
                     // Their last events are in the buffers before their books are taken: they
@@ -597,6 +599,7 @@ async fn record(
     // of them. Disarm, then detach, so that nothing arrives after the last drain and nothing
     // is recorded while the probes go one link at a time; the kernel's books are kept to
     // account for the live threads' last events.
+    probing.tracer.show_kernel_log();
     if kernel_stats.is_some() {
         session.set_kernel_programs(probing.tracer.program_costs());
     }

@@ -111,6 +111,8 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
             .then(crate::kernel::btf::repair_offsets)
             .transpose()
             .map_err(|why| anyhow::anyhow!("exits = \"repair\": {why}"))?,
+        // The programs' rare anomalies go to the journal with the service's other warnings.
+        kernel_log: true,
     })?;
     let mut targets = Vec::new();
     let mut tags = Tags::default();
@@ -686,6 +688,7 @@ async fn serve(
         tokio::select! {
             _ = drain.tick() => {
                 intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                svc.tracer.show_kernel_log();
                 look_at_repaired(svc);
                 look_at_processes(svc, &mut router, false);
                 for crash in router.crashes_due() {

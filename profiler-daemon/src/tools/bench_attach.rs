@@ -9,7 +9,6 @@ use crate::plan::AttachPlan;
 use anyhow::{anyhow, Context as _, Result};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::UProbe;
-use aya::EbpfLoader;
 use profiler_common::SLED_PROGRAM;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -41,7 +40,7 @@ pub fn run(args: &BenchAttachArgs) -> Result<u8> {
     let plan = AttachPlan::for_binary(&args.binary)?;
     let count = args.limit.unwrap_or(usize::MAX).min(plan.probes.len());
     let probes = &plan.probes[..count];
-    let mut ebpf = EbpfLoader::new()
+    let mut ebpf = crate::kernel::bpf::object_loader()
         .load(EBPF_OBJECT)
         .map_err(|e| anyhow!("loading the eBPF object: {e}"))?;
     let (attach, fds, detach) = match args.mode {
