@@ -5,10 +5,16 @@
 //! finds its buffer half full and wakes us (`BPF_RB_FORCE_WAKEUP`); [`Intake::wakeup`] resolves
 //! then. Each buffer holds one CPU's events in the order they happened there; putting a
 //! thread's events back in program order across CPUs is [`crate::session::order`]'s job.
-use anyhow::{Context as _, Result};
+//!
+//! The rings are read through a mapping of our own ([`Ring`]), not aya's item by item API: a
+//! drain reads the producer position once, decodes the records in place, and gives their space
+//! back every [`RELEASE_EVERY`] records, which at a million events a second is most of what the
+//! daemon's intake costs.
+use anyhow::{bail, Context as _, Result};
 use aya::maps::{MapData, RingBuf};
 use profiler_common::{ArgsEvent, EventHeader, EventPayload, SledKind, MAX_ARGS};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use tokio::io::unix::AsyncFd;
 
 /// The payload of a custom or typed event.
@@ -107,9 +113,213 @@ impl Event {
 /// drains even when the programs write faster than the daemon reads.
 pub const DRAIN_BUDGET: u64 = 1 << 16;
 
+/// Records read from a ring before their space is given back to the programs (and at the end
+/// of every drain): the kernel sees the consumer move in steps of at most this many records.
+const RELEASE_EVERY: u32 = 64;
+
+// The kernel's ring-buffer record header (include/uapi/linux/bpf.h): a u32 length whose top
+// two bits say the record is still being written or was discarded, then a u32 page offset.
+const BPF_RINGBUF_BUSY_BIT: u32 = 1 << 31;
+const BPF_RINGBUF_DISCARD_BIT: u32 = 1 << 30;
+const BPF_RINGBUF_HDR_SZ: u64 = 8;
+
+/// One BPF ring buffer, mapped for reading as libbpf does: the consumer page read-write, the
+/// producer page and the data pages (mapped twice in a row by the kernel, so a record that
+/// wraps around the end is contiguous) read-only.
+struct Ring {
+    /// Aya's handle: owns the map's descriptor (its own mappings are not used).
+    map: RingBuf<MapData>,
+    consumer: *mut u8,
+    producer: *const u8,
+    /// Data pages: `2 * (mask + 1)` bytes.
+    data: *const u8,
+    mask: u64,
+    page: usize,
+}
+
+// SAFETY: the pointers are to shared mappings owned by this value (unmapped in Drop), usable
+// from any thread; only `&mut self` methods read or move the consumer position.
+unsafe impl Send for Ring {}
+
+impl Ring {
+    fn new(map: RingBuf<MapData>) -> Result<Ring> {
+        let fd = map.as_raw_fd();
+        let size = u64::from(ring_size(fd).context("reading the ring buffer's size")?);
+        if !size.is_power_of_two() {
+            bail!("ring buffer of {size} bytes: not a power of two");
+        }
+        // SAFETY: sysconf has no preconditions.
+        let page =
+            usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).context("page size")?;
+        // SAFETY: a fresh mapping of the map's consumer page, checked below; the kernel allows
+        // it writable.
+        let consumer = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if consumer == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mapping a ring's consumer page");
+        }
+        let len = page + 2 * size as usize;
+        // SAFETY: a fresh read-only mapping of the producer page and the doubled data pages.
+        let producer = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                page as libc::off_t,
+            )
+        };
+        if producer == libc::MAP_FAILED {
+            let err = std::io::Error::last_os_error();
+            // SAFETY: mapped just above, used by nothing.
+            unsafe { libc::munmap(consumer, page) };
+            return Err(err).context("mapping a ring's data pages");
+        }
+        Ok(Ring {
+            map,
+            consumer: consumer.cast(),
+            producer: producer.cast(),
+            // SAFETY: within the mapping of `len` bytes.
+            data: unsafe { producer.cast::<u8>().add(page) },
+            mask: size - 1,
+            page,
+        })
+    }
+
+    fn consumer_pos(&self) -> &AtomicU64 {
+        // SAFETY: the consumer position is the first, 8-byte aligned word of its page.
+        unsafe { &*self.consumer.cast::<AtomicU64>() }
+    }
+
+    fn producer_pos(&self) -> &AtomicU64 {
+        // SAFETY: the producer position is the first, 8-byte aligned word of its page.
+        unsafe { &*self.producer.cast::<AtomicU64>() }
+    }
+
+    /// Hands at most `limit` records to `f`, in order; returns how many. Stops early at the
+    /// first record still being written. Discarded records are skipped (not counted).
+    #[inline]
+    fn read(&mut self, limit: u64, mut f: impl FnMut(&[u8])) -> u64 {
+        let mut cons = self.consumer_pos().load(Ordering::Relaxed);
+        // Pairs with the kernel's release store: the headers up to it are visible.
+        let mut prod = self.producer_pos().load(Ordering::Acquire);
+        let mut taken = 0;
+        let mut unreleased = 0;
+        while taken < limit {
+            if cons == prod {
+                prod = self.producer_pos().load(Ordering::Acquire);
+                if cons == prod {
+                    break;
+                }
+            }
+            let offset = (cons & self.mask) as usize;
+            // SAFETY: `offset` is within the data pages and 8-byte aligned (records are).
+            let header = unsafe { &*self.data.add(offset).cast::<AtomicU32>() };
+            // Pairs with the kernel's commit (an xchg): the record's bytes are visible.
+            let header = header.load(Ordering::Acquire);
+            if header & BPF_RINGBUF_BUSY_BIT != 0 {
+                break;
+            }
+            let len = header & !(BPF_RINGBUF_BUSY_BIT | BPF_RINGBUF_DISCARD_BIT);
+            if u64::from(len) > self.mask {
+                // Only a corrupted ring could say so; stop rather than read past the pages.
+                break;
+            }
+            if header & BPF_RINGBUF_DISCARD_BIT == 0 {
+                // SAFETY: the record lies within the doubled data pages (offset < size and
+                // len <= size), and the kernel does not reuse it before we release it below.
+                let record = unsafe {
+                    std::slice::from_raw_parts(
+                        self.data.add(offset + BPF_RINGBUF_HDR_SZ as usize),
+                        len as usize,
+                    )
+                };
+                f(record);
+                taken += 1;
+            }
+            cons += (u64::from(len) + BPF_RINGBUF_HDR_SZ + 7) & !7;
+            unreleased += 1;
+            if unreleased == RELEASE_EVERY {
+                self.consumer_pos().store(cons, Ordering::Release);
+                unreleased = 0;
+            }
+        }
+        self.consumer_pos().store(cons, Ordering::Release);
+        // As aya does when it catches up: either a later look at the producer sees a record
+        // committed meanwhile, or its producer sees our position and can wake us.
+        fence(Ordering::SeqCst);
+        taken
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: both mappings were made in `Ring::new` with these lengths and nothing refers
+        // to them once the ring is dropped.
+        unsafe {
+            libc::munmap(self.consumer.cast(), self.page);
+            libc::munmap(
+                self.producer.cast_mut().cast(),
+                self.page + 2 * (self.mask as usize + 1),
+            );
+        }
+    }
+}
+
+/// A ring buffer map's data size (`max_entries`), from the kernel.
+fn ring_size(fd: RawFd) -> std::io::Result<u32> {
+    // The head of `struct bpf_map_info`; the kernel fills at most `info_len` bytes.
+    #[repr(C)]
+    #[derive(Default)]
+    struct MapInfo {
+        map_type: u32,
+        id: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+    }
+    // `attr.info` of BPF_OBJ_GET_INFO_BY_FD.
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    let mut info = MapInfo::default();
+    let mut attr = InfoAttr {
+        bpf_fd: fd as u32,
+        info_len: std::mem::size_of::<MapInfo>() as u32,
+        info: &mut info as *mut MapInfo as u64,
+    };
+    // SAFETY: `attr` and `info` are valid for the call; the kernel writes at most `info_len`
+    // bytes into `info`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr as *mut InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(info.max_entries)
+}
+
 /// The reading end of the kernel → daemon event path.
 pub struct Intake {
-    rings: Vec<RingBuf<MapData>>,
+    rings: Vec<Ring>,
     /// An epoll instance watching every ring (edge-triggered), registered with tokio: readable
     /// when a program forced a wakeup.
     wakeups: AsyncFd<OwnedFd>,
@@ -119,6 +329,10 @@ pub struct Intake {
 impl Intake {
     /// Takes over the per-CPU rings. Needs a tokio runtime with I/O enabled.
     pub fn new(rings: Vec<RingBuf<MapData>>) -> Result<Intake> {
+        let rings = rings
+            .into_iter()
+            .map(Ring::new)
+            .collect::<Result<Vec<_>>>()?;
         // SAFETY: epoll_create1 has no preconditions; the result is checked.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if fd < 0 {
@@ -136,7 +350,7 @@ impl Intake {
                 libc::epoll_ctl(
                     epoll.as_raw_fd(),
                     libc::EPOLL_CTL_ADD,
-                    ring.as_raw_fd(),
+                    ring.map.as_raw_fd(),
                     &mut ev,
                 )
             };
@@ -174,25 +388,20 @@ impl Intake {
         let mut emptied = true;
         // Every record is decoded into this one event, where the sink reads it.
         let mut event = Event::empty();
+        let malformed = &mut self.malformed;
         for ring in &mut self.rings {
-            let mut taken = 0;
-            loop {
-                if taken == per_ring {
-                    emptied = false;
-                    break;
-                }
-                let Some(item) = ring.next() else {
-                    break;
-                };
-                taken += 1;
-                if event.decode(&item) {
+            let taken = ring.read(per_ring, |record| {
+                if event.decode(record) {
                     count += 1;
                     sink(&mut event);
                 } else {
                     // Cannot happen with our own eBPF object; counted rather than trusted.
-                    self.malformed += 1;
+                    *malformed += 1;
                     event = Event::empty();
                 }
+            });
+            if taken == per_ring {
+                emptied = false;
             }
         }
         (count, emptied)
