@@ -125,10 +125,11 @@ const BPF_RINGBUF_HDR_SZ: u64 = 8;
 
 /// One BPF ring buffer, mapped for reading as libbpf does: the consumer page read-write, the
 /// producer page and the data pages (mapped twice in a row by the kernel, so a record that
-/// wraps around the end is contiguous) read-only.
+/// wraps around the end is contiguous) read-only. Aya's handle is dropped once the map is
+/// mapped here: its own mappings of the same pages would count twice in the resident size.
 struct Ring {
-    /// Aya's handle: owns the map's descriptor (its own mappings are not used).
-    map: RingBuf<MapData>,
+    /// The map (a duplicate of the descriptor aya had).
+    fd: OwnedFd,
     consumer: *mut u8,
     producer: *const u8,
     /// Data pages: `2 * (mask + 1)` bytes.
@@ -143,7 +144,15 @@ unsafe impl Send for Ring {}
 
 impl Ring {
     fn new(map: RingBuf<MapData>) -> Result<Ring> {
-        let fd = map.as_raw_fd();
+        // SAFETY: F_DUPFD_CLOEXEC on an open descriptor; the result is checked.
+        let dup = unsafe { libc::fcntl(map.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(std::io::Error::last_os_error()).context("duplicating a ring's descriptor");
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+        drop(map);
+        let fd = owned.as_raw_fd();
         let size = u64::from(ring_size(fd).context("reading the ring buffer's size")?);
         if !size.is_power_of_two() {
             bail!("ring buffer of {size} bytes: not a power of two");
@@ -185,7 +194,7 @@ impl Ring {
             return Err(err).context("mapping a ring's data pages");
         }
         Ok(Ring {
-            map,
+            fd: owned,
             consumer: consumer.cast(),
             producer: producer.cast(),
             // SAFETY: within the mapping of `len` bytes.
@@ -350,7 +359,7 @@ impl Intake {
                 libc::epoll_ctl(
                     epoll.as_raw_fd(),
                     libc::EPOLL_CTL_ADD,
-                    ring.map.as_raw_fd(),
+                    ring.fd.as_raw_fd(),
                     &mut ev,
                 )
             };
