@@ -6,11 +6,19 @@ use btf_rs::{Btf, Type};
 /// Where the kernel describes its types.
 const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
+/// The kernel's BTF, read whole and parsed from memory: `Btf::from_file` parses through a
+/// `BufReader` that asks the file for its position (an `lseek` on sysfs) for every type, which
+/// made reading it most of the daemon's start-up.
+fn vmlinux() -> Result<Btf, String> {
+    let bytes = std::fs::read(VMLINUX_BTF).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))?;
+    Btf::from_bytes(&bytes).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))
+}
+
 /// Byte offset of `exit_code` in `struct task_struct`: how a thread's end tells that its
 /// process died of a signal. `None` when the kernel has no BTF or the field is not where it is
 /// expected (a top-level, byte-aligned member).
 pub fn task_exit_code_offset() -> Option<u32> {
-    let btf = Btf::from_file(VMLINUX_BTF).ok()?;
+    let btf = vmlinux().ok()?;
     member_offset(&btf, "task_struct", "exit_code")
 }
 
@@ -41,7 +49,7 @@ pub struct RepairOffsets {
 
 /// The offsets `--exits repair` needs, or which one this kernel's BTF lacks.
 pub fn repair_offsets() -> Result<RepairOffsets, String> {
-    let btf = Btf::from_file(VMLINUX_BTF).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))?;
+    let btf = vmlinux()?;
     let find = |ty: &str, member: &str| {
         member_offset(&btf, ty, member)
             .ok_or_else(|| format!("the kernel's BTF has no {ty}.{member}"))
@@ -74,7 +82,7 @@ pub struct TrampolineOffsets {
 
 /// [`TrampolineOffsets`] from this kernel's BTF; `None` when one is missing.
 pub fn trampoline_offsets() -> Option<TrampolineOffsets> {
-    let btf = Btf::from_file(VMLINUX_BTF).ok()?;
+    let btf = vmlinux().ok()?;
     Some(TrampolineOffsets {
         task_mm: member_offset(&btf, "task_struct", "mm")?,
         mm_xol_area: member_offset(&btf, "mm_struct", "uprobes_state")?
