@@ -301,6 +301,12 @@ pub const MAX_EVENT_BYTES: u32 = 16 << 10;
 /// Default payload bytes kept per custom/typed event.
 pub const DEFAULT_MAX_EVENT_BYTES: u32 = 4096;
 
+/// A thread with more calls beyond the kernel's limit of pending return probes
+/// ([`MAX_RETURN_PROBE_DEPTH`]) than any recursion keeps: the kernel is stuck at its limit (the
+/// return probes of frames an exception left are dropped only when a traced caller returns, and
+/// none may), and the daemon observes the process's exits by their sleds from then on.
+pub const STUCK_BEYOND_RETURN_LIMIT: u32 = 4096;
+
 /// Name of the array of per-CPU ring buffers (index = CPU) the programs write events into.
 pub const RINGS_MAP: &str = "RINGS";
 /// Name of the per-thread state map ([`ThreadState`] in task storage).
@@ -335,8 +341,12 @@ pub mod counter {
     /// `--exits repair --attach`: processes that started running the traced binary while the
     /// queue that names them to the daemon was full (not traced).
     pub const PROCESSES_UNSEEN: u32 = 4;
+    /// Times a thread's calls beyond the kernel's return-probe depth reached
+    /// [`super::STUCK_BEYOND_RETURN_LIMIT`]: only then does the daemon read the threads' books
+    /// to find the stuck one (reading them walks every task of the system).
+    pub const BEYOND_RETURN_LIMIT: u32 = 5;
     /// Number of counters.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 /// Name of the program attached (as a uprobe) to every sled.
 pub const SLED_PROGRAM: &str = "sled";

@@ -45,7 +45,7 @@ use core::ffi::c_void;
 use profiler_common::{
     ablate, counter, event_flags, event_kind, repair_state, ArgsEvent, Cookie, EventHeader,
     EventPayload, RepairState, SledKind, ThreadState, MAX_ARGS, MAX_EVENT_BYTES, MAX_REPAIR_FRAMES,
-    MAX_RETURN_PROBE_DEPTH, STOP_SIGNALS,
+    MAX_RETURN_PROBE_DEPTH, STOP_SIGNALS, STUCK_BEYOND_RETURN_LIMIT,
 };
 use task_storage::TaskStorage;
 
@@ -295,6 +295,9 @@ fn account_call(state: &mut ThreadState, cookie: &Cookie, slot: u64) -> u8 {
         // The kernel checks its depth limit before it drops dead instances.
         if state.returns_pending >= MAX_RETURN_PROBE_DEPTH {
             state.beyond_return_depth += 1;
+            if state.beyond_return_depth == STUCK_BEYOND_RETURN_LIMIT + 1 {
+                count(counter::BEYOND_RETURN_LIMIT, 1);
+            }
             return event_flags::NO_RETURN;
         }
         drop_dead_returns::<true>(state, slot);

@@ -901,3 +901,44 @@ fn raise_memlock_limit() {
     // SAFETY: valid pointer to an initialised rlimit.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes_of(s: &ThreadState) -> &[u8] {
+        // SAFETY: ThreadState is plain data without padding.
+        unsafe {
+            std::slice::from_raw_parts(
+                (s as *const ThreadState).cast::<u8>(),
+                std::mem::size_of::<ThreadState>(),
+            )
+        }
+    }
+
+    /// The iterator's output is whole states one after another, at any alignment; a partial
+    /// one at the end (never written by the kernel) is not made up into a state.
+    #[test]
+    fn thread_states_reads_whole_records_only() {
+        let a = ThreadState {
+            seq: 7,
+            gap_lost: 2,
+            tid: 11,
+            pid: 10,
+            ..ThreadState::default()
+        };
+        let b = ThreadState {
+            seq: 9,
+            lost: 3,
+            tid: 12,
+            pid: 10,
+            ..ThreadState::default()
+        };
+        let mut bytes = vec![0u8]; // misaligned start
+        bytes.extend_from_slice(bytes_of(&a));
+        bytes.extend_from_slice(bytes_of(&b));
+        bytes.extend_from_slice(&bytes_of(&a)[..100]);
+        assert_eq!(thread_states(&bytes[1..]), vec![a, b]);
+        assert!(thread_states(&bytes[1..50]).is_empty());
+    }
+}

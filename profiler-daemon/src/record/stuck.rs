@@ -6,10 +6,7 @@ use crate::kernel::bpf::KernelBooks;
 use crate::session::Session;
 use std::time::Duration;
 
-/// A thread with more frames open beyond the kernel's limit of 64 pending return probes than
-/// any recursion keeps: the kernel is stuck at its limit (the return probes of frames an
-/// exception left are dropped only when a traced caller returns, and none will).
-pub const STUCK_BEYOND_RETURN_LIMIT: u32 = 4096;
+pub use profiler_common::STUCK_BEYOND_RETURN_LIMIT;
 /// How often threads are checked for that (reading the kernel's per-thread table).
 pub const STUCK_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -29,8 +26,12 @@ pub fn stuck_thread(
     let of_process = |tid: u32| {
         process.is_none_or(|pid| std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists())
     };
-    books
-        .threads()
+    // The programs count each thread that reaches the limit: the books (a walk over every task
+    // of the system) are read only once one has.
+    let reached = books.counter(profiler_common::counter::BEYOND_RETURN_LIMIT) > 0;
+    reached
+        .then(|| books.threads())
+        .unwrap_or_default()
         .into_iter()
         .find(|&(tid, s)| s.beyond_return_depth > STUCK_BEYOND_RETURN_LIMIT && of_process(tid))
         .map(|(tid, s)| (tid, u64::from(s.beyond_return_depth)))
