@@ -268,10 +268,14 @@ fn a_thread_stuck_at_the_return_probe_limit_turns_the_process_to_exit_sleds() {
             .filter(|l| l.contains(what) && l.ends_with(&format!(" {function}")))
             .count()
     };
-    assert_eq!(
-        count("<Function Exit", "sv_leaf_a"),
-        0,
-        "closed by the recorder"
+    // The daemon looks for a stuck thread every 100 ms: the switch may land while 'a' still
+    // runs (about 15 ms), but not before 4,096 of its calls passed the limit. The calls
+    // before it were closed by the recorder (no exit record), those after have their exit
+    // sleds' exits.
+    let a_exits = count("<Function Exit", "sv_leaf_a");
+    assert!(
+        a_exits <= 20_000 - profiler_common::STUCK_BEYOND_RETURN_LIMIT as usize,
+        "{a_exits} of sv_leaf_a's exits not closed by the recorder"
     );
     assert_eq!(
         count("<Function Exit", "sv_leaf_b"),
