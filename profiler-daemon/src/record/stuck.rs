@@ -29,9 +29,8 @@ pub fn stuck_thread(
     // The programs count each thread that reaches the limit: the books (a walk over every task
     // of the system) are read only once one has.
     let reached = books.counter(profiler_common::counter::BEYOND_RETURN_LIMIT) > 0;
-    reached
-        .then(|| books.threads())
-        .unwrap_or_default()
+    let threads = if reached { books.threads() } else { Vec::new() };
+    threads
         .into_iter()
         .find(|&(tid, s)| s.beyond_return_depth > STUCK_BEYOND_RETURN_LIMIT && of_process(tid))
         .map(|(tid, s)| (tid, u64::from(s.beyond_return_depth)))
