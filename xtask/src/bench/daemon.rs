@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 /// Seconds of recording, unless `FDR_BENCH_DAEMON_SECS` says otherwise.
 const DEFAULT_SECS: u64 = 60;
-/// Workload threads of each run: one run per entry.
+/// Workload threads of each run: one run per entry (unless `FDR_BENCH_DAEMON_THREADS` says
+/// otherwise).
 const THREADS: &[u32] = &[1, 2];
 /// Bytes of each CPU's ring buffer: 4x the default, so that nothing is lost at these rates.
 const BUFFER_SIZE: u64 = 32 << 20;
@@ -65,12 +66,22 @@ pub fn run() -> Result<String> {
         .and_then(|v| v.parse().ok())
         .filter(|&n: &u64| n > 0)
         .unwrap_or(DEFAULT_SECS);
+    // FDR_BENCH_DAEMON_THREADS=1,2: which runs (the 10-minute run of the target takes 10
+    // minutes per entry).
+    let threads: Vec<u32> = match std::env::var("FDR_BENCH_DAEMON_THREADS") {
+        Ok(v) => v
+            .split(',')
+            .map(|t| t.trim().parse().ok().filter(|&n| n > 0))
+            .collect::<Option<Vec<u32>>>()
+            .with_context(|| format!("FDR_BENCH_DAEMON_THREADS={v:?}: want numbers like 1,2"))?,
+        Err(_) => THREADS.to_vec(),
+    };
     let daemon = support::daemon()?;
     let work = support::scratch("daemon")?;
     let bin = support::build_calls(&work)?;
     let machine = support::machine_description();
     let mut runs = Vec::new();
-    for &threads in THREADS {
+    for &threads in &threads {
         let dir = work.join(format!("threads-{threads}"));
         std::fs::create_dir_all(&dir)?;
         let run = measure(&daemon, &bin, &dir, threads, secs)?;
@@ -303,5 +314,16 @@ fn render(secs: u64, machine: &str, runs: &[Run]) -> String {
         TARGET_RATE / 1e6,
         TARGET_RATE / 1e6,
     );
+    let env: Vec<String> = ["FDR_BENCH_DAEMON_SECS", "FDR_BENCH_DAEMON_THREADS"]
+        .iter()
+        .filter_map(|k| Some(format!("{k}={}", std::env::var(k).ok()?)))
+        .collect();
+    if !env.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nThis run: `{} cargo xtask bench daemon`.",
+            env.join(" ")
+        );
+    }
     s
 }
