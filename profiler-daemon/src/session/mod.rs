@@ -40,12 +40,19 @@ use fdr_analysis::manifest::MANIFEST;
 struct Process {
     dir: OutputDir,
     dir_name: String,
-    /// Threads whose file is open.
-    threads: BTreeMap<u32, ThreadTrace>,
+    /// Threads whose file is open: where each is in `Session::open`.
+    threads: BTreeMap<u32, usize>,
     /// Threads that exited: their files are final and closed.
     done: Vec<ThreadReport>,
     /// Files per tid so far (a tid the kernel reuses gets a second file).
     files_per_tid: HashMap<u32, u32>,
+}
+
+/// A thread whose file is open.
+struct Open {
+    pid: u32,
+    tid: u32,
+    trace: ThreadTrace,
 }
 
 /// Losses and anomalies only the kernel side and the intake know about.
@@ -84,10 +91,14 @@ pub struct Session {
     return_probed: HashSet<u32>,
     clock: Clock,
     processes: BTreeMap<u32, Process>,
+    /// The threads whose file is open, in no particular order (each process's `threads` says
+    /// where its are).
+    open: Vec<Open>,
     /// Which process each live thread belongs to (end markers carry no pid).
     pid_of: FxHashMap<u32, u32>,
-    /// The (tid, pid) of the last event written: `pid_of` has it, and its file is open.
-    last: Option<(u32, u32)>,
+    /// The (tid, pid) of the last event written and where its thread is in `open`: `pid_of`
+    /// has it, and the next event is most often that thread's.
+    last: Option<(u32, u32, usize)>,
     totals: FxHashMap<u32, FunctionTotals>,
     events: u64,
     ignored: u64,
@@ -123,6 +134,7 @@ impl Session {
             return_probed: HashSet::new(),
             clock: Clock::now(),
             processes: BTreeMap::new(),
+            open: Vec::new(),
             pid_of: FxHashMap::default(),
             last: None,
             totals: FxHashMap::default(),
@@ -146,7 +158,7 @@ impl Session {
             .iter()
             .filter(|(&pid, _)| process(pid))
             .flat_map(|(_, p)| p.threads.iter())
-            .map(|(&tid, t)| (tid, t.frames_closed_uncaught()))
+            .map(|(&tid, &slot)| (tid, self.open[slot].trace.frames_closed_uncaught()))
             .max_by_key(|&(_, n)| n)
     }
 
@@ -239,18 +251,22 @@ impl Session {
         } else {
             self.pid_of.get(&tid).copied().unwrap_or(0)
         };
-        if let Some(thread) = self
-            .processes
-            .get_mut(&pid)
-            .and_then(|p| p.threads.get_mut(&tid))
-        {
+        let slot = match self.last {
+            Some((t, p, slot)) if t == tid && p == pid => Some(slot),
+            _ => self
+                .processes
+                .get(&pid)
+                .and_then(|p| p.threads.get(&tid))
+                .copied(),
+        };
+        if let Some(slot) = slot {
             // A thread with an open file (never an unwritable one: see below). `last` saves
-            // setting `pid_of` again for the thread whose event came before.
-            if self.last != Some((tid, pid)) {
+            // looking it up, and setting `pid_of` again, for the thread of the event before.
+            if self.last != Some((tid, pid, slot)) {
                 self.pid_of.insert(tid, pid);
-                self.last = Some((tid, pid));
+                self.last = Some((tid, pid, slot));
             }
-            thread.apply(event, gap, &mut self.totals);
+            self.open[slot].trace.apply(event, gap, &mut self.totals);
             if ending {
                 self.end_thread(pid, tid);
             }
@@ -269,8 +285,9 @@ impl Session {
             self.unattributed_lost += gap.map_or(0, |g| g.lost);
             return;
         }
-        let thread = match thread_of(
+        let slot = match thread_of(
             &mut self.processes,
+            &mut self.open,
             &self.out,
             &self.executable.name,
             &self.clock,
@@ -278,7 +295,7 @@ impl Session {
             pid,
             h,
         ) {
-            Ok(thread) => thread,
+            Ok(slot) => slot,
             Err(err) => {
                 eprintln!(
                     "fdr-profiled: warning: {err:#}; the events of thread {tid} are counted as ignored",
@@ -291,18 +308,33 @@ impl Session {
             }
         };
         self.pid_of.insert(tid, pid);
-        self.last = Some((tid, pid));
-        thread.apply(event, gap, &mut self.totals);
+        self.last = Some((tid, pid, slot));
+        self.open[slot].trace.apply(event, gap, &mut self.totals);
     }
 
     /// Closes the file of a thread that ended.
     fn end_thread(&mut self, pid: u32, tid: u32) {
         self.pid_of.remove(&tid);
         self.last = None;
-        if let Some(process) = self.processes.get_mut(&pid) {
-            if let Some(thread) = process.threads.remove(&tid) {
-                process.done.push(thread.finish(tid));
+        let Some(slot) = self
+            .processes
+            .get_mut(&pid)
+            .and_then(|p| p.threads.remove(&tid))
+        else {
+            return;
+        };
+        let ended = self.open.swap_remove(slot);
+        if let Some(moved) = self.open.get(slot) {
+            if let Some(at) = self
+                .processes
+                .get_mut(&moved.pid)
+                .and_then(|p| p.threads.get_mut(&moved.tid))
+            {
+                *at = slot;
             }
+        }
+        if let Some(process) = self.processes.get_mut(&pid) {
+            process.done.push(ended.trace.finish(tid));
         }
     }
 
@@ -323,9 +355,9 @@ impl Session {
 
     /// Makes every file on disk a complete, loadable trace of what was recorded so far.
     pub fn flush(&mut self) {
-        for process in self.processes.values_mut() {
-            for thread in process.threads.values_mut() {
-                thread.flush();
+        for process in self.processes.values() {
+            for &slot in process.threads.values() {
+                self.open[slot].trace.flush();
             }
         }
     }
@@ -369,10 +401,16 @@ impl Session {
                 &self.return_probed,
             ),
         };
+        let mut open: Vec<Option<ThreadTrace>> = std::mem::take(&mut self.open)
+            .into_iter()
+            .map(|o| Some(o.trace))
+            .collect();
         for (pid, process) in self.processes {
             let mut threads = process.done;
-            for (tid, thread) in process.threads {
-                threads.push(thread.finish(tid));
+            for (tid, slot) in process.threads {
+                if let Some(thread) = open[slot].take() {
+                    threads.push(thread.finish(tid));
+                }
             }
             if let Some(repairs) = &mut self.repairs {
                 for t in &mut threads {
@@ -422,16 +460,19 @@ impl Session {
     }
 }
 
-/// The thread's trace, creating its process directory and file on first sight.
-fn thread_of<'a>(
-    processes: &'a mut BTreeMap<u32, Process>,
+/// Where the thread's trace is in `open`, creating its process directory and file on first
+/// sight.
+#[allow(clippy::too_many_arguments)]
+fn thread_of(
+    processes: &mut BTreeMap<u32, Process>,
+    open: &mut Vec<Open>,
     out: &OutputDir,
     exe_name: &str,
     clock: &Clock,
     version: FdrVersion,
     pid: u32,
     h: &profiler_common::EventHeader,
-) -> Result<&'a mut ThreadTrace> {
+) -> Result<usize> {
     let process = match processes.entry(pid) {
         std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::btree_map::Entry::Vacant(e) => {
@@ -450,8 +491,8 @@ fn thread_of<'a>(
             })
         }
     };
-    let thread = match process.threads.entry(h.tid) {
-        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+    let slot = match process.threads.entry(h.tid) {
+        std::collections::btree_map::Entry::Occupied(e) => *e.get(),
         std::collections::btree_map::Entry::Vacant(e) => {
             let n = process.files_per_tid.entry(h.tid).or_insert(0);
             *n += 1;
@@ -474,10 +515,15 @@ fn thread_of<'a>(
             .map_err(|err| anyhow::anyhow!("writing {file}: {err}"))?;
             // The header and preamble are on disk: only now does the file get its name.
             process.dir.publish(&staging, &name)?;
-            e.insert(ThreadTrace::new(writer, file))
+            open.push(Open {
+                pid,
+                tid: h.tid,
+                trace: ThreadTrace::new(writer, file),
+            });
+            *e.insert(open.len() - 1)
         }
     };
-    Ok(thread)
+    Ok(slot)
 }
 
 /// Converts the kernel's monotonic timestamps to wall-clock time for WallClockTime records.

@@ -115,6 +115,7 @@ pub enum FunctionAction {
 
 impl FunctionAction {
     /// True for the actions that open a frame (Entry, EntryArgs).
+    #[inline]
     pub fn is_entry(self) -> bool {
         matches!(self, FunctionAction::Entry | FunctionAction::EntryArgs)
     }
@@ -260,6 +261,7 @@ fn event_size(size: u32) -> Result<i32, RecordError> {
 
 /// Encodes a function record: word 0 holds the kind bit (0), the action and the 28-bit function
 /// id; word 1 the tick delta from the current delta base.
+#[inline]
 pub fn function_record(
     action: FunctionAction,
     function_id: u32,

@@ -368,6 +368,7 @@ impl<W: TraceSink> ThreadWriter<W> {
         &mut self.out
     }
 
+    #[inline]
     fn check_poisoned(&self) -> io::Result<()> {
         if self.poisoned {
             return Err(io::Error::other(
@@ -406,6 +407,7 @@ impl<W: TraceSink> ThreadWriter<W> {
 
     /// Clamps `tsc`, and queues the NewCPUId (cpu changed) or TSCWrap (delta over `max_delta`)
     /// the next record needs. Returns the clamped tick.
+    #[inline]
     fn prepare(&mut self, tsc: u64, cpu: u16, max_delta: u64) -> u64 {
         let tsc = if tsc < self.floor {
             self.stats.clamped_tscs += 1;
@@ -430,6 +432,7 @@ impl<W: TraceSink> ThreadWriter<W> {
     }
 
     /// Queues one function record with whatever NewCPUId/TSCWrap it needs, advancing the base.
+    #[inline]
     fn emit(
         &mut self,
         action: FunctionAction,
@@ -481,6 +484,7 @@ impl<W: TraceSink> ThreadWriter<W> {
         Ok(())
     }
 
+    #[inline]
     fn maybe_commit(&mut self) -> io::Result<()> {
         if self.pending.len() >= self.commit_bytes {
             self.commit()?;
@@ -506,6 +510,7 @@ impl<W: TraceSink> ThreadWriter<W> {
     }
 }
 
+#[inline]
 fn check_function_id(function_id: u32) -> io::Result<()> {
     if function_id > MAX_FUNCTION_ID {
         return Err(invalid_input(records::RecordError::FunctionIdTooLarge(
