@@ -24,6 +24,8 @@
 //! command), [`service`] (the system service) and [`tools`] (`list`, `dump`, `verify`,
 //! `report`, `convert`), and [`cli`], which
 //! only parses the command line. ARCHITECTURE.md walks one event through these stages.
+#[macro_use]
+pub mod console;
 pub mod cli;
 pub mod kernel;
 pub mod plan;

@@ -2,6 +2,7 @@
 use clap::Parser as _;
 use profiler_daemon::cli::{Cli, Tool};
 use profiler_daemon::record;
+use profiler_daemon::{errln, out};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -9,7 +10,7 @@ fn main() -> ExitCode {
     let result = match &cli.tool {
         None => record::run(&cli.record),
         Some(Tool::List { target }) => profiler_daemon::tools::list::render(target).map(|table| {
-            print!("{table}");
+            out!("{table}");
             0
         }),
         Some(Tool::Dump(args)) => profiler_daemon::tools::dump::run(args),
@@ -27,10 +28,19 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => ExitCode::from(code),
+        Err(err)
+            if err.chain().any(|e| {
+                e.downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            // The reader of our output went away (`| head`): nothing more to say.
+            ExitCode::from(profiler_daemon::console::BROKEN_PIPE_STATUS)
+        }
         Err(err) => {
             // One line: the whole cause chain, with any embedded newlines folded.
             let text = format!("{err:#}").replace('\n', " ");
-            eprintln!("fdr-profiled: error: {text}");
+            errln!("fdr-profiled: error: {text}");
             ExitCode::from(1)
         }
     }

@@ -731,7 +731,7 @@ impl log::Log for KernelLog {
     }
 
     fn log(&self, record: &log::Record<'_>) {
-        eprintln!(
+        errln!(
             "fdr-profiled: kernel: {}: {}",
             record.level().as_str().to_lowercase(),
             record.args()

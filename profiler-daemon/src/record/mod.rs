@@ -161,7 +161,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
                     (policy, exits_choice) =
                         crate::plan::exits::choose(ExitMode::PerFunction, &planned.image);
                     exits_choice.reason = format!("{} (no repair: {err:#})", exits_choice.reason);
-                    eprintln!("fdr-profiled: warning: --exits repair is not possible here ({err:#}); each function's exits are chosen from its code instead");
+                    errln!("fdr-profiled: warning: --exits repair is not possible here ({err:#}); each function's exits are chosen from its code instead");
                 }
                 (Target::Launch(..), true) | (Target::Attach, _) => {
                     if let Target::Launch(child, _) = target {
@@ -248,9 +248,9 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         }
         return Err(err);
     }
-    eprintln!("fdr-profiled: recording: every probe is in place");
+    errln!("fdr-profiled: recording: every probe is in place");
     let methods = session.exit_methods();
-    eprintln!(
+    errln!(
         "fdr-profiled: exits: {} ({})",
         match policy {
             ExitPolicy::All(Exits::Sleds) => "exit sleds".to_owned(),
@@ -263,7 +263,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         exits_choice.reason
     );
     if undecodable > 0 {
-        eprintln!(
+        errln!(
             "fdr-profiled: warning: {undecodable} custom/typed event sleds have an instruction pattern this \
              version cannot decode; their events are not recorded"
         );
@@ -308,7 +308,7 @@ fn exit_sleds_if_stuck(books: &KernelBooks, probing: &mut Probing, session: &mut
             .exit_sleds_instead(&object.plan, object.links, probing.scope)
         {
             Ok(n) => placed += n,
-            Err(err) => eprintln!(
+            Err(err) => errln!(
                 "fdr-profiled: warning: {}: exit sleds not placed ({err:#}); its calls keep ending at the next event that proves them gone",
                 object.plan.display_path
             ),
@@ -316,7 +316,7 @@ fn exit_sleds_if_stuck(books: &KernelBooks, probing: &mut Probing, session: &mut
     }
     probing.policy = ExitPolicy::All(Exits::Sleds);
     let note = stuck_note("", tid, calls);
-    eprintln!("fdr-profiled: exits: {placed} exit sleds placed instead of return probes: {note}");
+    errln!("fdr-profiled: exits: {placed} exit sleds placed instead of return probes: {note}");
     session.note_exits(&note);
 }
 
@@ -424,12 +424,12 @@ fn attach_catches(tracer: &mut Tracer, objects: &[PathBuf], scope: Scope) {
     for object in objects {
         for point in crate::plan::catches::catch_points(object) {
             match tracer.attach_catch(object, point.file_offset, scope) {
-                Ok(()) => eprintln!(
+                Ok(()) => errln!(
                     "fdr-profiled: catches: probed {} in {}",
                     point.name,
                     object.display()
                 ),
-                Err(err) => eprintln!(
+                Err(err) => errln!(
                     "fdr-profiled: warning: {}: catches not probed ({err:#}); frames an \
                      exception leaves are closed at the thread's next traced event instead",
                     object.display()
@@ -484,7 +484,7 @@ async fn record(
         Target::Pid(_, fd, keeper) => {
             drop(exit_tx);
             if let Some(keeper) = &keeper {
-                eprintln!(
+                errln!(
                     "fdr-profiled: repair: the process's tracer is process {} (fdr-repair) until the session ends",
                     keeper.pid()
                 );
@@ -505,7 +505,7 @@ async fn record(
         Target::Launch(child, keeper) => {
             let pid = child.release()?;
             if let Some(keeper) = &keeper {
-                eprintln!(
+                errln!(
                     "fdr-profiled: repair: the command's tracer is process {} (fdr-repair)",
                     keeper.pid()
                 );
@@ -604,7 +604,7 @@ async fn record(
         session.set_kernel_programs(probing.tracer.program_costs());
     }
     if let Err(err) = probing.tracer.set_armed(false) {
-        eprintln!("fdr-profiled: warning: {err:#}");
+        errln!("fdr-profiled: warning: {err:#}");
     }
     intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
     order.end_threads(&exited, &mut |e, g| session.record(e, g));
@@ -626,10 +626,10 @@ async fn record(
         if keeper.release() {
             match keeper.finish() {
                 Ok(by_thread) => session.set_repairs(by_thread),
-                Err(err) => eprintln!("fdr-profiled: warning: {err:#}"),
+                Err(err) => errln!("fdr-profiled: warning: {err:#}"),
             }
         } else {
-            eprintln!(
+            errln!(
                 "fdr-profiled: warning: repair: the keeper (process {}) has not let the process go within {:?}: a thread could not be stopped yet; it goes on by itself, and its repairs are not in this summary",
                 keeper.pid(),
                 repair::RELEASE_WAIT
@@ -639,7 +639,7 @@ async fn record(
     let out_dir = session.out_dir().to_path_buf();
     let object_files = session.take_object_files();
     let report = session.finish(losses)?;
-    eprint!("{}", report.render(&out_dir, cli.top));
+    err!("{}", report.render(&out_dir, cli.top));
     if !cli.no_report && !cli.floor {
         let mut symbolizer = Symbolizer::default();
         for (build_id, file) in &object_files {
@@ -650,7 +650,7 @@ async fn record(
         write_outputs(&out_dir, report.events, &symbolizer);
     }
     if cli.exits == ExitMode::Repair && launched && child_exit.is_none() {
-        eprintln!("fdr-profiled: repair: the command still runs; its keeper stays its tracer and repairs the frames hooked before now until it exits");
+        errln!("fdr-profiled: repair: the command still runs; its keeper stays its tracer and repairs the frames hooked before now until it exits");
     }
     Ok(match child_exit {
         Some(exit) => u8::try_from(exit.shell_code()).unwrap_or(u8::MAX),
@@ -666,26 +666,26 @@ const MAX_DEFAULT_TIMELINE_EVENTS: u64 = 2_000_000;
 fn write_outputs(dir: &std::path::Path, events: u64, symbolizer: &Symbolizer) {
     if events > MAX_DEFAULT_TIMELINE_EVENTS {
         match fdr_analysis::outputs::write_report(dir, symbolizer) {
-            Ok(path) => eprintln!(
+            Ok(path) => errln!(
                 "fdr-profiled: report: {} (no trace.json: {events} events; `fdr-profiled convert` writes one)",
                 path.display()
             ),
-            Err(err) => eprintln!("fdr-profiled: warning: could not write the report: {err:#}"),
+            Err(err) => errln!("fdr-profiled: warning: could not write the report: {err:#}"),
         }
         return;
     }
     match fdr_analysis::outputs::write_session_outputs(dir, symbolizer) {
         Ok(outputs) => {
             for w in &outputs.warnings {
-                eprintln!("fdr-profiled: warning: {w}");
+                errln!("fdr-profiled: warning: {w}");
             }
-            eprintln!(
+            errln!(
                 "fdr-profiled: report: {}, timeline: {}",
                 outputs.report.display(),
                 outputs.trace.display()
             );
         }
-        Err(err) => eprintln!("fdr-profiled: warning: could not write the report: {err:#}"),
+        Err(err) => errln!("fdr-profiled: warning: could not write the report: {err:#}"),
     }
 }
 

@@ -182,9 +182,10 @@ pub fn attach(
     } else {
         format!(" (object {})", plan.object_id)
     };
-    eprintln!(
+    errln!(
         "fdr-profiled: attached {placed} probes to {} functions in {}{object}",
-        plan.functions, plan.display_path
+        plan.functions,
+        plan.display_path
     );
     session.add_object(plan, placed, attached_ns);
     Ok(placed)
@@ -215,14 +216,14 @@ pub fn rescan(
         }
         let path = plan.display_path.clone();
         if let Err(err) = attach(tracer, session, plan, policy, scope, keep.as_deref_mut()) {
-            eprintln!("fdr-profiled: warning: {path}: not traced: {err:#}");
+            errln!("fdr-profiled: warning: {path}: not traced: {err:#}");
         }
     }
 }
 
 fn warn_all(found: &Found) {
     for w in &found.warnings {
-        eprintln!("fdr-profiled: warning: {w}");
+        errln!("fdr-profiled: warning: {w}");
     }
 }
 

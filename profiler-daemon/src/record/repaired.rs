@@ -52,10 +52,10 @@ impl AttachRepair {
             self.trace(pid, tracer, session);
         }
         for (pid, report) in self.processes.ended(tracer) {
-            eprintln!("fdr-profiled: repair: process {pid} exited; its probes are removed");
+            errln!("fdr-profiled: repair: process {pid} exited; its probes are removed");
             match report {
                 Ok(by_thread) => session.add_repairs(by_thread),
-                Err(err) => eprintln!("fdr-profiled: warning: {err:#}"),
+                Err(err) => errln!("fdr-profiled: warning: {err:#}"),
             }
         }
     }
@@ -63,7 +63,7 @@ impl AttachRepair {
     fn trace(&mut self, pid: u32, tracer: &mut Tracer, session: &mut Session) {
         match self.processes.trace(pid, tracer) {
             Ok(Some(Traced { keeper, probes })) => {
-                eprintln!(
+                errln!(
                     "fdr-profiled: repair: process {pid} traced, {probes} probes (its tracer: process {keeper}, fdr-repair)"
                 );
                 if !self.objects_added {
@@ -73,7 +73,7 @@ impl AttachRepair {
             }
             Ok(None) => {}
             Err(err) => {
-                eprintln!("fdr-profiled: warning: repair: process {pid} is not traced: {err:#}");
+                errln!("fdr-profiled: warning: repair: process {pid} is not traced: {err:#}");
             }
         }
     }
@@ -103,10 +103,10 @@ impl AttachRepair {
             };
             let (placed, warnings) = self.processes.exit_sleds_instead(pid, tracer);
             for w in warnings {
-                eprintln!("fdr-profiled: warning: {w}");
+                errln!("fdr-profiled: warning: {w}");
             }
             let note = super::stuck::stuck_note(&format!("process {pid}: "), tid, calls);
-            eprintln!(
+            errln!(
                 "fdr-profiled: exits: {placed} exit sleds placed instead of return probes: {note}"
             );
             session.note_exits(&note);
@@ -123,8 +123,8 @@ impl AttachRepair {
         for (pid, ended) in self.processes.finish(tracer) {
             match ended {
                 Ended::Report(Ok(by_thread)) => session.add_repairs(by_thread),
-                Ended::Report(Err(err)) => eprintln!("fdr-profiled: warning: {err:#}"),
-                Ended::NotLetGo { keeper } => eprintln!(
+                Ended::Report(Err(err)) => errln!("fdr-profiled: warning: {err:#}"),
+                Ended::NotLetGo { keeper } => errln!(
                     "fdr-profiled: warning: repair: the keeper of process {pid} (process {keeper}) has not let it go within {:?}: it goes on by itself, and its repairs are not in this summary",
                     crate::repair::keeper::RELEASE_WAIT
                 ),
@@ -148,7 +148,7 @@ impl AttachRepair {
                 "; {unseen} started while the queue that names them was full, not traced"
             ));
         }
-        eprintln!("fdr-profiled: repair: {note}");
+        errln!("fdr-profiled: repair: {note}");
         session.note_exits(&format!(
             "repair of every process running the executable: {note}"
         ));

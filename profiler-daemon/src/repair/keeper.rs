@@ -411,7 +411,7 @@ fn keeper_main(
     match Repairer::new(command, threads, repairs, stops).serve(running, &mut report) {
         Ok(()) => 0,
         Err(err) => {
-            eprintln!("fdr-profiled: repair keeper: {err:#}");
+            errln!("fdr-profiled: repair keeper: {err:#}");
             1
         }
     }
@@ -738,7 +738,7 @@ impl<'a> Repairer<'a> {
                 false,
             ) {
                 Ok(link) => links.push(link),
-                Err(err) => eprintln!(
+                Err(err) => errln!(
                     "fdr-profiled: repair keeper: warning: process {child} (forked): its throws cannot be repaired ({err}); one through a hooked frame ends it"
                 ),
             }

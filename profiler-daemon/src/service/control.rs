@@ -157,7 +157,7 @@ pub struct SnapshotArgs {
 pub fn snapshot(args: &SnapshotArgs) -> Result<u8> {
     let reply = ask(&args.socket.socket, &Request::Snapshot(args.target.clone()))?;
     for dir in reply["snapshots"].as_array().into_iter().flatten() {
-        println!("{}", dir.as_str().unwrap_or_default());
+        outln!("{}", dir.as_str().unwrap_or_default());
     }
     Ok(0)
 }
@@ -166,10 +166,10 @@ pub fn snapshot(args: &SnapshotArgs) -> Result<u8> {
 pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
     let reply = ask(&args.socket, &Request::Status)?;
     if json {
-        println!("{reply}");
+        outln!("{reply}");
         return Ok(0);
     }
-    println!(
+    outln!(
         "fdr-profiled service: {} events, {}/s, {} lost, {} not written, {} snapshots not written; output {}: {} used{}; last snapshot {}",
         reply["events"],
         reply["events_per_second"],
@@ -185,14 +185,14 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
         reply["last_snapshot"].as_str().unwrap_or("none"),
     );
     for t in reply["targets"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "  {} ({})",
             t["name"].as_str().unwrap_or("?"),
             t["pattern"].as_str().unwrap_or("?")
         );
         for b in t["binaries"].as_array().into_iter().flatten() {
             if b["mode"] == "record" {
-                println!(
+                outln!(
                     "    {}: record, {} segments closed, writing {}, {} events not written",
                     b["path"].as_str().unwrap_or("?"),
                     b["segments_closed"],
@@ -200,7 +200,7 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
                     b["not_written"]
                 );
             } else {
-                println!(
+                outln!(
                     "    {}: {} threads, {} events held in {}, {} aged out, {} evicted",
                     b["path"].as_str().unwrap_or("?"),
                     b["threads"],
@@ -212,12 +212,13 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
             }
             let processes = b["processes"].as_array().map_or(&[][..], Vec::as_slice);
             if processes.is_empty() {
-                println!("      no process seen");
+                outln!("      no process seen");
             }
             for p in processes {
-                println!(
+                outln!(
                     "      process {} ({} libraries probed)",
-                    p["pid"], p["libraries"]
+                    p["pid"],
+                    p["libraries"]
                 );
             }
         }

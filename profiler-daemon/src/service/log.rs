@@ -33,7 +33,7 @@ pub fn init() -> Sink {
                 }
                 return Sink::Stderr;
             }
-            Err(err) => eprintln!(
+            Err(err) => errln!(
                 "fdr-profiled: warning: JOURNAL_STREAM is set but the journal cannot be reached ({err}): logging to standard error"
             ),
         }
@@ -75,7 +75,7 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for StderrLines {
             Level::WARN => "warning",
             _ => "service",
         };
-        eprintln!("fdr-profiled: {kind}: {}", message.0);
+        errln!("fdr-profiled: {kind}: {}", message.0);
     }
 }
 

@@ -57,7 +57,7 @@ pub fn run(args: &ServiceArgs) -> Result<u8> {
 /// `--check-config`: validates and lists the targets.
 fn check(path: &std::path::Path) -> Result<u8> {
     let config = config::ServiceConfig::load(path)?;
-    println!(
+    outln!(
         "{}: ok: output {}, {} target{}",
         config.path.display(),
         config.output.display(),
@@ -65,7 +65,7 @@ fn check(path: &std::path::Path) -> Result<u8> {
         if config.targets.len() == 1 { "" } else { "s" }
     );
     for t in &config.targets {
-        println!(
+        outln!(
             "  {}: {} ({})",
             t.name,
             t.binary,

@@ -90,7 +90,7 @@ pub fn run(args: &BenchAttachArgs) -> Result<u8> {
             (attach, fds, start.elapsed())
         }
     };
-    println!(
+    outln!(
         "{}",
         serde_json::json!({
             "mode": format!("{:?}", args.mode).to_lowercase(),

@@ -29,7 +29,7 @@ pub fn run(args: &BenchRescanArgs) -> Result<u8> {
         discovery.scan()?;
     }
     let rescan_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(rounds);
-    println!(
+    outln!(
         "{}",
         serde_json::json!({
             "files": first.new_files,

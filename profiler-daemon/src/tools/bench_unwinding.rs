@@ -38,7 +38,7 @@ pub fn run(args: &BenchUnwindingArgs) -> Result<u8> {
             "seconds": seconds,
             "bytes": image.data.len(),
         });
-        println!(
+        outln!(
             "{}",
             serde_json::to_string(&json).context("encoding the result")?
         );

@@ -23,7 +23,7 @@ pub fn run(args: &ConvertArgs) -> Result<u8> {
     let symbolizer = args.input.symbolizer();
     let session = args.input.open(&symbolizer)?;
     for w in &session.warnings {
-        eprintln!("fdr-profiled: warning: {w}");
+        errln!("fdr-profiled: warning: {w}");
     }
     let warnings = match &args.output {
         Some(path) => write_file(&session, args.format, path)?,
@@ -36,7 +36,7 @@ pub fn run(args: &ConvertArgs) -> Result<u8> {
         }
     };
     for w in warnings {
-        eprintln!("fdr-profiled: warning: {w}");
+        errln!("fdr-profiled: warning: {w}");
     }
     Ok(0)
 }

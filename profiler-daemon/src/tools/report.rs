@@ -39,7 +39,7 @@ pub fn run(args: &ReportArgs) -> Result<u8> {
     // do not break the machine-readable output.
     if args.format != Format::Text {
         for w in &report.warnings {
-            eprintln!("fdr-profiled: warning: {w}");
+            errln!("fdr-profiled: warning: {w}");
         }
     }
     write_output(args.output.as_deref(), text.as_bytes())?;

@@ -61,7 +61,7 @@ pub fn run(args: &VerifyArgs) -> Result<u8> {
             let before = files.len();
             collect_fdr_files(path, &mut files);
             if files.len() == before {
-                eprintln!(
+                errln!(
                     "fdr-profiled: error: {}: no .fdr files in this directory",
                     path.display()
                 );
@@ -82,7 +82,7 @@ pub fn run(args: &VerifyArgs) -> Result<u8> {
                 } else {
                     String::new()
                 };
-                println!(
+                outln!(
                     "{}: ok: version {}, {} thread buffer(s), {} function records, {} events{unwound}",
                     file.display(),
                     s.version,
@@ -92,7 +92,7 @@ pub fn run(args: &VerifyArgs) -> Result<u8> {
                 )
             }
             Err(problem) => {
-                eprintln!("fdr-profiled: error: {}: {problem}", file.display());
+                errln!("fdr-profiled: error: {}: {problem}", file.display());
                 failed += 1;
             }
         }

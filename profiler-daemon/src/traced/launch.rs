@@ -80,7 +80,7 @@ impl HeldChild {
         }
         let (wait_fd, go_fd) = (fds[0], fds[1]);
         // SAFETY: the daemon is single-threaded here; the child only makes async-signal-safe
-        // calls (close, read, sigprocmask, execv, write, _exit) on memory prepared before the
+        // calls (close, read, sigprocmask, signal, execv, write, _exit) on memory prepared before the
         // fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
@@ -108,6 +108,11 @@ impl HeldChild {
                     libc::_exit(127);
                 }
                 libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut());
+                // Rust's runtime ignores SIGPIPE in fdr-profiled, and an ignored signal stays
+                // ignored across exec: the command gets the default back, as
+                // `std::process::Command` gives its children (`fdr-profiled -- yes | head`
+                // must end like `yes | head`).
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
                 // ETXTBSY means another process still has the file open for writing (a build or
                 // copy finishing): wait up to a second for it rather than fail the launch.
                 for _ in 0..100 {
