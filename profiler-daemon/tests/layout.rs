@@ -1,5 +1,5 @@
 //! The daemon's source tree keeps the shape of its pipeline: every import between two of its
-//! files runs down the stages (traced → plan → kernel → session → repair → commands → cli), no files
+//! files runs down the stages (console → traced → plan → kernel → session → repair → commands → cli), no files
 //! import each other in a cycle, and `cli` is used by `main` alone.
 //!
 //! Imports are read from the sources, not from the compiler: `crate::a::b` and `super::b`
@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 /// The stages, lowest first. A file may use files of its own stage or of a lower one.
 const STAGES: &[(&str, u32)] = &[
+    // Writing to the terminal (its macros are used by every stage).
+    ("console", 0),
     ("traced", 1),
     ("plan", 2),
     ("kernel", 3),
