@@ -297,7 +297,7 @@ impl Session {
         ) {
             Ok(slot) => slot,
             Err(err) => {
-                eprintln!(
+                errln!(
                     "fdr-profiled: warning: {err:#}; the events of thread {tid} are counted as ignored",
                 );
                 // Never created, so never found above until the thread ends.

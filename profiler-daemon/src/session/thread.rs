@@ -207,7 +207,7 @@ impl ThreadTrace {
                 self.writer = Some(writer);
             }
             Err(err) => {
-                eprintln!(
+                errln!(
                     "fdr-profiled: warning: writing {}: {err}; later events of thread {} are dropped",
                     self.file, h.tid
                 );
@@ -349,7 +349,7 @@ impl ThreadTrace {
     pub fn flush(&mut self) {
         if let Some(writer) = self.writer.as_mut() {
             if let Err(err) = writer.flush() {
-                eprintln!("fdr-profiled: warning: flushing {}: {err}", self.file);
+                errln!("fdr-profiled: warning: flushing {}: {err}", self.file);
             }
         }
     }
@@ -364,7 +364,7 @@ impl ThreadTrace {
                     records = stats.records;
                 }
                 Err(err) => {
-                    eprintln!("fdr-profiled: warning: finishing {}: {err}", self.file);
+                    errln!("fdr-profiled: warning: finishing {}: {err}", self.file);
                     dropped_write_errors += 1;
                 }
             }
