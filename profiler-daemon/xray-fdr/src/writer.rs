@@ -368,7 +368,7 @@ impl<W: TraceSink> ThreadWriter<W> {
         &mut self.out
     }
 
-    #[inline]
+    #[inline(always)]
     fn check_poisoned(&self) -> io::Result<()> {
         if self.poisoned {
             return Err(io::Error::other(
@@ -407,7 +407,7 @@ impl<W: TraceSink> ThreadWriter<W> {
 
     /// Clamps `tsc`, and queues the NewCPUId (cpu changed) or TSCWrap (delta over `max_delta`)
     /// the next record needs. Returns the clamped tick.
-    #[inline]
+    #[inline(always)]
     fn prepare(&mut self, tsc: u64, cpu: u16, max_delta: u64) -> u64 {
         let tsc = if tsc < self.floor {
             self.stats.clamped_tscs += 1;
