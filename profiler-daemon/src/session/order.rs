@@ -45,7 +45,30 @@ impl Sequencer {
     /// Takes an event from the buffers; delivers it, and any events it was holding up, to
     /// `sink` in the thread's program order. The sink may change the events it is given (the
     /// service rewrites ids); `event` is kept (copied) only when it came early.
+    #[inline]
     pub fn push(&mut self, event: &mut Event, sink: &mut impl FnMut(&mut Event, Option<Gap>)) {
+        // Nearly every event: the next of the thread of the event before, nothing lost before
+        // it, nothing waiting behind it, not the thread's end.
+        let h = &event.header;
+        if let Some((tid, slot)) = self.last {
+            let pending = &mut self.threads[slot].1;
+            if tid == h.tid
+                && h.gap_lost == 0
+                && h.seq == pending.next
+                && pending.waiting.is_empty()
+                && h.kind != event_kind::THREAD_EXIT
+            {
+                pending.next = h.seq + 1;
+                sink(event, None);
+                return;
+            }
+        }
+        self.push_any(event, sink);
+    }
+
+    /// [`Sequencer::push`] for any event.
+    #[inline(never)]
+    fn push_any(&mut self, event: &mut Event, sink: &mut impl FnMut(&mut Event, Option<Gap>)) {
         let h = &event.header;
         let Some(first) = h.seq.checked_sub(u64::from(h.gap_lost)) else {
             self.stale += 1;
