@@ -239,7 +239,23 @@ impl Session {
 
     /// Records a thread's next event (in its program order, see [`crate::session::order`]); `gap` says
     /// how many of its events were lost right before it.
+    #[inline]
     pub fn record(&mut self, event: &Event, gap: Option<Gap>) {
+        // Nearly every event: the thread of the event before, not its end.
+        let h = &event.header;
+        if let Some((tid, pid, slot)) = self.last {
+            if tid == h.tid && pid == h.pid && h.kind != event_kind::THREAD_EXIT {
+                self.events += 1;
+                self.open[slot].trace.apply(event, gap, &mut self.totals);
+                return;
+            }
+        }
+        self.record_any(event, gap);
+    }
+
+    /// [`Session::record`] for any event.
+    #[inline(never)]
+    fn record_any(&mut self, event: &Event, gap: Option<Gap>) {
         let h = &event.header;
         let tid = h.tid;
         let ending = h.kind == event_kind::THREAD_EXIT;
