@@ -514,7 +514,7 @@ mod tests {
         assert_eq!(EventHeader::SIZE, 48);
         assert_eq!(core::mem::size_of::<ArgsEvent>(), 96);
         assert_eq!(core::mem::size_of::<EventPayload>(), 16);
-        assert_eq!(core::mem::size_of::<ThreadState>(), 40 + 8 * 64);
+        assert_eq!(core::mem::size_of::<ThreadState>(), 48 + 8 * 64);
     }
 
     #[test]
