@@ -253,6 +253,13 @@ pub struct ThreadState {
     /// 1 when the thread exited but its exit record found the buffer full: the state was
     /// moved into [`EXITED_THREADS_MAP`], where the daemon reads its trailing losses.
     pub exited: u32,
+    /// Of `beyond_return_depth`: the calls entered while the innermost frame with a pending
+    /// return probe was already gone (its return-address slot at or below the new frame's):
+    /// the kernel holds the return probes of frames an exception or `longjmp` left, and is
+    /// stuck at its limit. A deep recursion, whose pending frames are all live, adds none.
+    pub stuck_calls: u32,
+    /// Unused (keeps the layout free of padding).
+    pub reserved: u32,
     /// The thread's id, set at its first event.
     pub tid: u32,
     /// Its process's id, set at its first event.
@@ -276,6 +283,8 @@ impl Default for ThreadState {
             returns_pending: 0,
             beyond_return_depth: 0,
             exited: 0,
+            stuck_calls: 0,
+            reserved: 0,
             tid: 0,
             pid: 0,
             tail_exited: [0; TAIL_BITS_WORDS],
@@ -301,10 +310,11 @@ pub const MAX_EVENT_BYTES: u32 = 16 << 10;
 /// Default payload bytes kept per custom/typed event.
 pub const DEFAULT_MAX_EVENT_BYTES: u32 = 4096;
 
-/// A thread with more calls beyond the kernel's limit of pending return probes
-/// ([`MAX_RETURN_PROBE_DEPTH`]) than any recursion keeps: the kernel is stuck at its limit (the
-/// return probes of frames an exception left are dropped only when a traced caller returns, and
-/// none may), and the daemon observes the process's exits by their sleds from then on.
+/// A thread with this many calls beyond the kernel's limit of pending return probes
+/// ([`MAX_RETURN_PROBE_DEPTH`]) made while the innermost pending frame was gone
+/// ([`ThreadState::stuck_calls`]): the kernel is stuck at its limit (the return probes of frames
+/// an exception left are dropped only when a traced caller returns, and none may), and the
+/// daemon observes the process's exits by their sleds from then on.
 pub const STUCK_BEYOND_RETURN_LIMIT: u32 = 4096;
 
 /// Name of the array of per-CPU ring buffers (index = CPU) the programs write events into.
@@ -341,7 +351,7 @@ pub mod counter {
     /// `--exits repair --attach`: processes that started running the traced binary while the
     /// queue that names them to the daemon was full (not traced).
     pub const PROCESSES_UNSEEN: u32 = 4;
-    /// Times a thread's calls beyond the kernel's return-probe depth reached
+    /// Times a thread's stuck calls (see [`super::ThreadState::stuck_calls`]) reached
     /// [`super::STUCK_BEYOND_RETURN_LIMIT`]: only then does the daemon read the threads' books
     /// to find the stuck one (reading them walks every task of the system).
     pub const BEYOND_RETURN_LIMIT: u32 = 5;
@@ -514,7 +524,7 @@ mod tests {
         assert_eq!(EventHeader::SIZE, 48);
         assert_eq!(core::mem::size_of::<ArgsEvent>(), 96);
         assert_eq!(core::mem::size_of::<EventPayload>(), 16);
-        assert_eq!(core::mem::size_of::<ThreadState>(), 48 + 8 * 64);
+        assert_eq!(core::mem::size_of::<ThreadState>(), 56 + 8 * 64);
     }
 
     #[test]

@@ -295,8 +295,17 @@ fn account_call(state: &mut ThreadState, cookie: &Cookie, slot: u64) -> u8 {
         // The kernel checks its depth limit before it drops dead instances.
         if state.returns_pending >= MAX_RETURN_PROBE_DEPTH {
             state.beyond_return_depth += 1;
-            if state.beyond_return_depth == STUCK_BEYOND_RETURN_LIMIT + 1 {
-                count(counter::BEYOND_RETURN_LIMIT, 1);
+            // Stuck, or only deep? In a deep recursion the innermost pending frame is live,
+            // above the new one; after an exception or longjmp left it, the new frame's slot is
+            // at or above its slot (the kernel's own test of a dead instance).
+            let top = (state.returns_pending - 1) & 63;
+            // SAFETY: a plain read of a local (see `drop_dead_returns`).
+            let top = unsafe { core::ptr::read_volatile(&top) } & 63;
+            if state.return_slots[top as usize] <= slot {
+                state.stuck_calls += 1;
+                if state.stuck_calls == STUCK_BEYOND_RETURN_LIMIT + 1 {
+                    count(counter::BEYOND_RETURN_LIMIT, 1);
+                }
             }
             return event_flags::NO_RETURN;
         }
@@ -549,6 +558,7 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
     // Frames entered beyond the kernel's return-probe depth have no return probe: any return
     // probe firing means they are gone.
     state.beyond_return_depth = 0;
+    state.stuck_calls = 0;
     // The kernel skipped the instances of frames below this one (a non-local exit left them).
     drop_dead_returns::<false>(state, slot);
     if state.returns_pending == 0 {

@@ -32,8 +32,8 @@ pub fn stuck_thread(
     let threads = if reached { books.threads() } else { Vec::new() };
     threads
         .into_iter()
-        .find(|&(tid, s)| s.beyond_return_depth > STUCK_BEYOND_RETURN_LIMIT && of_process(tid))
-        .map(|(tid, s)| (tid, u64::from(s.beyond_return_depth)))
+        .find(|&(tid, s)| s.stuck_calls > STUCK_BEYOND_RETURN_LIMIT && of_process(tid))
+        .map(|(tid, s)| (tid, u64::from(s.stuck_calls)))
         .or_else(|| {
             session
                 .most_frames_closed_uncaught(|pid| process.is_none_or(|p| p == pid))

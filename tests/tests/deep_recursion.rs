@@ -1,0 +1,56 @@
+//! End to end: a recursion deeper than the kernel's 64 pending return probes is not a thread
+//! stuck at the limit. `deep.c` recurses 200 levels and calls a leaf 300,000 times at the
+//! bottom (about half a second, so the daemon's 100 ms check for stuck threads lands inside
+//! it): every call below the 64 hooked frames has no return probe, but those frames are all
+//! live, and the session must keep its return probes (not turn to exit sleds, 10 to 30 times
+//! slower per call) with every call in the trace. The stuck case itself (frames an exception
+//! left) is `repair_pid`'s `a_thread_stuck_at_the_return_probe_limit_...`.
+//!
+//! Needs root, BPF, clang-19 and a built daemon.
+
+use std::time::Duration;
+
+use tests::fixtures::workloads::deep_fixture;
+use tests::launched::launch;
+
+const DEPTH: u64 = 200;
+const CALLS: u64 = 300_000;
+
+#[test]
+fn a_deep_recursion_keeps_its_return_probes() {
+    let run = launch(
+        "deep-recursion",
+        &deep_fixture(),
+        &["--exits", "repair", "--no-report"],
+        &[&DEPTH.to_string(), &CALLS.to_string()],
+        Duration::from_secs(120),
+    );
+    assert!(
+        run.done
+            .stdout
+            .lines()
+            .any(|l| l == format!("count function=dp_tiny calls={CALLS}")),
+        "{}",
+        run.done.stdout
+    );
+    let reason = run.session.json["exits_reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        !reason.contains("exits observed by their sleds from"),
+        "a deep recursion was taken for a stuck thread: {reason}"
+    );
+    assert!(
+        !run.done.stderr.contains("placed instead of return probes"),
+        "{}",
+        run.done.stderr
+    );
+    assert_eq!(run.session_u64("events_lost"), 0);
+    let trace = tests::trace::check_trace_dir(&run.out, &run.bin);
+    tests::assert_every_event_accounted(&trace.session);
+    let calls = trace.threads[0].calls();
+    assert_eq!(calls["dp_tiny"].entries(), CALLS, "{calls:?}");
+    assert_eq!(calls["dp_deep"].entries(), DEPTH + 1, "{calls:?}");
+    // The outer 64 levels (and main) have return probes: their exits are their own.
+    assert!(calls["dp_deep"].exits() >= 63, "{calls:?}");
+}
