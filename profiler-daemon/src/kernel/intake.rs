@@ -13,7 +13,7 @@
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{MapData, RingBuf};
 use profiler_common::{ArgsEvent, EventHeader, EventPayload, SledKind, MAX_ARGS};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
+use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use tokio::io::unix::AsyncFd;
 
@@ -152,8 +152,10 @@ impl Ring {
         // SAFETY: a fresh descriptor nobody else owns.
         let owned = unsafe { OwnedFd::from_raw_fd(dup) };
         drop(map);
+        let size = u64::from(
+            super::sys::map_max_entries(owned.as_fd()).context("reading the ring buffer's size")?,
+        );
         let fd = owned.as_raw_fd();
-        let size = u64::from(ring_size(fd).context("reading the ring buffer's size")?);
         if !size.is_power_of_two() {
             bail!("ring buffer of {size} bytes: not a power of two");
         }
@@ -282,48 +284,6 @@ impl Drop for Ring {
             );
         }
     }
-}
-
-/// A ring buffer map's data size (`max_entries`), from the kernel.
-fn ring_size(fd: RawFd) -> std::io::Result<u32> {
-    // The head of `struct bpf_map_info`; the kernel fills at most `info_len` bytes.
-    #[repr(C)]
-    #[derive(Default)]
-    struct MapInfo {
-        map_type: u32,
-        id: u32,
-        key_size: u32,
-        value_size: u32,
-        max_entries: u32,
-    }
-    // `attr.info` of BPF_OBJ_GET_INFO_BY_FD.
-    #[repr(C)]
-    struct InfoAttr {
-        bpf_fd: u32,
-        info_len: u32,
-        info: u64,
-    }
-    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-    let mut info = MapInfo::default();
-    let mut attr = InfoAttr {
-        bpf_fd: fd as u32,
-        info_len: std::mem::size_of::<MapInfo>() as u32,
-        info: &mut info as *mut MapInfo as u64,
-    };
-    // SAFETY: `attr` and `info` are valid for the call; the kernel writes at most `info_len`
-    // bytes into `info`.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            &mut attr as *mut InfoAttr,
-            std::mem::size_of::<InfoAttr>(),
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(info.max_entries)
 }
 
 /// The reading end of the kernel → daemon event path.

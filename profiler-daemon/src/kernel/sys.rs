@@ -34,20 +34,19 @@ pub(crate) fn invalid(message: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, message.to_owned())
 }
 
-/// What the kernel counted for a program while run-time statistics were on
-/// (`BPF_ENABLE_STATS`): its runs and the nanoseconds they took in all.
-pub(crate) fn program_run_stats(program: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
-    use aya_obj::generated::bpf_prog_info;
+/// `BPF_OBJ_GET_INFO_BY_FD`: the kernel's `T` (`bpf_prog_info`, `bpf_map_info`) of the object
+/// behind `fd`.
+fn object_info<T>(fd: BorrowedFd<'_>) -> io::Result<T> {
     use std::os::fd::AsRawFd as _;
-    // SAFETY: plain C structs; all-zero is their "unset" value.
-    let mut info = unsafe { std::mem::zeroed::<bpf_prog_info>() };
+    // SAFETY: T is one of the kernel's plain C info structs; all-zero is their "unset" value.
+    let mut info = unsafe { std::mem::zeroed::<T>() };
     // SAFETY: as above.
     let mut attr = unsafe { std::mem::zeroed::<bpf_attr>() };
-    attr.info.bpf_fd = program.as_raw_fd() as u32;
-    attr.info.info_len = std::mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.bpf_fd = fd.as_raw_fd() as u32;
+    attr.info.info_len = std::mem::size_of::<T>() as u32;
     attr.info.info = (&raw mut info) as u64;
-    // SAFETY: `attr` is a valid bpf_attr of the size passed, `info` outlives the call and is
-    // as large as `info_len` says.
+    // SAFETY: `attr` is a valid bpf_attr of the size passed; `info` outlives the call and the
+    // kernel writes at most `info_len` bytes into it.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -59,5 +58,18 @@ pub(crate) fn program_run_stats(program: BorrowedFd<'_>) -> io::Result<(u64, u64
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(info)
+}
+
+/// What the kernel counted for a program while run-time statistics were on
+/// (`BPF_ENABLE_STATS`): its runs and the nanoseconds they took in all.
+pub(crate) fn program_run_stats(program: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    let info: aya_obj::generated::bpf_prog_info = object_info(program)?;
     Ok((info.run_cnt, info.run_time_ns))
+}
+
+/// A map's `max_entries` (a ring buffer's data size).
+pub(crate) fn map_max_entries(map: BorrowedFd<'_>) -> io::Result<u32> {
+    let info: aya_obj::generated::bpf_map_info = object_info(map)?;
+    Ok(info.max_entries)
 }
