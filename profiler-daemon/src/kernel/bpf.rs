@@ -692,18 +692,14 @@ impl Tracer {
             .ebpf
             .take_map(EXITED_THREADS_MAP)
             .context("the eBPF object has no exited-threads map")?;
-        let live = match self.ebpf.program(THREAD_BOOKS_PROGRAM) {
-            Some(program) => match program.fd() {
-                Ok(fd) => Some(
-                    fd.as_fd()
-                        .try_clone_to_owned()
-                        .context("duplicating the thread-books program's descriptor")?,
-                ),
-                // Not loaded: the floor records nothing.
-                Err(_) => None,
-            },
-            None => None,
-        };
+        // Not loaded for the floor, which records nothing.
+        let live = self
+            .ebpf
+            .program(THREAD_BOOKS_PROGRAM)
+            .and_then(|program| program.fd().ok())
+            .map(|fd| fd.as_fd().try_clone_to_owned())
+            .transpose()
+            .context("duplicating the thread-books program's descriptor")?;
         Ok(KernelBooks {
             counters: PerCpuArray::try_from(counters)?,
             exited: BpfHashMap::try_from(exited)?,
@@ -823,7 +819,9 @@ impl KernelBooks {
         let mut threads = self.exited();
         match self.live_threads() {
             Ok(live) => threads.extend(live.into_iter().map(|s| (s.tid, s))),
-            Err(err) => log::warn!("cannot read the live threads' books: {err:#}"),
+            Err(err) => {
+                errln!("fdr-profiled: warning: cannot read the live threads' books: {err:#}")
+            }
         }
         threads
     }
