@@ -51,6 +51,12 @@ fn a_deep_recursion_keeps_its_return_probes() {
     let calls = trace.threads[0].calls();
     assert_eq!(calls["dp_tiny"].entries(), CALLS, "{calls:?}");
     assert_eq!(calls["dp_deep"].entries(), DEPTH + 1, "{calls:?}");
-    // The outer 64 levels (and main) have return probes: their exits are their own.
-    assert!(calls["dp_deep"].exits() >= 63, "{calls:?}");
+    // Every call has its exit: main and the outer 63 levels (the kernel's 64 pending return
+    // probes) their own, every call below them written where a later event proved it gone,
+    // and counted as beyond the limit.
+    assert_eq!(calls["dp_deep"].exits(), DEPTH + 1, "{calls:?}");
+    assert_eq!(calls["dp_tiny"].exits(), CALLS, "{calls:?}");
+    let beyond: u64 = run.thread_u64("frames_beyond_return_limit").values().sum();
+    let hooked = u64::from(profiler_common::MAX_RETURN_PROBE_DEPTH) - 1;
+    assert_eq!(beyond, DEPTH + 1 - hooked + CALLS, "{calls:?}");
 }
