@@ -289,6 +289,11 @@ fn unreadable_payloads_are_counted_and_reported_with_verbose() {
         let pid = run.pid();
         assert_eq!(run.thread_u64("unreadable_events")[&pid], UNREADABLE);
         assert_eq!(run.session_u64("events_lost"), 0);
+        // llvm-xray 14 and 19 load the file; ev_unreadable's one call is in it.
+        let trace = tests::trace::check_trace_dir(&run.out, &run.bin);
+        let calls = trace.threads[0].calls();
+        assert_eq!(calls["ev_unreadable"].entries(), 1, "{calls:?}");
+        assert_eq!(calls["ev_unreadable"].exits(), 1, "{calls:?}");
         let want = format!(
             "fdr-profiled: kernel: warn: thread {pid}: the payload of a custom event (16 bytes at 10) could not be read: written without it"
         );
