@@ -15,6 +15,8 @@
 //!   llvm-xray versions; [`assert_process_calls`] compares it with a
 //!   fixture's `count` lines.
 //! - [`counts`]: the fixtures' `count tid=.. function=.. calls=..` lines.
+//! - [`cpu_records`]: one thread's records with their CPUs, and the migration tests' checks
+//!   (a NewCPUId at every change of CPU, time never going back).
 //! - [`durations`]: every call within its caller, in a session's Chrome timeline and in its
 //!   per-thread report.
 //! - [`run`]: running the daemon and fixtures as children with timeouts.
@@ -32,6 +34,7 @@
 //! what to install.
 
 pub mod counts;
+pub mod cpu_records;
 pub mod durations;
 pub mod fixtures;
 pub mod launched;

@@ -8,26 +8,14 @@
 
 use std::time::Duration;
 
-use tests::fixtures::workloads::{calls_fixture, CALLS_STEP, CALLS_TINY};
+use tests::cpu_records::{assert_cpu_changes_marked, hop_step_records, read_cpu_calls};
+use tests::fixtures::workloads::{calls_fixture, CALLS_TINY};
 use tests::launched::{function_names, launch};
 use tests::LLVM_XRAY_VERSIONS;
-use xray_fdr::reader::{RawRecord, Reader};
 use xray_fdr::FunctionAction;
 
 const HOPS: usize = 12;
 const LOOP_CALLS: usize = 5;
-
-/// One function record of the main thread's file, as our reader saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Call {
-    function: String,
-    action: FunctionAction,
-    args: Vec<u64>,
-    cpu: u16,
-    /// The CPU named by the last NewCPUId record before it (and after the previous function
-    /// record), if any.
-    new_cpu_before: Option<u16>,
-}
 
 /// `hop step=<i> cpu=<c>` lines: the CPU of each step.
 fn hop_cpus(stdout: &str) -> Vec<u16> {
@@ -78,49 +66,13 @@ fn hop(mode: &str) {
         .expect("the main thread's file");
 
     // Our reader, record by record.
-    let bytes = std::fs::read(&file.path).unwrap();
-    let mut reader = Reader::new(&bytes).unwrap();
-    let mut calls: Vec<Call> = Vec::new();
-    let mut new_cpu: Option<u16> = None;
-    while let Some(step) = reader
-        .next_step()
-        .unwrap_or_else(|e| panic!("{}: {e}", file.path.display()))
-    {
-        if step.ignored {
-            continue;
-        }
-        match step.record {
-            RawRecord::NewCpuId { cpu, .. } => new_cpu = Some(cpu),
-            RawRecord::Function {
-                action,
-                function_id,
-                ..
-            } => {
-                calls.push(Call {
-                    function: names[&function_id].clone(),
-                    action,
-                    args: Vec::new(),
-                    cpu: step.cpu,
-                    new_cpu_before: new_cpu.take(),
-                });
-            }
-            RawRecord::CallArgument { value } => calls
-                .last_mut()
-                .expect("argument after a record")
-                .args
-                .push(value),
-            _ => {}
-        }
-    }
+    let calls = read_cpu_calls(&file.path, &names);
 
     // Exact program order.
-    use FunctionAction::{Entry, EntryArgs, Exit, TailExit};
+    use FunctionAction::{Entry, Exit, TailExit};
     let mut want: Vec<(&str, FunctionAction, Vec<u64>)> = vec![("main", Entry, vec![])];
     for i in 0..HOPS {
-        want.push((CALLS_STEP, EntryArgs, vec![i as u64]));
-        want.push((CALLS_STEP, TailExit, vec![]));
-        want.push((CALLS_TINY, Entry, vec![]));
-        want.push((CALLS_TINY, Exit, vec![]));
+        want.extend(hop_step_records(i));
     }
     want.push(("cx_loop", Entry, vec![]));
     for _ in 0..LOOP_CALLS {
@@ -154,33 +106,7 @@ fn hop(mode: &str) {
             assert_eq!(c.cpu, *cpu, "--exits {mode}: step {i} record {c:?}");
         }
     }
-    assert!(
-        calls[0].new_cpu_before.is_some(),
-        "a NewCPUId before the first record"
-    );
-    for (k, w) in calls.windows(2).enumerate() {
-        let (prev, c) = (&w[0], &w[1]);
-        if c.cpu != prev.cpu {
-            assert_eq!(
-                c.new_cpu_before,
-                Some(c.cpu),
-                "--exits {mode}: record {} moved from CPU {} without a NewCPUId: {c:?}",
-                k + 1,
-                prev.cpu
-            );
-        } else {
-            assert_eq!(
-                c.new_cpu_before.unwrap_or(c.cpu),
-                c.cpu,
-                "record {}: {c:?}",
-                k + 1
-            );
-        }
-    }
-    let hops_seen = calls
-        .windows(2)
-        .filter(|w| w[1].new_cpu_before.is_some_and(|n| n != w[0].cpu))
-        .count();
+    let hops_seen = assert_cpu_changes_marked(&calls, &format!("--exits {mode}"));
     assert!(
         hops_seen >= HOPS - 1,
         "--exits {mode}: {hops_seen} CPU changes for {HOPS} hops"

@@ -14,29 +14,16 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tests::counts::{expected_calls, parse_count_lines};
+use tests::cpu_records::{assert_cpu_changes_marked, hop_step_records, read_cpu_calls, CpuCall};
 use tests::fixtures::workloads::{calls_fixture, CALLS_STEP, CALLS_TINY};
 use tests::launched::{function_names, launch, Launched};
 use tests::xray_yaml::{Converted, RecordKind};
 use tests::LLVM_XRAY_VERSIONS;
-use xray_fdr::reader::{RawRecord, Reader};
 use xray_fdr::FunctionAction;
 
 const THREADS: usize = 2;
 const HOPS: usize = 200;
 const LOOP_CALLS: usize = 100;
-
-/// One function record of a thread's file, as our reader saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Call {
-    function: String,
-    action: FunctionAction,
-    args: Vec<u64>,
-    cpu: u16,
-    tsc: u64,
-    /// The CPU named by the last NewCPUId record before it (and after the previous function
-    /// record), if any.
-    new_cpu_before: Option<u16>,
-}
 
 /// What the fixture printed about one loop thread: `hop thread=<t> tid=<tid> step=<i>
 /// cpu=<c>` lines.
@@ -105,46 +92,13 @@ fn hop_lines(stdout: &str) -> Vec<Hops> {
 }
 
 /// Every function record of `tid`'s file, by our reader.
-fn read_calls(run: &Launched, tid: u32, names: &BTreeMap<u32, String>) -> Vec<Call> {
+fn read_calls(run: &Launched, tid: u32, names: &BTreeMap<u32, String>) -> Vec<CpuCall> {
     let file = run
         .files()
         .into_iter()
         .find(|f| f.tid == tid)
         .unwrap_or_else(|| panic!("no file for thread {tid}"));
-    let bytes = std::fs::read(&file.path).unwrap();
-    let mut reader = Reader::new(&bytes).unwrap();
-    let mut calls: Vec<Call> = Vec::new();
-    let mut new_cpu: Option<u16> = None;
-    while let Some(step) = reader
-        .next_step()
-        .unwrap_or_else(|e| panic!("{}: {e}", file.path.display()))
-    {
-        if step.ignored {
-            continue;
-        }
-        match step.record {
-            RawRecord::NewCpuId { cpu, .. } => new_cpu = Some(cpu),
-            RawRecord::Function {
-                action,
-                function_id,
-                ..
-            } => calls.push(Call {
-                function: names[&function_id].clone(),
-                action,
-                args: Vec::new(),
-                cpu: step.cpu,
-                tsc: step.tsc.expect("a function record has a tsc"),
-                new_cpu_before: new_cpu.take(),
-            }),
-            RawRecord::CallArgument { value } => calls
-                .last_mut()
-                .expect("argument after a record")
-                .args
-                .push(value),
-            _ => {}
-        }
-    }
-    calls
+    read_cpu_calls(&file.path, names)
 }
 
 fn kind(action: FunctionAction) -> RecordKind {
@@ -169,7 +123,7 @@ fn check_thread(
     let calls = read_calls(run, hops.tid, names);
 
     // Exact program order: main (thread 0 only), cx_loop, the steps, the loop, the report.
-    use FunctionAction::{Entry, EntryArgs, Exit, TailExit};
+    use FunctionAction::{Entry, Exit, TailExit};
     let mut want: Vec<(&str, FunctionAction, Vec<u64>)> = Vec::new();
     if t == 0 {
         want.push(("main", Entry, vec![]));
@@ -177,10 +131,7 @@ fn check_thread(
     want.push(("cx_loop", Entry, vec![]));
     let first_step = want.len();
     for i in 0..HOPS {
-        want.push((CALLS_STEP, EntryArgs, vec![i as u64]));
-        want.push((CALLS_STEP, TailExit, vec![]));
-        want.push((CALLS_TINY, Entry, vec![]));
-        want.push((CALLS_TINY, Exit, vec![]));
+        want.extend(hop_step_records(i));
     }
     for _ in 0..LOOP_CALLS {
         want.push((CALLS_TINY, Entry, vec![]));
@@ -226,38 +177,7 @@ fn check_thread(
             assert_eq!(c.cpu, *cpu, "{what}: step {i} record {c:?}");
         }
     }
-    assert!(
-        calls[0].new_cpu_before.is_some(),
-        "{what}: a NewCPUId before the first record"
-    );
-    for (k, w) in calls.windows(2).enumerate() {
-        let (prev, c) = (&w[0], &w[1]);
-        if c.cpu != prev.cpu {
-            assert_eq!(
-                c.new_cpu_before,
-                Some(c.cpu),
-                "{what}: record {} moved from CPU {} without a NewCPUId: {c:?}",
-                k + 1,
-                prev.cpu
-            );
-        } else {
-            assert_eq!(
-                c.new_cpu_before.unwrap_or(c.cpu),
-                c.cpu,
-                "{what}: record {}: {c:?}",
-                k + 1
-            );
-        }
-        assert!(
-            c.tsc >= prev.tsc,
-            "{what}: record {} goes back in time: {prev:?} then {c:?}",
-            k + 1
-        );
-    }
-    let hops_seen = calls
-        .windows(2)
-        .filter(|w| w[1].new_cpu_before.is_some_and(|n| n != w[0].cpu))
-        .count();
+    let hops_seen = assert_cpu_changes_marked(&calls, &what);
     assert!(
         hops_seen >= HOPS - 1,
         "{what}: {hops_seen} CPU changes for {HOPS} hops"
