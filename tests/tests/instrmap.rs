@@ -404,6 +404,8 @@ fn compare(bin: &Path, major: u32, names: Names) -> Covered {
     let xray = format!("llvm-xray {major}");
     let image = ElfImage::open(bin).unwrap_or_else(|e| panic!("{e}"));
     let map = InstrMap::from_elf(&image).unwrap_or_else(|e| panic!("{e}"));
+    // Every sled the compilers emit is where the map says (what the tracer checks first).
+    map.check_sleds(&image).unwrap_or_else(|e| panic!("{e}"));
     let symbols = SymbolTable::from_elf(&image);
     let has_typed = map.sleds.iter().any(|s| s.kind == SledKind::TypedEvent);
     let mut covered = Covered::default();

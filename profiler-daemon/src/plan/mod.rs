@@ -106,6 +106,8 @@ impl AttachPlan {
         );
         let image = ElfImage::open(binary)?;
         let map = InstrMap::from_elf(&image)?;
+        // A probe must land on a sled, never inside an instruction the map misplaced.
+        map.check_sleds(&image)?;
         let symbols = SymbolTable::from_elf(&image);
         let probes: Vec<Probe> = map
             .sleds

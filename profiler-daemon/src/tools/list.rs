@@ -98,6 +98,8 @@ fn render_object(listed: &Listed, target: &str, out: &mut String) -> Result<()> 
     let read = || -> Result<(ElfImage, InstrMap)> {
         let image = ElfImage::open(path)?;
         let map = InstrMap::from_elf(&image)?;
+        // What is listed is where probes would go: refused as tracing would refuse it.
+        map.check_sleds(&image)?;
         Ok((image, map))
     };
     let (image, map) = if shown == target {

@@ -212,6 +212,36 @@ pub enum InstrMapError {
         /// Which field.
         field: Field,
     },
+    /// The bytes at an entry's sled address are not an unpatched XRay sled of its kind: the
+    /// map does not describe the code (a corrupted or hostile file). A probe placed there could
+    /// land in the middle of an instruction and change what the program does.
+    #[error("{}: xray_instr_map entry {index}: no {kind:?} sled at {address:#x}: {reason}", path.display())]
+    NotASled {
+        /// The file.
+        path: PathBuf,
+        /// Entry index (0-based).
+        index: usize,
+        /// The entry's kind.
+        kind: SledKind,
+        /// The sled address.
+        address: u64,
+        /// What the bytes there are instead.
+        reason: &'static str,
+    },
+    /// Two entries' sleds share bytes (the same sled listed twice, or one inside another).
+    #[error("{}: xray_instr_map entries {first} and {second} overlap (sleds at {first_address:#x} and {second_address:#x})", path.display())]
+    Overlap {
+        /// The file.
+        path: PathBuf,
+        /// Index of the entry with the lower address (0-based).
+        first: usize,
+        /// Index of the other entry.
+        second: usize,
+        /// Sled address of `first`.
+        first_address: u64,
+        /// Sled address of `second`.
+        second_address: u64,
+    },
     /// An address does not lie in the file-backed part of an executable `PT_LOAD` segment.
     #[error("{}: xray_instr_map entry {index}: {field} address {address:#x} is not in an executable PT_LOAD segment", path.display())]
     NotInText {
@@ -420,6 +450,72 @@ impl InstrMap {
         Ok(map)
     }
 
+    /// Checks that every sled is where the map says: at each entry's address the file holds an
+    /// unpatched XRay sled of the entry's kind, wholly inside the file-backed part of one
+    /// executable segment, and no two sleds share a byte.
+    ///
+    /// [`InstrMap::from_elf`] only reads the map (as llvm-xray does); this check is for those
+    /// that place probes on the sleds or show them as probe sites. A map that does not match
+    /// the code (corrupted, or hostile) could otherwise put a breakpoint in the middle of an
+    /// instruction, changing what the traced program does, or two probes on one address.
+    ///
+    /// x86-64: entry, log-args entry and tail sleds are `jmp +9` over 9 bytes of NOPs, exit
+    /// sleds the function's `ret` followed by 10 bytes of NOPs, custom and typed event sleds
+    /// start with `jmp +15` and `jmp +20`. AArch64: function sleds are `b #32` over 7 NOPs,
+    /// event sleds start with a short forward `b`. These are what LLVM emits
+    /// (`X86AsmPrinter::LowerPATCHABLE_*`, `AArch64AsmPrinter::emitSled`).
+    pub fn check_sleds(&self, image: &ElfImage) -> Result<(), InstrMapError> {
+        let machine = image.machine()?;
+        let segments = image.load_segments()?;
+        let mut extents: Vec<(u64, u64, usize)> = Vec::with_capacity(self.sleds.len());
+        for (index, sled) in self.sleds.iter().enumerate() {
+            let not_a_sled = |reason| InstrMapError::NotASled {
+                path: image.path.clone(),
+                index,
+                kind: sled.kind,
+                address: sled.address,
+                reason,
+            };
+            // The bytes from the sled to the end of its segment's file-backed part, at most
+            // what the longest sled needs.
+            let code = segments
+                .iter()
+                .filter(|s| s.is_executable())
+                .find_map(|s| {
+                    let start = s.file_offset(sled.address)?;
+                    let end = s
+                        .offset
+                        .checked_add(s.filesz)?
+                        .min(start.saturating_add(32));
+                    image
+                        .data
+                        .get(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
+                })
+                .ok_or_else(|| not_a_sled("not in an executable segment"))?;
+            let len = match machine {
+                Machine::X86_64 => x86_64_sled_len(sled.kind, code, sled.address),
+                Machine::Aarch64 => aarch64_sled_len(sled.kind, code),
+            }
+            .map_err(not_a_sled)?;
+            extents.push((sled.address, len, index));
+        }
+        extents.sort_unstable();
+        for pair in extents.windows(2) {
+            let [(a, a_len, first), (b, _, second)] = [pair[0], pair[1]];
+            // a + a_len cannot overflow: the sled's bytes were found in the file.
+            if b < a.saturating_add(a_len) {
+                return Err(InstrMapError::Overlap {
+                    path: image.path.clone(),
+                    first,
+                    second,
+                    first_address: a,
+                    second_address: b,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The function with XRay id `id`, if there is one.
     pub fn function(&self, id: u32) -> Option<&InstrFunction> {
         let index = usize::try_from(id.checked_sub(1)?).ok()?;
@@ -431,6 +527,102 @@ impl InstrMap {
         self.function(id)
             .and_then(|f| self.sleds.get(f.sleds.clone()))
             .unwrap_or(&[])
+    }
+}
+
+/// Length of the x86-64 sled of `kind` at the start of `code` (at link-time `address`), or why
+/// the bytes are not one.
+fn x86_64_sled_len(kind: SledKind, code: &[u8], address: u64) -> Result<u64, &'static str> {
+    use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic};
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let first = decoder.decode();
+    if first.is_invalid() {
+        return Err("the bytes there do not decode as an instruction");
+    }
+    // How many bytes of NOPs must follow the first instruction, and the sled's length.
+    let nops = match kind {
+        SledKind::Entry | SledKind::LogArgsEntry | SledKind::Tail => {
+            if first.code() != Code::Jmp_rel8_64
+                || first.near_branch_target() != address.wrapping_add(11)
+            {
+                return Err("the bytes there are not the sled's `jmp +9`");
+            }
+            9
+        }
+        SledKind::Exit => {
+            if first.mnemonic() != Mnemonic::Ret {
+                return Err("the bytes there are not the sled's `ret`");
+            }
+            10
+        }
+        SledKind::CustomEvent | SledKind::TypedEvent => {
+            let over = if kind == SledKind::CustomEvent {
+                15
+            } else {
+                20
+            };
+            let target = address.wrapping_add(2 + over);
+            if first.code() != Code::Jmp_rel8_64 || first.near_branch_target() != target {
+                return Err("the bytes there are not the event sled's short jump");
+            }
+            if code.len() < 2 + over as usize {
+                return Err("the sled runs past the end of its segment");
+            }
+            // What the jump skips is the runtime's call sequence, read by the planner.
+            return Ok(2 + over);
+        }
+    };
+    let mut covered = 0u64;
+    while covered < nops {
+        let nop = decoder.decode();
+        if nop.is_invalid() && decoder.last_error() == iced_x86::DecoderError::NoMoreBytes {
+            return Err("the sled runs past the end of its segment");
+        }
+        if nop.mnemonic() != Mnemonic::Nop {
+            return Err("the bytes after its first instruction are not the sled's NOPs");
+        }
+        covered += nop.len() as u64;
+    }
+    if covered != nops {
+        return Err("the sled's NOPs do not end where the sled does");
+    }
+    Ok(first.len() as u64 + nops)
+}
+
+/// Length of the AArch64 sled of `kind` at the start of `code`, or why the bytes are not one.
+fn aarch64_sled_len(kind: SledKind, code: &[u8]) -> Result<u64, &'static str> {
+    const B_32: u32 = 0x1400_0008;
+    const NOP: u32 = 0xd503_201f;
+    let word = |i: usize| {
+        code.get(4 * i..4 * i + 4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+    };
+    let first = word(0).ok_or("the sled runs past the end of its segment")?;
+    match kind {
+        SledKind::CustomEvent | SledKind::TypedEvent => {
+            // `b` with a small forward offset (in words) over the runtime's call sequence.
+            let words = first ^ 0x1400_0000;
+            if words >> 26 != 0 || !(2..=8).contains(&words) {
+                return Err("the bytes there are not the event sled's short branch");
+            }
+            if code.len() < 4 * words as usize {
+                return Err("the sled runs past the end of its segment");
+            }
+            Ok(4 * u64::from(words))
+        }
+        _ => {
+            if first != B_32 {
+                return Err("the bytes there are not the sled's `b #32`");
+            }
+            for i in 1..8 {
+                match word(i) {
+                    None => return Err("the sled runs past the end of its segment"),
+                    Some(NOP) => {}
+                    Some(_) => return Err("the bytes after its branch are not the sled's NOPs"),
+                }
+            }
+            Ok(32)
+        }
     }
 }
 

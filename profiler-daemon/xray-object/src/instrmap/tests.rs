@@ -319,3 +319,153 @@ fn corrupted_files_never_panic() {
         }
     }
 }
+
+/// Unpatched x86-64 sleds as clang emits them.
+const ENTRY_SLED: [u8; 11] = [0xeb, 0x09, 0x66, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0];
+const EXIT_SLED: [u8; 11] = [0xc3, 0x2e, 0x66, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0];
+/// `jmp +15` and what the runtime's call sequence would be (not checked here).
+const CUSTOM_SLED: [u8; 17] = [
+    0xeb, 0x0f, 0x57, 0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+];
+
+/// A file whose text holds `code` pieces at their addresses (int3 elsewhere) and whose map
+/// holds `entries`; `machine` is the ELF machine.
+fn with_code(machine: u16, code: &[(u64, &[u8])], entries: &[[u8; 32]]) -> ElfImage {
+    let mut text = text_section();
+    for (address, bytes) in code {
+        let at = (address - TEXT) as usize;
+        text.data[at..at + bytes.len()].copy_from_slice(bytes);
+    }
+    let data = build(
+        elf::ET_EXEC,
+        machine,
+        &segments(),
+        &[text, map_section(entries)],
+    );
+    ElfImage::from_bytes(PathBuf::from("./x"), data).unwrap()
+}
+
+fn check(image: &ElfImage) -> Result<(), String> {
+    let map = InstrMap::from_elf(image).map_err(|e| e.to_string())?;
+    map.check_sleds(image).map_err(|e| e.to_string())
+}
+
+#[test]
+fn sleds_at_their_bytes_pass_the_check() {
+    let image = with_code(
+        elf::EM_X86_64,
+        &[
+            (TEXT, &ENTRY_SLED),
+            (TEXT + 0x20, &EXIT_SLED),
+            (TEXT + 0x40, &CUSTOM_SLED),
+            // Exit sleds keep the function's own return, here `ret 8`, and any split of NOPs.
+            (
+                TEXT + 0x60,
+                &[
+                    0xc2, 0x08, 0x00, 0x90, 0x66, 0x90, 0x0f, 0x1f, 0x40, 0x00, 0x90, 0x90, 0x90,
+                ],
+            ),
+        ],
+        &[
+            rel_entry(0, TEXT, TEXT, 0),
+            rel_entry(1, TEXT + 0x20, TEXT, 1),
+            rel_entry(2, TEXT + 0x40, TEXT, 4),
+            rel_entry(3, TEXT + 0x60, TEXT, 1),
+        ],
+    );
+    assert_eq!(check(&image), Ok(()));
+}
+
+#[test]
+fn sleds_the_code_does_not_have_are_refused() {
+    let code: &[(u64, &[u8])] = &[(TEXT, &ENTRY_SLED), (TEXT + 0x20, &EXIT_SLED)];
+    let refused = |entries: &[[u8; 32]]| check(&with_code(elf::EM_X86_64, code, entries));
+    // In the middle of the entry sled's NOP: a probe there would split an instruction.
+    assert_eq!(
+        refused(&[rel_entry(0, TEXT + 3, TEXT, 0)]),
+        Err("./x: xray_instr_map entry 0: no Entry sled at 0x1003: the bytes there are not the sled's `jmp +9`".into())
+    );
+    // Code that is no sled at all (int3 here).
+    assert_eq!(
+        refused(&[rel_entry(0, TEXT + 0x80, TEXT, 1)]),
+        Err("./x: xray_instr_map entry 0: no Exit sled at 0x1080: the bytes there are not the sled's `ret`".into())
+    );
+    // The right first instruction with the wrong kind.
+    assert!(refused(&[rel_entry(0, TEXT + 0x20, TEXT, 0)])
+        .unwrap_err()
+        .contains("not the sled's `jmp +9`"));
+    assert!(refused(&[rel_entry(0, TEXT, TEXT, 5)])
+        .unwrap_err()
+        .contains("not the event sled's short jump"));
+    // `jmp +9` over something other than NOPs.
+    let bad_nops = check(&with_code(
+        elf::EM_X86_64,
+        &[(TEXT, &[0xeb, 0x09, 0x90, 0xc3])],
+        &[rel_entry(0, TEXT, TEXT, 0)],
+    ));
+    assert!(bad_nops.unwrap_err().contains("are not the sled's NOPs"));
+    // A sled cut by the end of the segment.
+    let cut = check(&with_code(
+        elf::EM_X86_64,
+        &[(TEXT + 0xf8, &ENTRY_SLED[..8])],
+        &[rel_entry(0, TEXT + 0xf8, TEXT, 0)],
+    ));
+    assert_eq!(
+        cut,
+        Err("./x: xray_instr_map entry 0: no Entry sled at 0x10f8: the sled runs past the end of its segment".into())
+    );
+}
+
+#[test]
+fn overlapping_sleds_are_refused() {
+    let code: &[(u64, &[u8])] = &[(TEXT, &ENTRY_SLED), (TEXT + 0x20, &EXIT_SLED)];
+    // The same sled listed twice.
+    let twice = check(&with_code(
+        elf::EM_X86_64,
+        code,
+        &[
+            rel_entry(0, TEXT, TEXT, 0),
+            rel_entry(1, TEXT + 0x20, TEXT, 1),
+            rel_entry(2, TEXT, TEXT, 0),
+        ],
+    ));
+    assert_eq!(
+        twice,
+        Err("./x: xray_instr_map entries 0 and 2 overlap (sleds at 0x1000 and 0x1000)".into())
+    );
+    // A sled whose bytes start inside another's: an exit sled's `ret` hidden in an entry sled's
+    // NOP would also decode, so the overlap itself is what refuses it.
+    let mut inner = ENTRY_SLED;
+    inner[2..].copy_from_slice(&[0xc3, 0x2e, 0x66, 0x0f, 0x1f, 0x84, 0, 0, 0]);
+    let nested = check(&with_code(
+        elf::EM_X86_64,
+        &[(TEXT, &inner), (TEXT + 11, &[0, 0])],
+        &[rel_entry(0, TEXT, TEXT, 1), rel_entry(1, TEXT + 2, TEXT, 1)],
+    ));
+    assert!(nested.is_err(), "{nested:?}");
+}
+
+#[test]
+fn aarch64_sleds() {
+    let mut sled = vec![0x08, 0x00, 0x00, 0x14];
+    for _ in 0..7 {
+        sled.extend_from_slice(&0xd503_201fu32.to_le_bytes());
+    }
+    let ok = with_code(
+        elf::EM_AARCH64,
+        &[(TEXT, &sled), (TEXT + 0x20, &sled)],
+        &[
+            rel_entry(0, TEXT, TEXT, 0),
+            rel_entry(1, TEXT + 0x20, TEXT, 1),
+        ],
+    );
+    assert_eq!(check(&ok), Ok(()));
+    let inside = with_code(
+        elf::EM_AARCH64,
+        &[(TEXT, &sled)],
+        &[rel_entry(0, TEXT + 4, TEXT, 0)],
+    );
+    assert!(check(&inside)
+        .unwrap_err()
+        .contains("not the sled's `b #32`"));
+}
