@@ -79,7 +79,9 @@ pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
         .prefix(&format!("{prefix}-"))
         .tempdir_in(&base)
         .unwrap_or_else(|e| panic!("tempdir in {}: {e}", base.display()));
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+    // Writable by the fixtures some tests run as nobody, and sticky like /tmp: fdr-profiled
+    // refuses to create its output in a directory other users can write to otherwise.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777))
         .expect("chmod scratch dir");
     if std::env::var_os("FDR_KEEP_TMP").is_some() {
         eprintln!("keeping scratch dir {}", dir.path().display());

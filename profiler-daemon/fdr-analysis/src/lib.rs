@@ -11,6 +11,7 @@
 //! the files it writes ([`manifest`]) and to write its closing report.
 pub mod convert;
 pub mod manifest;
+pub mod output_dir;
 pub mod outputs;
 pub mod replay;
 pub mod report;

@@ -1,10 +1,11 @@
 //! What a recording leaves next to its trace files by default: a text report (`report.txt`)
 //! and a Chrome/Perfetto timeline (`trace.json`), both with function names.
 use crate::convert::Format;
+use crate::output_dir::OutputDir;
 use crate::replay::Session;
 use crate::report::render;
 use crate::symbolize::Symbolizer;
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use std::path::{Path, PathBuf};
 
 /// Name of the text report in a session directory.
@@ -26,12 +27,14 @@ pub struct SessionOutputs {
 
 /// Writes `report.txt` and `trace.json` into the session directory `dir` (which must hold a
 /// finished session: its `session.json` and trace files), naming functions with `symbolizer`.
+/// Both are created new (`0600`, never over anything, see [`crate::output_dir`]).
 pub fn write_session_outputs(dir: &Path, symbolizer: &Symbolizer) -> Result<SessionOutputs> {
     let mut session = Session::open(dir, None, symbolizer)?;
-    let (report_path, report) = report_into(&mut session, dir)?;
+    let out = OutputDir::open_existing(dir)?;
+    let (report_path, report) = report_into(&mut session, &out)?;
     let trace_path = dir.join(TRACE_FILE);
     let mut warnings = report.warnings.clone();
-    for w in crate::convert::write_file(&session, Format::Chrome, &trace_path)? {
+    for w in crate::convert::write_in(&session, Format::Chrome, &out, TRACE_FILE)? {
         if !warnings.contains(&w) {
             warnings.push(w);
         }
@@ -47,14 +50,15 @@ pub fn write_session_outputs(dir: &Path, symbolizer: &Symbolizer) -> Result<Sess
 /// default timeline).
 pub fn write_report(dir: &Path, symbolizer: &Symbolizer) -> Result<PathBuf> {
     let mut session = Session::open(dir, None, symbolizer)?;
-    Ok(report_into(&mut session, dir)?.0)
+    let out = OutputDir::open_existing(dir)?;
+    Ok(report_into(&mut session, &out)?.0)
 }
 
-/// Builds the session's report and writes it as `dir/report.txt`.
-fn report_into(session: &mut Session, dir: &Path) -> Result<(PathBuf, crate::report::Report)> {
+/// Builds the session's report and writes it as `report.txt` in `out`.
+fn report_into(session: &mut Session, out: &OutputDir) -> Result<(PathBuf, crate::report::Report)> {
+    use std::io::Write as _;
     let report = crate::report::build(session, false);
-    let path = dir.join(REPORT_FILE);
-    std::fs::write(&path, render::text(&report))
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok((path, report))
+    let text = render::text(&report);
+    out.write_new(REPORT_FILE, |f| f.write_all(text.as_bytes()))?;
+    Ok((out.path().join(REPORT_FILE), report))
 }

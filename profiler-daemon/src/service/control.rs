@@ -5,8 +5,8 @@
 //! directory is made mode 0700 and the socket 0600, and the service also checks that the peer
 //! is root (`SO_PEERCRED`), so a permissive umask or a moved socket lets no one else in.
 use anyhow::{bail, Context as _, Result};
+use fdr_analysis::output_dir::OutputDir;
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -49,33 +49,24 @@ impl Request {
     }
 }
 
-/// Binds the control socket at `path`: its directory created 0700 if missing, a stale socket
-/// (and only a socket) replaced, the socket made 0600.
+/// Binds the control socket at `path`: its directory created 0700 if missing (and refused if
+/// other users can write to it, unless sticky), a stale socket (and only a socket) replaced,
+/// the socket made 0600, all relative to the directory's descriptor (see
+/// [`fdr_analysis::output_dir`]).
 pub fn bind(path: &Path) -> Result<tokio::net::UnixListener> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .with_context(|| format!("creating {}", dir.display()))?;
-        }
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?
-        }
-        Ok(_) => bail!(
-            "{} exists and is not a socket: not replacing it",
-            path.display()
-        ),
-        Err(_) => {}
-    }
-    let listener = tokio::net::UnixListener::bind(path)
-        .with_context(|| format!("listening on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("making {} private", path.display()))?;
-    Ok(listener)
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        bail!("control socket {} has no file name", path.display());
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let listener = OutputDir::open_or_create(dir)?.bind_socket(name)?;
+    listener
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixListener::from_std(listener))
+        .with_context(|| format!("listening on {}", path.display()))
 }
 
 /// Reads a connection's request, if the peer is root and sends one line in time.

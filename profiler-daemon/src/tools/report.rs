@@ -46,10 +46,14 @@ pub fn run(args: &ReportArgs) -> Result<u8> {
     Ok(0)
 }
 
-/// Writes `bytes` to `path`, or to standard output (a closed pipe is not an error).
+/// Writes `bytes` to `path`, a new file (`0600`, never over an existing one, see
+/// [`fdr_analysis::output_dir`]), or to standard output (a closed pipe is not an error).
 pub fn write_output(path: Option<&std::path::Path>, bytes: &[u8]) -> Result<()> {
     match path {
-        Some(p) => std::fs::write(p, bytes).with_context(|| format!("writing {}", p.display())),
+        Some(p) => {
+            let (dir, name) = fdr_analysis::output_dir::OutputDir::for_new_file(p)?;
+            dir.write_new(&name, |f| f.write_all(bytes))
+        }
         None => {
             let mut out = std::io::stdout().lock();
             match out.write_all(bytes).and_then(|()| out.flush()) {

@@ -25,8 +25,9 @@ pub mod speedscope;
 
 pub use depth::{FOLDED_FRAME, MAX_SHOWN_DEPTH};
 
+use crate::output_dir::OutputDir;
 use crate::replay::Session;
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
@@ -68,29 +69,25 @@ pub fn write(
     }
 }
 
-/// Writes `session` in `format` to the file `path`, created anew (through a temporary file
-/// renamed into place, so a failed conversion leaves no half-written file).
+/// Writes `session` in `format` to the file `path`, which must not exist: created `0600` in a
+/// directory other users cannot write to (unless sticky), through a hidden file given its name
+/// only when complete, so a failed conversion leaves nothing (see [`crate::output_dir`]).
 pub fn write_file(session: &Session, format: Format, path: &Path) -> Result<Vec<String>> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    let file =
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let mut out = BufWriter::new(file);
-    let result = write(session, format, &mut out).and_then(|w| {
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        Ok(w)
-    });
-    match result {
-        Ok(w) => {
-            std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-            Ok(w)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e).with_context(|| format!("writing {}", path.display()))
-        }
-    }
+    let (dir, name) = OutputDir::for_new_file(path)?;
+    write_in(session, format, &dir, &name)
+}
+
+/// Writes `session` in `format` as the new file `name` of the directory `dir`.
+pub fn write_in(
+    session: &Session,
+    format: Format,
+    dir: &OutputDir,
+    name: &str,
+) -> Result<Vec<String>> {
+    dir.write_new(name, |file| {
+        let mut out = BufWriter::new(file);
+        let warnings = write(session, format, &mut out)?;
+        out.flush()?;
+        Ok(warnings)
+    })
 }
