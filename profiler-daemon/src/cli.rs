@@ -49,8 +49,8 @@ pub enum Tool {
     /// Percentiles marked `~` come from a histogram (3 significant digits): past a number of
     /// calls a function's durations are not all kept.
     Report(crate::tools::report::ReportArgs),
-    /// Convert a session to a Chrome/Perfetto trace, a speedscope profile, folded stacks or a
-    /// flame graph SVG.
+    /// Convert a session to a Chrome/Perfetto trace, a speedscope profile, folded stacks, a
+    /// flame graph SVG or a pprof profile.
     Convert(crate::tools::convert::ConvertArgs),
     /// Run as a service tracing the programs a configuration file names (flight recorder or
     /// record mode, snapshots on SIGUSR1, request, crash or slow call; retention; reload on

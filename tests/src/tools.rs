@@ -57,6 +57,11 @@ pub fn clangxx() -> PathBuf {
     tool_in_usr_bin("clang++-19", "clang-19")
 }
 
+/// `go` (for `go tool pprof`, the reference reader of pprof profiles). Panics if missing.
+pub fn go() -> PathBuf {
+    tool_in_usr_bin("go", "golang-go")
+}
+
 fn tool_in_usr_bin(name: &str, package: &str) -> PathBuf {
     let path = Path::new("/usr/bin").join(name);
     if !path.exists() {

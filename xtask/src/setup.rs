@@ -29,6 +29,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "libgmock-dev",
     "curl",
     "xz-utils",
+    // `go tool pprof`, the reference reader of `convert --format pprof`.
+    "golang-go",
 ];
 
 /// bpf-linker release line that works with aya-ebpf 0.2 (platform.md).

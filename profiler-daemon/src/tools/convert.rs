@@ -1,4 +1,4 @@
-//! `fdr-profiled convert DIR --format chrome|speedscope|folded|svg`.
+//! `fdr-profiled convert DIR --format chrome|speedscope|folded|svg|pprof`.
 use anyhow::{Context as _, Result};
 use fdr_analysis::convert::{write, write_file, Format};
 use std::io::BufWriter;

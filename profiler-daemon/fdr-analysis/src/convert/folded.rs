@@ -11,36 +11,58 @@
 //! longer than the cap plus two frames, and the distinct stacks stay as many as the distinct
 //! (shown stack, function) pairs.
 use super::depth::{Folding, FOLDED_FRAME, MAX_SHOWN_DEPTH};
-use crate::replay::{self, Call, FunctionKey, ObjectTable, Session, Visitor};
+use crate::replay::{self, Call, CallEnd, FunctionKey, ObjectTable, Session, Visitor};
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-const ROOT: u32 = u32::MAX;
+/// The parent of outermost frames.
+pub(super) const ROOT: u32 = u32::MAX;
 
 /// A frame of a stack: a function, or the mark where deeper frames were folded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Frame {
+pub(super) enum Frame {
     Function(FunctionKey),
     Folded,
+}
+
+/// What the calls that returned at one stack add up to (the report's columns): calls that an
+/// exception unwound or that were still open are in [`StackTrie`]'s self time only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Returned {
+    /// Calls.
+    pub calls: u64,
+    /// Their inclusive time, ns.
+    pub total_ns: u64,
+    /// Their self time, ns.
+    pub self_ns: u64,
 }
 
 /// Distinct call stacks and their self time.
 #[derive(Default)]
 pub struct StackTrie {
     /// (parent, frame) per node.
-    nodes: Vec<(u32, Frame)>,
+    pub(super) nodes: Vec<(u32, Frame)>,
+    /// Self time of every call that ended at the node's stack, however it ended.
     self_ns: Vec<u64>,
+    /// The calls that returned at the node's stack.
+    pub(super) returned: Vec<Returned>,
     index: HashMap<(u32, Frame), u32>,
     folding: Folding,
+    /// The earliest entry and the latest exit seen, ns (0 and 0 when no call ended).
+    pub(super) span: (u64, u64),
+    /// Calls that ended without returning: unwound, or open at the end.
+    pub(super) not_returned: u64,
 }
 
 impl StackTrie {
     fn child(&mut self, parent: u32, frame: Frame) -> u32 {
         let nodes = &mut self.nodes;
         let self_ns = &mut self.self_ns;
+        let returned = &mut self.returned;
         *self.index.entry((parent, frame)).or_insert_with(|| {
             nodes.push((parent, frame));
             self_ns.push(0);
+            returned.push(Returned::default());
             (nodes.len() - 1) as u32
         })
     }
@@ -140,6 +162,20 @@ impl Visitor for ThreadStacks<'_> {
         if let Some(node) = self.stack.pop() {
             let ns = &mut self.trie.self_ns[node as usize];
             *ns = ns.saturating_add(call.self_time());
+            if call.how == CallEnd::Returned {
+                let r = &mut self.trie.returned[node as usize];
+                r.calls += 1;
+                r.total_ns = r.total_ns.saturating_add(call.duration());
+                r.self_ns = r.self_ns.saturating_add(call.self_time());
+            } else {
+                self.trie.not_returned += 1;
+            }
+            let span = &mut self.trie.span;
+            *span = if *span == (0, 0) {
+                (call.start, call.end)
+            } else {
+                (span.0.min(call.start), span.1.max(call.end))
+            };
         }
     }
 }

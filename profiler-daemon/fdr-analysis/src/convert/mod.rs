@@ -5,9 +5,11 @@
 //! - [`speedscope`]: speedscope's own JSON, one evented profile per thread.
 //! - [`folded`]: folded stacks (`a;b;c N`, N the self time in ns), and from them a flame
 //!   graph SVG drawn by inferno.
+//! - [`pprof`]: a gzipped pprof profile (`go tool pprof`, Pyroscope, Parca), one sample per
+//!   distinct call stack with its calls, inclusive and self time.
 //!
-//! The timelines stream: each record is written as it is read. Folded stacks and the flame
-//! graph need memory for each distinct stack, not for each call.
+//! The timelines stream: each record is written as it is read. Folded stacks, pprof and the
+//! flame graph need memory for each distinct stack, not for each call.
 //!
 //! Every format shows calls down to [`MAX_SHOWN_DEPTH`] levels; a call at that depth stands for
 //! itself and everything it called, as one frame named [`FOLDED_FRAME`] (in folded stacks, followed
@@ -21,6 +23,7 @@ pub mod chrome;
 mod depth;
 pub mod folded;
 mod json;
+pub mod pprof;
 pub mod speedscope;
 
 pub use depth::{FOLDED_FRAME, MAX_SHOWN_DEPTH};
@@ -42,6 +45,9 @@ pub enum Format {
     Folded,
     /// A flame graph SVG (from the folded stacks).
     Svg,
+    /// A gzipped pprof profile (go tool pprof, Pyroscope, Parca): calls, wall and self time
+    /// per call stack.
+    Pprof,
 }
 
 impl Format {
@@ -51,6 +57,7 @@ impl Format {
             Format::Chrome | Format::Speedscope => "json",
             Format::Folded => "folded",
             Format::Svg => "svg",
+            Format::Pprof => "pb.gz",
         }
     }
 }
@@ -66,6 +73,7 @@ pub fn write(
         Format::Speedscope => speedscope::write(session, out),
         Format::Folded => folded::write_folded(session, out),
         Format::Svg => folded::write_svg(session, out),
+        Format::Pprof => pprof::write(session, out),
     }
 }
 

@@ -161,8 +161,19 @@ impl Session {
         self.threads()
             .iter()
             .filter_map(|t| thread::first_timestamp(&t.thread.path))
+            .map(|(ts, _)| ts)
             .min()
             .unwrap_or(0)
+    }
+
+    /// Wall-clock time minus trace time (ns), from the first thread file whose first buffer
+    /// carries a wall-clock time: add it to a trace timestamp to get nanoseconds since the Unix
+    /// epoch. `None` when no file says.
+    pub fn wall_clock_offset_ns(&self) -> Option<i128> {
+        self.threads().iter().find_map(|t| {
+            let (ts, wall) = thread::first_timestamp(&t.thread.path)?;
+            Some(i128::from(wall?) - i128::from(ts))
+        })
     }
 }
 

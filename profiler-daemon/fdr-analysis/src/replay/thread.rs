@@ -354,9 +354,11 @@ fn release(bytes: &[u8], from: usize, to: usize) -> usize {
     from
 }
 
-/// The time (ns) of the first function record or event of the file at `path`, reading no
-/// further than that record.
-pub fn first_timestamp(path: &Path) -> Option<u64> {
+/// The first timestamp of the file at `path` (ns), and the wall-clock time of its first buffer
+/// (ns since the Unix epoch, microsecond precision; `None` when it says 0). The recorder writes a
+/// thread's first buffer with the wall-clock time of that thread's first event, so the two
+/// together place the trace's clock on the calendar.
+pub fn first_timestamp(path: &Path) -> Option<(u64, Option<u64>)> {
     let file = std::fs::File::open(path).ok()?;
     if !file.metadata().ok()?.is_file() {
         return None;
@@ -372,12 +374,20 @@ pub fn first_timestamp(path: &Path) -> Option<u64> {
         pending: None,
         args: Vec::new(),
     };
+    let mut wall = None;
     while let Ok(Some(step)) = reader.next_step() {
         if step.ignored {
             continue;
         }
+        if let RawRecord::WallClock { secs, micros } = step.record {
+            if wall.is_none() && (secs, micros) != (0, 0) {
+                wall = secs
+                    .checked_mul(1_000_000_000)
+                    .and_then(|ns| ns.checked_add(u64::from(micros).saturating_mul(1_000)));
+            }
+        }
         if let Some(tsc) = step.tsc {
-            return Some(state.ns(tsc));
+            return Some((state.ns(tsc), wall));
         }
     }
     None

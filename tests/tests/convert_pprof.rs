@@ -1,0 +1,347 @@
+//! `fdr-profiled convert --format pprof`, read by the reference consumer, `go tool pprof`
+//! (Debian's golang-go): per function, its flat calls, wall and self time equal the calls,
+//! total and self time of `fdr-profiled report` on the same session, and its cum self time
+//! the report's total for every function that does not recurse. The mapping names the binary
+//! and its build-id, functions have their source file and line, the profile its start time
+//! and duration. On a hand-made session with known durations and on a recorded trace of the
+//! C++ fixture, whose calls are checked against the counts the fixture printed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tests::scenario::{trace_launched, CPP};
+use tests::synthetic_session::*;
+use tests::tools::go;
+use tests::{scratch_dir, CPP_FUNCTIONS};
+
+/// Per function: (flat, cum) of one sample type, from `go tool pprof -top`.
+type Top = BTreeMap<String, (u64, u64)>;
+
+fn go_pprof(args: &[&str], profile: &Path) -> String {
+    let out = Command::new(go())
+        .args(["tool", "pprof", "-symbolize=none"])
+        .args(args)
+        .arg(profile)
+        .output()
+        .expect("running go tool pprof");
+    assert!(
+        out.status.success(),
+        "go tool pprof {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `go tool pprof -top` of one sample type, every node kept, numbers unscaled.
+fn top(profile: &Path, sample: &str) -> Top {
+    let unit = if sample == "calls" { "count" } else { "ns" };
+    let text = go_pprof(
+        &[
+            "-top",
+            &format!("-sample_index={sample}"),
+            "-nodefraction=0",
+            "-nodecount=1000000",
+            &format!("-unit={unit}"),
+        ],
+        profile,
+    );
+    let mut rows = Top::new();
+    let mut header_seen = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("flat") {
+            header_seen = true;
+            continue;
+        }
+        if !header_seen {
+            continue;
+        }
+        // flat flat% sum% cum cum% name (the name may hold spaces)
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert!(fields.len() >= 6, "a -top row: {line:?}");
+        let number = |f: &str| -> u64 {
+            f.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+                .parse()
+                .unwrap_or_else(|e| panic!("{f:?} in {line:?}: {e}"))
+        };
+        let (flat, cum) = (number(fields[0]), number(fields[3]));
+        let name = fields[5..].join(" ");
+        assert!(
+            rows.insert(name.clone(), (flat, cum)).is_none(),
+            "{name} twice"
+        );
+    }
+    assert!(header_seen, "no table in go tool pprof -top:\n{text}");
+    rows
+}
+
+/// Functions that appear more than once in some sample's stack (`go tool pprof -raw`).
+fn recursive_functions(raw: &str) -> BTreeSet<String> {
+    let mut names: BTreeMap<u64, String> = BTreeMap::new();
+    let mut samples: Vec<Vec<u64>> = Vec::new();
+    let mut section = "";
+    for line in raw.lines() {
+        match line.trim_end() {
+            "Samples:" | "Locations" | "Mappings" => {
+                section = line.trim_end();
+                continue;
+            }
+            _ => {}
+        }
+        match section {
+            "Samples:" => {
+                if let Some((_, stack)) = line.split_once(':') {
+                    samples.push(
+                        stack
+                            .split_whitespace()
+                            .map(|id| id.parse().unwrap())
+                            .collect(),
+                    );
+                }
+            }
+            "Locations" => {
+                // `     1: 0x23b60 M=1 name file:line s=N`
+                let (id, rest) = line.split_once(':').unwrap();
+                let name = rest.split_whitespace().nth(2).unwrap_or_default();
+                names.insert(id.trim().parse().unwrap(), name.to_owned());
+            }
+            _ => {}
+        }
+    }
+    let mut out = BTreeSet::new();
+    for s in samples {
+        let mut seen = BTreeSet::new();
+        for id in s {
+            if !seen.insert(id) {
+                out.insert(names[&id].clone());
+            }
+        }
+    }
+    out
+}
+
+/// Per function: (calls, total ns, self ns).
+type Columns = BTreeMap<String, (u64, u64, u64)>;
+
+/// Converts `dir` to pprof and checks it against `report` function by function; returns the
+/// `-raw` text and the report's columns.
+fn check_against_report(dir: &Path, name: &str) -> (String, Columns) {
+    let out = scratch_dir(name);
+    let profile = out.path().join("profile.pb.gz");
+    let (ok, _, err) = run_tool(&[
+        "convert".as_ref(),
+        dir.as_os_str(),
+        "--format".as_ref(),
+        "pprof".as_ref(),
+        "-o".as_ref(),
+        profile.as_os_str(),
+    ]);
+    assert!(ok, "convert --format pprof: {err}");
+    let bytes = std::fs::read(&profile).unwrap();
+    assert_eq!(&bytes[..2], b"\x1f\x8b", "a gzip file");
+
+    let (report, _) = report_json(dir, &[]);
+    let mut want_calls = BTreeMap::new();
+    let mut want_total = BTreeMap::new();
+    let mut want_self = BTreeMap::new();
+    for r in report["functions"].as_array().unwrap() {
+        let name = r["name"].as_str().unwrap().to_owned();
+        let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+        if n("calls") == 0 {
+            continue;
+        }
+        assert!(
+            want_calls.insert(name.clone(), n("calls")).is_none(),
+            "{name} twice in the report"
+        );
+        want_total.insert(name.clone(), n("total_ns"));
+        want_self.insert(name, n("self_ns"));
+    }
+    assert!(!want_calls.is_empty(), "the report has calls");
+
+    let flat = |t: &Top| -> BTreeMap<String, u64> {
+        t.iter()
+            .filter(|(_, v)| v.0 > 0)
+            .map(|(k, v)| (k.clone(), v.0))
+            .collect()
+    };
+    let calls = top(&profile, "calls");
+    let wall = top(&profile, "wall");
+    let selft = top(&profile, "self");
+    assert_eq!(flat(&calls), want_calls, "flat calls vs the report's calls");
+    assert_eq!(flat(&wall), want_total, "flat wall vs the report's total");
+    // A function whose every call took 0 ns of self time has no flat row for self.
+    let want_self_nonzero: BTreeMap<String, u64> =
+        want_self.into_iter().filter(|(_, v)| *v > 0).collect();
+    assert_eq!(
+        flat(&selft),
+        want_self_nonzero,
+        "flat self vs the report's self"
+    );
+
+    let raw = go_pprof(&["-raw"], &profile);
+    let recursive = recursive_functions(&raw);
+    let mut cum_checked = 0;
+    for (name, total) in &want_total {
+        if recursive.contains(name) {
+            continue;
+        }
+        assert_eq!(
+            selft[name].1, *total,
+            "{name}: cum self vs the report's total"
+        );
+        cum_checked += 1;
+    }
+    assert!(cum_checked > 0);
+    let columns = want_calls
+        .iter()
+        .map(|(k, &c)| {
+            let s = flat(&selft).get(k).copied().unwrap_or(0);
+            (k.clone(), (c, want_total[k], s))
+        })
+        .collect();
+    (raw, columns)
+}
+
+/// Per function id: (calls, total, self), replayed from hand-made events.
+fn replay(threads: &[Vec<Ev>]) -> BTreeMap<u32, (u64, u64, u64)> {
+    let mut out: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
+    for events in threads {
+        // (id, entry time, time in callees)
+        let mut stack: Vec<(u32, u64, u64)> = Vec::new();
+        for e in events {
+            match *e {
+                Ev::Enter(id, t) => stack.push((id, t, 0)),
+                Ev::Exit(id, t) => {
+                    let (open, start, children) = stack.pop().expect("balanced");
+                    assert_eq!(open, id);
+                    let d = t - start;
+                    let row = out.entry(id).or_default();
+                    *row = (row.0 + 1, row.1 + d, row.2 + d - children);
+                    if let Some(parent) = stack.last_mut() {
+                        parent.2 += d;
+                    }
+                }
+                _ => unreachable!("nested_calls makes entries and exits only"),
+            }
+        }
+    }
+    out
+}
+
+fn raw_time_ns(raw: &str) -> u64 {
+    // `Time: 2026-11-25 15:47:10.380707 +0000 UTC`: checked against the clock below, to the
+    // second.
+    let line = raw
+        .lines()
+        .find(|l| l.starts_with("Time: "))
+        .expect("a Time line");
+    let stamp = line.trim_start_matches("Time: ");
+    let out = Command::new("date")
+        .args(["-u", "-d", stamp.trim_end_matches(" UTC").trim(), "+%s"])
+        .output()
+        .unwrap();
+    let secs: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{stamp}: {e}"));
+    secs * 1_000_000_000
+}
+
+#[test]
+fn a_hand_made_session_reads_the_same_in_go_tool_pprof_as_in_the_report() {
+    let bin = tests::cpp_fixture();
+    let ids = (
+        function_id(&bin, "fx::outer(int)"),
+        function_id(&bin, "fx::middle(int)"),
+        function_id(&bin, "fx::leaf(int)"),
+    );
+    let dir = scratch_dir("pprof-synthetic");
+    write_session(
+        dir.path(),
+        &[SynthProcess {
+            pid: 40,
+            binary: bin.clone(),
+            build_id: Some(build_id(&bin)),
+            threads: vec![
+                (40, nested_calls(ids, 25, 0)),
+                (41, nested_calls(ids, 9, 7)),
+            ],
+        }],
+    );
+    let (raw, columns) = check_against_report(dir.path(), "pprof-synthetic-out");
+    // The same numbers replayed here from the events written.
+    let want = replay(&[nested_calls(ids, 25, 0), nested_calls(ids, 9, 7)]);
+    let names = [
+        (ids.0, "fx::outer(int)"),
+        (ids.1, "fx::middle(int)"),
+        (ids.2, "fx::leaf(int)"),
+    ];
+    let want: Columns = names
+        .iter()
+        .map(|(id, name)| (name.to_string(), want[id]))
+        .collect();
+    assert_eq!(columns, want, "(calls, total, self) per function");
+    assert_eq!(columns["fx::leaf(int)"].0, 68, "(25 + 9) x 2 leaf calls");
+    // The mapping: the binary and its build-id, functions symbolized with file and line.
+    let mapping = raw
+        .lines()
+        .skip_while(|l| l.trim() != "Mappings")
+        .nth(1)
+        .expect("a mapping");
+    assert!(mapping.contains(&build_id(&bin)), "{mapping}");
+    assert!(mapping.contains(&bin.display().to_string()), "{mapping}");
+    assert!(mapping.contains("[FN]"), "{mapping}");
+    let leaf = raw
+        .lines()
+        .find(|l| l.contains(" fx::leaf(int) "))
+        .unwrap_or_else(|| panic!("fx::leaf in the locations:\n{raw}"));
+    assert!(
+        leaf.contains("threads.cpp:"),
+        "fx::leaf with its file and line: {leaf}"
+    );
+}
+
+#[test]
+fn a_recorded_trace_reads_the_same_in_go_tool_pprof_as_in_the_report() {
+    let before = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let run = trace_launched(&CPP, 20);
+    let after = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let (raw, columns) = check_against_report(&run.trace.dir, "pprof-recorded-out");
+    // Calls as the fixture counted them, summed over its threads.
+    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+    for p in &run.processes {
+        for per_thread in p.calls.values() {
+            for (name, n) in per_thread {
+                *counted.entry(name.clone()).or_default() += n;
+            }
+        }
+    }
+    assert!(!counted.is_empty());
+    for (name, n) in &counted {
+        if CPP_FUNCTIONS.contains(&name.as_str()) {
+            assert_eq!(
+                columns.get(name).map(|c| c.0),
+                Some(*n),
+                "{name}: calls in pprof vs the fixture's count"
+            );
+        }
+    }
+    // Start time within the run (to the second), and a duration.
+    let t = raw_time_ns(&raw);
+    assert!(
+        t + 1_000_000_000 >= before && t <= after,
+        "Time {t} not within [{before}, {after}]"
+    );
+    let duration = raw
+        .lines()
+        .find(|l| l.starts_with("Duration: "))
+        .expect("Duration");
+    assert_ne!(duration.trim(), "Duration: 0", "{duration}");
+}
