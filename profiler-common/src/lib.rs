@@ -380,6 +380,13 @@ pub const PROCESS_START_PROGRAM: &str = "process_start";
 pub const STARTED_MAP: &str = "STARTED";
 /// Name of the hash map of [`RepairState`] by thread id.
 pub const REPAIRS_MAP: &str = "REPAIRS";
+/// `--follow-forks`: name of the hash map whose keys are the processes (tgids) recorded: the
+/// traced process, put there by the daemon, and every process forked by one of them, put
+/// there by [`FOLLOW_FORK_PROGRAM`] before the child first runs.
+pub const FOLLOWED_MAP: &str = "FOLLOWED";
+/// `--follow-forks`: name of the raw tracepoint program on `task_newtask` that adds a new
+/// process forked by a followed one to [`FOLLOWED_MAP`].
+pub const FOLLOW_FORK_PROGRAM: &str = "follow_fork";
 
 /// Most return-probe instances a throw reads (the kernel keeps at most
 /// [`MAX_RETURN_PROBE_DEPTH`] per thread).
@@ -492,8 +499,12 @@ pub mod globals {
     pub const SIGHAND_OFFSET: &str = "CFG_SIGHAND_OFFSET";
     pub const SIGHAND_ACTION_OFFSET: &str = "CFG_SIGHAND_ACTION_OFFSET";
     pub const K_SIGACTION_SIZE: &str = "CFG_K_SIGACTION_SIZE";
-    /// u32: `task_struct.pid` (from the kernel's BTF), for `repair_release`.
+    /// u32: `task_struct.pid` (from the kernel's BTF), for `repair_release` and
+    /// `follow_fork`.
     pub const TASK_PID_OFFSET: &str = "CFG_TASK_PID_OFFSET";
+    /// u32: 1 under `--follow-forks`: a thread gets state (is recorded) only if its process
+    /// is in [`super::FOLLOWED_MAP`].
+    pub const FOLLOW_FORKS: &str = "CFG_FOLLOW_FORKS";
 }
 
 #[cfg(test)]

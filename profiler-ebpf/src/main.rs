@@ -128,9 +128,19 @@ static CFG_SIGHAND_OFFSET: u32 = 0;
 static CFG_SIGHAND_ACTION_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static CFG_K_SIGACTION_SIZE: u32 = 0;
-/// `task_struct.pid`, for `repair_release`.
+/// `task_struct.pid`, for `repair_release` and `follow_fork`.
 #[unsafe(no_mangle)]
 static CFG_TASK_PID_OFFSET: u32 = 0;
+/// 1 under `--follow-forks`: the probes fire in every process running the traced objects, and
+/// only the threads of the processes in `FOLLOWED` are recorded.
+#[unsafe(no_mangle)]
+static CFG_FOLLOW_FORKS: u32 = 0;
+
+/// `--follow-forks`: the processes (tgids) recorded: the traced one (put there by the daemon)
+/// and those forked by a recorded one (`follow_fork`). A process whose entry is missing is not
+/// recorded: its threads get no state, and nothing is counted for them.
+#[map(name = "FOLLOWED")]
+static FOLLOWED: HashMap<u32, u32> = HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
 
 /// `--exits repair --attach`: the processes that started running a traced binary, pushed by
 /// `process_start` as `(binary << 32) | pid` (the binary: the probe's cookie's function id),
@@ -425,6 +435,11 @@ fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, &'static mut ThreadState)
         )
     };
     let create = cookie.kind != event_kind::CATCH;
+    // `--follow-forks`: a thread with no state yet gets one only if its process is followed;
+    // the others run code of a traced object without being traced (the probes cannot be
+    // limited to a set of processes that grows by itself).
+    let create =
+        create && (setting(&CFG_FOLLOW_FORKS) == 0 || thread_state(false).is_some() || followed());
     let Some(state) = thread_state(create) else {
         if create {
             count(counter::NO_THREAD_STATE, 1);
@@ -582,8 +597,59 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
+/// `--follow-forks`: whether the current thread's process is one recorded.
+#[inline(always)]
+fn followed() -> bool {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: a plain lookup; the value is not kept.
+    unsafe { FOLLOWED.get(&tgid).is_some() }
+}
+
+/// `CLONE_THREAD` (uapi): the new task is a thread of its creator's process.
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// `--follow-forks`: a new task (`task_newtask(task, clone_flags)`, run by its creator before
+/// the new task first runs): a new process forked by a followed one is followed too, from its
+/// first instruction. A thread needs nothing (its process is already followed or not).
+#[raw_tracepoint(tracepoint = "task_newtask")]
+pub fn follow_fork(ctx: RawTracePointContext) -> i32 {
+    if setting(&CFG_FOLLOW_FORKS) == 0 {
+        return 0;
+    }
+    // The tracepoint's arguments are (struct task_struct *task, unsigned long clone_flags).
+    let (task, flags) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1));
+    if flags & CLONE_THREAD != 0 || !followed() {
+        return 0;
+    }
+    let pid_at = setting(&CFG_TASK_PID_OFFSET);
+    if pid_at == 0 || pid_at >= 65536 {
+        return 0;
+    }
+    // SAFETY: plain helper call; the read is checked by the helper.
+    let Ok(child) = (unsafe {
+        bpf_probe_read_kernel((task as *const u8).wrapping_add(pid_at as usize) as *const u32)
+    }) else {
+        return 0;
+    };
+    if FOLLOWED.insert(&child, &1, 0).is_err() {
+        warn!(
+            &ctx,
+            "process {} not followed: the map of followed processes is full", child
+        );
+    }
+    0
+}
+
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
+    if setting(&CFG_FOLLOW_FORKS) != 0 {
+        let pid_tgid = bpf_get_current_pid_tgid();
+        if pid_tgid as u32 == (pid_tgid >> 32) as u32 {
+            // A followed process's main thread ends: its id may be given to an unrelated
+            // process next.
+            let _ = FOLLOWED.remove(&((pid_tgid >> 32) as u32));
+        }
+    }
     let Some(state) = THREADS.current(false) else {
         return 0;
     };

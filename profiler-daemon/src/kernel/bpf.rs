@@ -9,9 +9,10 @@ use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
     cookie_flags, counter, event_kind, globals, Cookie, RepairState, SledKind, ThreadState,
-    ARMED_MAP, COUNTERS_MAP, EXITED_THREADS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM,
-    PROCESS_START_PROGRAM, REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, RETURN_PROGRAM, RINGS_MAP,
-    SLED_PROGRAM, STARTED_MAP, THREAD_BOOKS_PROGRAM, THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
+    ARMED_MAP, COUNTERS_MAP, EXITED_THREADS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, FOLLOWED_MAP,
+    FOLLOW_FORK_PROGRAM, PROCESS_START_PROGRAM, REPAIRS_MAP, REPAIR_RELEASE_PROGRAM,
+    RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, STARTED_MAP, THREAD_BOOKS_PROGRAM,
+    THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
 };
 use std::num::NonZeroU32;
 use std::path::Path;
@@ -53,6 +54,9 @@ pub struct LoadOptions {
     /// Show the programs' reports of rare anomalies (aya-log; see [`Tracer::show_kernel_log`]).
     /// Off, the programs skip them.
     pub kernel_log: bool,
+    /// `--follow-forks`: only the processes named by [`Tracer::follow`] and those they fork
+    /// are recorded (the probes are then placed for every process, [`Scope::AllProcesses`]).
+    pub follow_forks: bool,
 }
 
 /// The loaded programs and maps. Dropping it detaches every probe.
@@ -125,7 +129,13 @@ impl Tracer {
         // rates, this covers bursts.
         let wakeup = u64::from(ring_bytes / 2);
         let exit_code_offset = crate::kernel::btf::task_exit_code_offset().unwrap_or(0);
-        let offsets = options.repair.unwrap_or_default();
+        let mut offsets = options.repair.unwrap_or_default();
+        let follow_forks = u32::from(options.follow_forks);
+        if options.follow_forks {
+            offsets.task_pid = crate::kernel::btf::task_pid_offset().context(
+                "--follow-forks: the kernel's BTF (/sys/kernel/btf/vmlinux) has no task_struct.pid",
+            )?;
+        }
         let trampoline = crate::kernel::btf::trampoline_offsets().unwrap_or_default();
         let kernel_log_level: u8 = if options.kernel_log {
             aya_log::Level::Warn as u8
@@ -154,6 +164,7 @@ impl Tracer {
             )
             .override_global(globals::K_SIGACTION_SIZE, &offsets.k_sigaction_size, true)
             .override_global(globals::TASK_PID_OFFSET, &offsets.task_pid, true)
+            .override_global(globals::FOLLOW_FORKS, &follow_forks, true)
             .override_global(globals::NARGS, &nargs, true)
             .override_global(globals::MAX_EVENT_BYTES, &options.max_event_bytes, true)
             .override_global(globals::WAKEUP_BYTES, &wakeup, true)
@@ -236,6 +247,26 @@ impl Tracer {
                     one_line(&e)
                 )
             })?;
+            if options.follow_forks {
+                let fork: &mut RawTracePoint = ebpf
+                    .program_mut(FOLLOW_FORK_PROGRAM)
+                    .with_context(|| {
+                        format!("the eBPF object has no {FOLLOW_FORK_PROGRAM} program")
+                    })?
+                    .try_into()?;
+                fork.load().map_err(|e| {
+                    anyhow!(
+                        "the kernel refused the {FOLLOW_FORK_PROGRAM} program: {}",
+                        one_line(&e)
+                    )
+                })?;
+                fork.attach("task_newtask").map_err(|e| {
+                    anyhow!(
+                        "cannot attach to the task_newtask tracepoint: {}",
+                        one_line(&e)
+                    )
+                })?;
+            }
             let books: &mut aya::programs::Iter = ebpf
                 .program_mut(THREAD_BOOKS_PROGRAM)
                 .with_context(|| format!("the eBPF object has no {THREAD_BOOKS_PROGRAM} program"))?
@@ -666,6 +697,18 @@ impl Tracer {
         }
         costs.retain(|c| c.runs > 0);
         costs
+    }
+
+    /// `--follow-forks`: records process `pid` (and, from now on, the processes it forks).
+    pub fn follow(&mut self, pid: u32) -> Result<()> {
+        let mut followed: BpfHashMap<_, u32, u32> = self
+            .ebpf
+            .map_mut(FOLLOWED_MAP)
+            .with_context(|| format!("the eBPF object has no {FOLLOWED_MAP} map"))?
+            .try_into()?;
+        followed
+            .insert(pid, 1, 0)
+            .with_context(|| format!("following process {pid}"))
     }
 
     /// Writes the anomalies the programs reported since the last call (`LoadOptions::kernel_log`)

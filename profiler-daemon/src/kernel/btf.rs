@@ -22,6 +22,13 @@ pub fn task_exit_code_offset() -> Option<u32> {
     member_offset(&btf, "task_struct", "exit_code")
 }
 
+/// Byte offset of `pid` (the thread id) in `struct task_struct`: how `--follow-forks` names a
+/// new process. `None` when the kernel has no BTF or no such field.
+pub fn task_pid_offset() -> Option<u32> {
+    let btf = vmlinux().ok()?;
+    member_offset(&btf, "task_struct", "pid")
+}
+
 /// Where `--exits repair` finds a thread's pending return-probe instances (see
 /// `profiler_common::RepairState`), its blocked signals and its signal handlers. All zero:
 /// repair off.

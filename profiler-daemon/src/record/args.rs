@@ -23,6 +23,15 @@ pub struct RecordArgs {
     #[arg(long, value_name = "PID", conflicts_with = "command")]
     pub pid: Option<u32>,
 
+    /// With --pid or a launched command: record the processes it forks too (and theirs), each
+    /// from its first instruction, in a directory of its own; they are recorded until they
+    /// end or the session does (which is when the traced process ends). Their probes are
+    /// placed for every process using the traced objects and filtered in the kernel (a
+    /// process not followed pays a breakpoint per probe it hits). Not with --exits repair.
+    /// --attach records every process running the binary anyway.
+    #[arg(long, conflicts_with = "attach")]
+    pub follow_forks: bool,
+
     /// Directory for the trace (created; must be empty if it exists). One subdirectory per traced
     /// process, one FDR file per thread, and session.json.
     #[arg(long, value_name = "DIR")]

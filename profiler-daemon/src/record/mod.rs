@@ -111,6 +111,9 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
+    if cli.follow_forks && cli.exits == ExitMode::Repair {
+        bail!("--follow-forks cannot be used with --exits repair (the repair keeper traces one process)");
+    }
     let repair = repair_wanted(cli, program.is_some(), &planned.image)?;
     let (mut policy, mut exits_choice) = match &repair {
         Some(wanted) => wanted.choice(),
@@ -126,6 +129,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         perf_events_only: cli.no_uprobe_multi,
         repair: repair.as_ref().map(|r| r.offsets),
         kernel_log: cli.verbose,
+        follow_forks: cli.follow_forks,
     })?;
     let out = OutputDir::create_root(&cli.out_dir())?;
 
@@ -146,6 +150,20 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             Scope::Process(NonZeroU32::new(child.pid()).context("fork returned pid 0")?)
         }
         Target::Pid(pid, ..) => Scope::Process(NonZeroU32::new(*pid).context("pid 0")?),
+    };
+    // --follow-forks: the kernel filters probes by one process only; the programs filter by
+    // the set of followed processes instead (see `Tracer::follow`).
+    let scope = match scope {
+        Scope::Process(pid) if cli.follow_forks => {
+            if let Err(err) = tracer.follow(pid.get()) {
+                if let Target::Launch(child, _) = target {
+                    launch::reap(child);
+                }
+                return Err(err);
+            }
+            Scope::AllProcesses
+        }
+        scope => scope,
     };
     // The repair keeper must trace the process before its first frame is hooked: forked now,
     // before any probe is placed and before the runtime starts a thread.
@@ -362,7 +380,7 @@ fn repair_wanted(
                 unwinder: None,
             }))
         }
-        ExitMode::Auto if launched && !cli.floor && !cli.no_uprobe_multi => {
+        ExitMode::Auto if launched && !cli.floor && !cli.no_uprobe_multi && !cli.follow_forks => {
             let Some((path, symbol)) = crate::plan::exits::unwinder(image) else {
                 return Ok(None);
             };

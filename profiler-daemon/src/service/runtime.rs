@@ -102,6 +102,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
             .unwrap_or(0),
         floor: false,
         ablate: 0,
+        follow_forks: false,
         perf_events_only: false,
         // Loaded for every target of the first configuration that asks for it.
         repair: config
