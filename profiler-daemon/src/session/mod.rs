@@ -22,7 +22,7 @@ use crate::plan::{AttachPlan, FunctionNames};
 use crate::session::order::Gap;
 use crate::session::output::OutputDir;
 use crate::session::summary::{
-    ExitMethods, FunctionTotals, ObjectReport, ProcessReport, SessionReport, ThreadReport,
+    ExitMethods, ObjectReport, ProcessReport, SessionReport, ThreadReport, Totals,
 };
 use anyhow::Result;
 use profiler_common::event_kind;
@@ -99,7 +99,7 @@ pub struct Session {
     /// The (tid, pid) of the last event written and where its thread is in `open`: `pid_of`
     /// has it, and the next event is most often that thread's.
     last: Option<(u32, u32, usize)>,
-    totals: FxHashMap<u32, FunctionTotals>,
+    totals: Totals,
     events: u64,
     ignored: u64,
     /// Threads whose file could not be created: said once, their later events only counted
@@ -137,7 +137,7 @@ impl Session {
             open: Vec::new(),
             pid_of: FxHashMap::default(),
             last: None,
-            totals: FxHashMap::default(),
+            totals: Totals::default(),
             events: 0,
             ignored: 0,
             unwritable: FxHashSet::default(),
@@ -228,8 +228,8 @@ impl Session {
             exit_sled_functions: functions.saturating_sub(return_probe_functions),
             ..ExitMethods::default()
         };
-        for (id, t) in &self.totals {
-            match self.return_probed.contains(id) {
+        for (id, t) in self.totals.iter() {
+            match self.return_probed.contains(&id) {
                 true => methods.return_probe_calls += t.calls,
                 false => methods.exit_sled_calls += t.calls,
             }

@@ -16,18 +16,68 @@ pub struct FunctionTotals {
     pub total_ns: u64,
 }
 
+/// Per-function totals of a session, by function id. Each function's totals stay at one place
+/// in a list once it is in, so a thread's [`CallTimer`] can remember where a function's are
+/// and add to them without a hash lookup per call.
+#[derive(Debug, Default)]
+pub struct Totals {
+    /// Where each function's totals are in `list`.
+    index: FxHashMap<u32, u32>,
+    list: Vec<(u32, FunctionTotals)>,
+}
+
+impl Totals {
+    /// Where the totals of `function_id` are in the list, adding them if new.
+    fn place(&mut self, function_id: u32) -> u32 {
+        let list = &mut self.list;
+        *self.index.entry(function_id).or_insert_with(|| {
+            list.push((function_id, FunctionTotals::default()));
+            (list.len() - 1) as u32
+        })
+    }
+
+    /// Every function with its totals, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &FunctionTotals)> {
+        self.list.iter().map(|(id, t)| (*id, t))
+    }
+
+    /// The totals of one function.
+    pub fn get(&self, function_id: u32) -> Option<&FunctionTotals> {
+        let &at = self.index.get(&function_id)?;
+        Some(&self.list[at as usize].1)
+    }
+}
+
 /// Deepest call stack a thread's timer tracks; deeper frames are not timed (bounded memory).
 const MAX_TIMED_DEPTH: usize = 1 << 16;
 
+/// Entries of a timer's memory of where functions' totals are (a power of two).
+const PLACES: usize = 64;
+
 /// Times calls of one thread from its entry and exit records.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CallTimer {
     stack: Vec<(u32, u64)>,
     too_deep: usize,
+    /// Where in [`Totals`] the functions this thread returned from lately have their totals:
+    /// `(function id, place + 1)` at `id % PLACES`, 0 for none. A thread returns from a few
+    /// functions over and over, and this saves the hash lookup each return would cost.
+    places: [(u32, u32); PLACES],
+}
+
+impl Default for CallTimer {
+    fn default() -> Self {
+        CallTimer {
+            stack: Vec::new(),
+            too_deep: 0,
+            places: [(0, 0); PLACES],
+        }
+    }
 }
 
 impl CallTimer {
     /// A function was entered at `ts` nanoseconds.
+    #[inline]
     pub fn enter(&mut self, function_id: u32, ts: u64) {
         if self.stack.len() < MAX_TIMED_DEPTH {
             self.stack.push((function_id, ts));
@@ -38,7 +88,8 @@ impl CallTimer {
 
     /// A function returned (or tail-called out) at `ts`. Frames above it that never saw their
     /// exit (unwound by an exception, say) are dropped untimed.
-    pub fn exit(&mut self, function_id: u32, ts: u64, totals: &mut FxHashMap<u32, FunctionTotals>) {
+    #[inline]
+    pub fn exit(&mut self, function_id: u32, ts: u64, totals: &mut Totals) {
         if self.too_deep > 0 {
             self.too_deep -= 1;
             return;
@@ -48,7 +99,15 @@ impl CallTimer {
         };
         let (_, start) = self.stack[pos];
         self.stack.truncate(pos);
-        let t = totals.entry(function_id).or_default();
+        let remembered = &mut self.places[function_id as usize % PLACES];
+        let place = if remembered.1 != 0 && remembered.0 == function_id {
+            remembered.1 - 1
+        } else {
+            let place = totals.place(function_id);
+            *remembered = (function_id, place + 1);
+            place
+        };
+        let t = &mut totals.list[place as usize].1;
         t.calls += 1;
         t.total_ns = t.total_ns.saturating_add(ts.saturating_sub(start));
     }
@@ -370,13 +429,13 @@ pub struct SessionReport {
 impl SessionReport {
     /// Functions ordered by total time, longest first, named.
     pub fn rank_functions(
-        totals: &FxHashMap<u32, FunctionTotals>,
+        totals: &Totals,
         names: &FunctionNames,
         return_probed: &HashSet<u32>,
     ) -> Vec<FunctionReport> {
         let mut out: Vec<FunctionReport> = totals
             .iter()
-            .map(|(&id, t)| FunctionReport {
+            .map(|(id, t)| FunctionReport {
                 id,
                 name: names.name(id),
                 calls: t.calls,
@@ -600,7 +659,7 @@ mod tests {
 
     #[test]
     fn timer_matches_nested_and_unwound_calls() {
-        let mut totals = FxHashMap::default();
+        let mut totals = Totals::default();
         let mut t = CallTimer::default();
         t.enter(1, 100);
         t.enter(2, 110);
@@ -609,10 +668,31 @@ mod tests {
         // 3 never returns (unwound); 1's exit closes both.
         t.exit(1, 200, &mut totals);
         t.exit(7, 210, &mut totals); // never entered: ignored
-        assert_eq!(totals[&1].calls, 1);
-        assert_eq!(totals[&1].total_ns, 100);
-        assert_eq!(totals[&2].total_ns, 20);
-        assert!(!totals.contains_key(&3));
-        assert!(!totals.contains_key(&7));
+        assert_eq!(totals.get(1).unwrap().calls, 1);
+        assert_eq!(totals.get(1).unwrap().total_ns, 100);
+        assert_eq!(totals.get(2).unwrap().total_ns, 20);
+        assert!(totals.get(3).is_none());
+        assert!(totals.get(7).is_none());
+        // 65 shares its place in the timer's memory with 1: both add up where they belong.
+        t.enter(65, 300);
+        t.exit(65, 305, &mut totals);
+        t.enter(1, 310);
+        t.exit(1, 320, &mut totals);
+        t.enter(65, 330);
+        t.exit(65, 340, &mut totals);
+        assert_eq!(
+            (
+                totals.get(1).unwrap().calls,
+                totals.get(1).unwrap().total_ns
+            ),
+            (2, 110)
+        );
+        assert_eq!(
+            (
+                totals.get(65).unwrap().calls,
+                totals.get(65).unwrap().total_ns
+            ),
+            (2, 15)
+        );
     }
 }

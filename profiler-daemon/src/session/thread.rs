@@ -16,9 +16,8 @@
 //! as a guard, a stack pointer more than [`STACK_SPAN`] above a frame never proves it dead.
 use crate::kernel::intake::Event;
 use crate::session::order::Gap;
-use crate::session::summary::{CallTimer, FunctionTotals, ThreadReport};
+use crate::session::summary::{CallTimer, ThreadReport, Totals};
 use profiler_common::{event_flags, event_kind, SledKind};
-use rustc_hash::FxHashMap;
 use std::fs::File;
 use xray_fdr::records::FunctionAction;
 use xray_fdr::writer::{Recorded, ThreadWriter};
@@ -169,12 +168,7 @@ impl ThreadTrace {
 
     /// Applies the thread's next event. Write errors close the file as it stands (still valid)
     /// with a warning; later events are counted as dropped.
-    pub fn apply(
-        &mut self,
-        event: &Event,
-        gap: Option<Gap>,
-        totals: &mut FxHashMap<u32, FunctionTotals>,
-    ) {
+    pub fn apply(&mut self, event: &Event, gap: Option<Gap>, totals: &mut Totals) {
         let h = &event.header;
         let ts = if h.ts_ns == 0 { self.last_ts } else { h.ts_ns };
         if let Some(gap) = gap {
@@ -225,7 +219,7 @@ impl ThreadTrace {
         dead: impl Fn(u64) -> bool,
         ts: u64,
         cpu: u16,
-        totals: &mut FxHashMap<u32, FunctionTotals>,
+        totals: &mut Totals,
     ) -> std::io::Result<()> {
         while let Some(&top) = self.frames.last() {
             if !dead(top.slot) {
@@ -258,7 +252,7 @@ impl ThreadTrace {
         writer: &mut ThreadWriter<File>,
         event: &Event,
         ts: u64,
-        totals: &mut FxHashMap<u32, FunctionTotals>,
+        totals: &mut Totals,
     ) -> std::io::Result<Fate> {
         let h = &event.header;
         let cpu = h.cpu;
