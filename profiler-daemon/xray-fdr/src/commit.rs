@@ -70,17 +70,36 @@ fn in_tail_zone(pos: u64) -> bool {
 }
 
 /// Records accepted but not yet on disk: their bytes back to back, and where each starts (version
-/// 5 may only move whole records to the next page).
-#[derive(Debug, Default)]
+/// 5 may only move whole records to the next page; version 1 never splits records, so its
+/// writer does not keep the starts: a push per record saved).
+#[derive(Debug)]
 pub(crate) struct Pending {
     pub bytes: Vec<u8>,
     pub starts: Vec<u32>,
+    /// Whether `starts` is kept.
+    keep_starts: bool,
+}
+
+impl Default for Pending {
+    fn default() -> Self {
+        Pending::new(true)
+    }
 }
 
 impl Pending {
+    /// An empty buffer that keeps where records start if `keep_starts` (version 5 needs them).
+    pub fn new(keep_starts: bool) -> Self {
+        Pending {
+            bytes: Vec::new(),
+            starts: Vec::new(),
+            keep_starts,
+        }
+    }
     /// Appends one record (an event's marker and payload count as one).
     pub fn push(&mut self, parts: &[&[u8]]) {
-        self.starts.push(self.bytes.len() as u32);
+        if self.keep_starts {
+            self.starts.push(self.bytes.len() as u32);
+        }
         for p in parts {
             self.bytes.extend_from_slice(p);
         }
@@ -89,13 +108,15 @@ impl Pending {
     /// and a copy of known length.
     #[inline]
     pub fn push_record<const N: usize>(&mut self, record: &[u8; N]) {
-        self.starts.push(self.bytes.len() as u32);
+        if self.keep_starts {
+            self.starts.push(self.bytes.len() as u32);
+        }
         self.bytes.extend_from_slice(record);
     }
     /// Appends bytes to the last record, making them one unit that version 5 never splits
     /// across pages (an Entry_Args record and its arguments).
     pub fn extend_last(&mut self, bytes: &[u8]) {
-        debug_assert!(!self.starts.is_empty());
+        debug_assert!(!self.keep_starts || !self.starts.is_empty());
         self.bytes.extend_from_slice(bytes);
     }
     pub fn len(&self) -> usize {

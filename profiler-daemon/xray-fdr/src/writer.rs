@@ -181,7 +181,7 @@ impl<W: TraceSink> ThreadWriter<W> {
             out,
             version,
             disk,
-            pending: Pending::default(),
+            pending: Pending::new(version == FdrVersion::V5),
             scratch: Vec::new(),
             commit_bytes: COMMIT_BYTES,
             cpu: None,
