@@ -48,8 +48,7 @@ pub fn run(args: &DumpArgs) -> Result<u8> {
         Some(dir) => closing_exits_from_session(dir, &args.file)?,
         None => ClosingExits::default(),
     };
-    let bytes = std::fs::read(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let bytes = super::read_regular_file(&args.file)?;
     let mut out = BufWriter::new(io::stdout().lock());
     let view = View {
         names: names.as_ref(),
@@ -171,13 +170,15 @@ pub fn closing_exits_from_session(dir: &Path, file: &Path) -> Result<ClosingExit
 /// `dir/session.json`, parsed.
 fn read_manifest(dir: &Path) -> Result<serde_json::Value> {
     let manifest = dir.join(fdr_analysis::manifest::MANIFEST);
-    let text = std::fs::read_to_string(&manifest).with_context(|| {
-        format!(
+    // Read as every reader of a session reads it: no symbolic link, no FIFO, bounded.
+    let Some(bytes) = fdr_analysis::manifest::read(&manifest)? else {
+        bail!(
             "cannot read {} (a session killed before its end has none; use --binary)",
             manifest.display()
-        )
-    })?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", manifest.display()))
+        );
+    };
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not valid JSON", manifest.display()))
 }
 
 /// One record's line; `base` is the delta base before the record (to mark no-op TSCWraps).
@@ -279,6 +280,8 @@ impl FunctionNames {
     pub fn from_binary(bin: &Path) -> Result<FunctionNames> {
         let image = ElfImage::open(bin)?;
         let map = InstrMap::from_elf(&image)?;
+        // Refused as report and the recorder refuse it: a map that does not match the code.
+        map.check_sleds(&image)?;
         let symbols = SymbolTable::from_elf(&image);
         Ok(FunctionNames(
             map.functions
@@ -292,6 +295,19 @@ impl FunctionNames {
     pub fn name(&self, id: u32) -> Option<&str> {
         self.0.get(&id).map(String::as_str)
     }
+}
+
+/// A binary path the manifest at `manifest` records, if absolute: a recorder writes no other,
+/// and a relative one would be read from wherever `dump` runs.
+fn recorded_path(bin: PathBuf, manifest: &Path) -> Result<PathBuf> {
+    if !bin.is_absolute() {
+        bail!(
+            "{}: binary {:?} is not an absolute path; refused",
+            manifest.display(),
+            bin.display().to_string()
+        );
+    }
+    Ok(bin)
 }
 
 /// The binary `file` was recorded from, per `dir/session.json`: the process whose output
@@ -313,13 +329,13 @@ pub fn binary_from_session(dir: &Path, file: &Path) -> Result<PathBuf> {
         .find(|p| parent.is_some() && p["dir"].as_str() == parent)
     {
         if let Some(bin) = binary_of(p) {
-            return Ok(bin);
+            return recorded_path(bin, &manifest);
         }
     }
     let mut binaries: Vec<PathBuf> = processes.iter().filter_map(binary_of).collect();
     binaries.dedup();
     match binaries.as_slice() {
-        [one] => Ok(one.clone()),
+        [one] => recorded_path(one.clone(), &manifest),
         [] => bail!("{} names no binary; use --binary", manifest.display()),
         _ => bail!(
             "{} names several binaries and none for {}; use --binary",

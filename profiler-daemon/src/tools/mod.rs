@@ -8,7 +8,29 @@ pub mod list;
 pub mod report;
 pub mod verify;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The whole of the file at `path`, if it is a regular file: a FIFO given as a trace would
+/// block the read forever and a device (`/dev/zero`) never end it, so the type is checked on a
+/// descriptor opened `O_NONBLOCK` before anything is read.
+pub fn read_regular_file(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let cannot = |e: std::io::Error| anyhow::anyhow!("cannot read {}: {e}", path.display());
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    anyhow::ensure!(meta.is_file(), "{}: not a regular file", path.display());
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(usize::try_from(meta.len()).unwrap_or(usize::MAX))
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    file.read_to_end(&mut bytes).map_err(cannot)?;
+    Ok(bytes)
+}
 
 /// Where `report` and `convert` read a recorded session from, and how they name its functions.
 #[derive(Debug, clap::Args)]

@@ -72,8 +72,13 @@ pub fn run(args: &VerifyArgs) -> Result<u8> {
         }
     }
     for file in &files {
-        let result = std::fs::read(file)
-            .map_err(|e| format!("cannot read: {e}"))
+        let result = super::read_regular_file(file)
+            .map_err(|e| {
+                // The error names the file; the line below does too.
+                let text = e.to_string();
+                let own = format!("{}: ", file.display());
+                text.strip_prefix(&own).map(str::to_owned).unwrap_or(text)
+            })
             .and_then(|bytes| check(&bytes).map_err(|e| e.to_string()));
         match result {
             Ok(s) => {

@@ -179,7 +179,18 @@ impl ElfImage {
                 path: path.to_path_buf(),
             });
         }
+        // The magic number first: of a file that is not ELF (a path in a hostile manifest may
+        // name `/etc/shadow`) no more than these bytes is read, and none is ever shown.
         let mut data = Vec::new();
+        (&file)
+            .take(elf::ELFMAG.len() as u64)
+            .read_to_end(&mut data)
+            .map_err(io)?;
+        if data[..] != elf::ELFMAG[..] {
+            return Err(ElfError::NotElf {
+                path: path.to_path_buf(),
+            });
+        }
         let expected = usize::try_from(meta.len()).map_err(|_| ElfError::TooLarge {
             path: path.to_path_buf(),
         })?;

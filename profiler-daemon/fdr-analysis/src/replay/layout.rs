@@ -1,8 +1,19 @@
 //! What a session directory holds: processes, their instrumented objects (the executable and
 //! shared objects), their threads' FDR files.
 //!
-//! `session.json` is read leniently: unknown fields are ignored and missing ones take
-//! defaults, so manifests of older and newer versions both load. A manifest without a process's
+//! `session.json` is read leniently where that is safe: unknown fields are ignored and missing
+//! optional ones take defaults, so manifests of older and newer versions both load. What no
+//! manifest can lack (`processes`, each process's `pid`, each thread's `tid` and `file`) is
+//! required, and a manifest that is not valid JSON, lacks them, is a symbolic link or not a
+//! regular file, or is larger than [`MAX_MANIFEST_SIZE`](crate::manifest::MAX_MANIFEST_SIZE) is an error, not an empty session.
+//!
+//! The manifest may have been written by anyone, and the reader may be root: it only names
+//! files, and those are refused unless safe to read. Thread files must be plain relative paths
+//! inside the session directory, reached through no symbolic link. Object paths (`binary`,
+//! `objects[].path`) must be absolute (a recorder writes nothing else); the files they name are
+//! then opened by the symbolizer only if they are regular files, with the ELF magic checked
+//! before anything else is read, and nothing of a refused file is ever printed, only its path
+//! and why ([`xray_object::elf::ElfImage::open`]). A manifest without a process's
 //! `objects` list (older daemons) has one object, XRay object 0, the process's `binary`. Each
 //! entry of `objects` is checked on its own: a bad one (not an object, an id outside 0..=15, an
 //! id listed twice) is a warning and is left out, the rest still load. Without a manifest (a
@@ -16,23 +27,27 @@ use serde::Deserialize;
 use std::path::{Component, Path, PathBuf};
 
 /// `session.json` as far as reading a session needs it.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[derive(Debug, Deserialize)]
 struct Manifest {
     processes: Vec<ManifestProcess>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[derive(Debug, Deserialize)]
 struct ManifestProcess {
     pid: u32,
+    #[serde(default)]
     binary: String,
+    #[serde(default)]
     binary_deleted: bool,
+    #[serde(default)]
     build_id: Option<String>,
+    #[serde(default)]
     dir: String,
+    #[serde(default)]
     threads: Vec<ManifestThread>,
     /// Kept as raw values so that one malformed entry does not make the whole manifest
     /// unreadable.
+    #[serde(default)]
     objects: Option<Vec<serde_json::Value>>,
 }
 
@@ -47,13 +62,15 @@ struct ManifestObject {
     build_id: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[derive(Debug, Deserialize)]
 struct ManifestThread {
     tid: u32,
     file: String,
+    #[serde(default)]
     frames_unwound: u64,
+    #[serde(default)]
     frames_closed_by_loss: u64,
+    #[serde(default)]
     frames_beyond_return_limit: u64,
 }
 
@@ -135,18 +152,12 @@ impl Layout {
             warnings: Vec::new(),
         };
         let manifest_path = dir.join(crate::manifest::MANIFEST);
-        match std::fs::read(&manifest_path) {
-            Ok(bytes) => match serde_json::from_slice::<Manifest>(&bytes) {
-                Ok(m) => layout.read_manifest(m),
-                Err(e) => {
-                    layout.warnings.push(format!(
-                        "{} is not a valid manifest ({e}); reading the directory instead",
-                        manifest_path.display()
-                    ));
-                    layout.scan()?;
-                }
-            },
-            Err(_) => {
+        match crate::manifest::read(&manifest_path)? {
+            Some(bytes) => {
+                let m = parse_manifest(&manifest_path, &bytes)?;
+                layout.read_manifest(m)?;
+            }
+            None => {
                 layout.warnings.push(format!(
                     "{} has no {} (a session stopped before its end writes none); reading the directory instead",
                     dir.display(),
@@ -155,14 +166,33 @@ impl Layout {
                 layout.scan()?;
             }
         }
-        layout.processes.sort_by_key(|p| p.pid);
-        for p in &mut layout.processes {
-            p.threads.sort_by_key(|t| t.tid);
-        }
+        layout.sort();
         Ok(layout)
     }
 
-    fn read_manifest(&mut self, m: Manifest) {
+    /// The layout `bytes`, the contents of a `session.json`, describe for a session in `dir`:
+    /// what [`Layout::open`] does once it has read the manifest (thread files are looked for
+    /// in `dir`). Errors as [`Layout::open`] for a manifest it refuses.
+    pub fn from_manifest(dir: &Path, bytes: &[u8]) -> anyhow::Result<Layout> {
+        let manifest_path = dir.join(crate::manifest::MANIFEST);
+        let mut layout = Layout {
+            dir: dir.to_path_buf(),
+            processes: Vec::new(),
+            warnings: Vec::new(),
+        };
+        layout.read_manifest(parse_manifest(&manifest_path, bytes)?)?;
+        layout.sort();
+        Ok(layout)
+    }
+
+    fn sort(&mut self) {
+        self.processes.sort_by_key(|p| p.pid);
+        for p in &mut self.processes {
+            p.threads.sort_by_key(|t| t.tid);
+        }
+    }
+
+    fn read_manifest(&mut self, m: Manifest) -> anyhow::Result<()> {
         for p in m.processes {
             let mut threads = Vec::new();
             for t in p.threads {
@@ -174,6 +204,14 @@ impl Layout {
                     continue;
                 };
                 let path = self.dir.join(rel);
+                if let Some(link) = symlink_under(&self.dir, rel) {
+                    self.warnings.push(format!(
+                        "session.json: thread {}: {} is a symbolic link (or not a directory) where the recorder makes none; skipped",
+                        t.tid,
+                        link.display()
+                    ));
+                    continue;
+                }
                 if !path.is_file() {
                     self.warnings.push(format!(
                         "{}: listed in session.json but missing; skipped",
@@ -192,10 +230,13 @@ impl Layout {
                 });
             }
             let binary = (!p.binary.is_empty()).then(|| PathBuf::from(&p.binary));
+            if let Some(b) = &binary {
+                absolute_object_path(p.pid, "binary", b)?;
+            }
             let name = exe_name(binary.as_deref(), &p.dir, p.pid);
             let build_id = p.build_id.filter(|b| !b.is_empty());
             let objects = match p.objects {
-                Some(list) => self.read_objects(p.pid, list),
+                Some(list) => self.read_objects(p.pid, list)?,
                 None => vec![ObjectEntry {
                     id: 0,
                     path: binary.clone(),
@@ -211,10 +252,16 @@ impl Layout {
                 threads,
             });
         }
+        Ok(())
     }
 
     /// The valid entries of a process's `objects`, sorted by id; the others are warned about.
-    fn read_objects(&mut self, pid: u32, list: Vec<serde_json::Value>) -> Vec<ObjectEntry> {
+    /// A relative path is an error: no recorder writes one.
+    fn read_objects(
+        &mut self,
+        pid: u32,
+        list: Vec<serde_json::Value>,
+    ) -> anyhow::Result<Vec<ObjectEntry>> {
         let mut objects: Vec<ObjectEntry> = Vec::new();
         for (n, value) in list.into_iter().enumerate() {
             let o = match serde_json::from_value::<ManifestObject>(value) {
@@ -243,15 +290,19 @@ impl Layout {
                 ));
                 continue;
             }
+            let path = (!o.path.is_empty()).then(|| PathBuf::from(o.path));
+            if let Some(p) = &path {
+                absolute_object_path(pid, &format!("objects[{n}].path"), p)?;
+            }
             objects.push(ObjectEntry {
                 id,
-                path: (!o.path.is_empty()).then(|| PathBuf::from(o.path)),
+                path,
                 build_id: o.build_id.filter(|b| !b.is_empty()),
                 deleted: o.deleted,
             });
         }
         objects.sort_by_key(|o| o.id);
-        objects
+        Ok(objects)
     }
 
     /// One FDR file holding any number of threads (and, from version 3 on, processes): each
@@ -334,7 +385,8 @@ impl Layout {
             else {
                 continue;
             };
-            if !entry.path().is_dir() {
+            // Not followed: a symbolic link planted in the directory could point anywhere.
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
             let mut threads = Vec::new();
@@ -348,6 +400,9 @@ impl Layout {
                     .strip_prefix("tid-")
                     .and_then(|n| n.strip_suffix(".fdr"))
                     .and_then(|n| n.parse::<u32>().ok());
+                if !file.file_type().is_ok_and(|t| t.is_file()) {
+                    continue;
+                }
                 if let Some(tid) = tid {
                     threads.push(ThreadEntry {
                         tid,
@@ -378,6 +433,39 @@ impl Layout {
         }
         Ok(())
     }
+}
+
+/// `bytes` as a manifest, or the one-line error saying what is wrong with it.
+fn parse_manifest(path: &Path, bytes: &[u8]) -> anyhow::Result<Manifest> {
+    serde_json::from_slice::<Manifest>(bytes)
+        .map_err(|e| anyhow::anyhow!("{} is not a valid session manifest: {e}", path.display()))
+}
+
+/// Refuses a relative object path: the recorder writes absolute ones only, and a relative one
+/// would be read from wherever the reader happens to run.
+fn absolute_object_path(pid: u32, field: &str, path: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        path.is_absolute(),
+        "session.json: pid {pid}: {field} {:?} is not an absolute path; refused",
+        path.display().to_string()
+    );
+    Ok(())
+}
+
+/// The first component of `rel` under `dir` that is a symbolic link, or a directory component
+/// that is not a directory; `None` when there is none (or it does not exist, which the
+/// caller reports).
+fn symlink_under(dir: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut at = dir.to_path_buf();
+    let count = rel.components().count();
+    for (i, c) in rel.components().enumerate() {
+        at.push(c);
+        let meta = std::fs::symlink_metadata(&at).ok()?;
+        if meta.file_type().is_symlink() || (i + 1 < count && !meta.is_dir()) {
+            return Some(at);
+        }
+    }
+    None
 }
 
 /// `file` as a relative path that stays inside the session directory.

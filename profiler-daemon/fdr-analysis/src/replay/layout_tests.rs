@@ -1,6 +1,7 @@
 //! The manifest's `objects` as [`Layout::open`] reads them: old manifests, good lists, and
 //! hostile entries, each a one-line warning.
 use super::*;
+use crate::manifest::MAX_MANIFEST_SIZE;
 use serde_json::json;
 
 fn open(process: serde_json::Value) -> Layout {
@@ -156,4 +157,115 @@ fn a_path_that_is_no_session_gets_one_line() {
         e.contains("neither a session directory nor an FDR file"),
         "{e}"
     );
+}
+
+/// `Layout::open`'s error for a session directory whose manifest is `bytes`.
+fn refused(bytes: &[u8]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(crate::manifest::MANIFEST), bytes).unwrap();
+    let e = Layout::open(dir.path()).unwrap_err().to_string();
+    assert!(!e.contains('\n'), "one line: {e:?}");
+    e.replace(&dir.path().display().to_string(), "DIR")
+}
+
+#[test]
+fn a_manifest_missing_what_every_manifest_has_is_an_error() {
+    assert_eq!(
+        refused(b"{}"),
+        "DIR/session.json is not a valid session manifest: missing field `processes` at line 1 column 2"
+    );
+    assert_eq!(
+        refused(br#"{"processes": [{"binary": "/bin/app"}]}"#),
+        "DIR/session.json is not a valid session manifest: missing field `pid` at line 1 column 37"
+    );
+    assert!(
+        refused(br#"{"processes": [{"pid": 1, "threads": [{"tid": 1}]}]}"#)
+            .contains("missing field `file`")
+    );
+    assert!(refused(b"{\"processes\": [").contains("EOF while parsing"));
+    assert!(refused(b"\xff\xfe").contains("is not a valid session manifest"));
+    // Absurd numbers are refused by the types, not allocated.
+    assert!(refused(br#"{"processes": [{"pid": 99999999999}]}"#).contains("invalid value"));
+}
+
+#[test]
+fn relative_object_paths_are_refused() {
+    assert_eq!(
+        refused(br#"{"processes": [{"pid": 3, "binary": "../../etc/shadow"}]}"#),
+        r#"session.json: pid 3: binary "../../etc/shadow" is not an absolute path; refused"#
+    );
+    assert_eq!(
+        refused(br#"{"processes": [{"pid": 3, "objects": [{"object_id": 1, "path": "lib.so"}]}]}"#),
+        r#"session.json: pid 3: objects[0].path "lib.so" is not an absolute path; refused"#
+    );
+}
+
+#[test]
+fn a_symlinked_manifest_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("elsewhere.json");
+    std::fs::write(&real, br#"{"processes": []}"#).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join(crate::manifest::MANIFEST)).unwrap();
+    let e = Layout::open(dir.path()).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "{}/session.json is a symbolic link; refused (a recorder never writes one)",
+            dir.path().display()
+        )
+    );
+}
+
+#[test]
+fn a_huge_or_special_manifest_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join(crate::manifest::MANIFEST);
+    // Sparse: no disk used, and nothing of it is read.
+    std::fs::File::create(&manifest)
+        .unwrap()
+        .set_len(MAX_MANIFEST_SIZE + 1)
+        .unwrap();
+    let e = Layout::open(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.ends_with("session.json is larger than the 64 MiB a manifest may be; refused"),
+        "{e}"
+    );
+    std::fs::remove_file(&manifest).unwrap();
+    std::fs::create_dir(&manifest).unwrap();
+    let e = Layout::open(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.ends_with("session.json is not a regular file; refused"),
+        "{e}"
+    );
+    // A FIFO: opened without blocking, then refused.
+    std::fs::remove_dir(&manifest).unwrap();
+    let c = std::ffi::CString::new(manifest.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = Layout::open(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.ends_with("session.json is not a regular file; refused"),
+        "{e}"
+    );
+}
+
+#[test]
+fn thread_files_reached_through_a_symlink_are_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("app-5");
+    std::fs::create_dir(&p).unwrap();
+    std::fs::write(p.join("tid-5.fdr"), b"").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", p.join("tid-6.fdr")).unwrap();
+    std::os::unix::fs::symlink("app-5", dir.path().join("link-5")).unwrap();
+    let manifest = json!({"processes": [{"pid": 5, "threads": [
+        {"tid": 5, "file": "app-5/tid-5.fdr"},
+        {"tid": 6, "file": "app-5/tid-6.fdr"},
+        {"tid": 7, "file": "link-5/tid-5.fdr"},
+    ]}]});
+    let l = Layout::from_manifest(dir.path(), &serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let tids: Vec<u32> = l.processes[0].threads.iter().map(|t| t.tid).collect();
+    assert_eq!(tids, [5]);
+    assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
+    assert!(l.warnings[0].contains("thread 6") && l.warnings[0].contains("symbolic link"));
+    assert!(l.warnings[1].contains("thread 7") && l.warnings[1].contains("link-5"));
 }

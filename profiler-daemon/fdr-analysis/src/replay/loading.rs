@@ -1,7 +1,10 @@
 //! Loading the objects of a session's processes: each distinct (file, recorded build-id) once,
 //! through the [`Symbolizer`], which refuses a file whose build-id is not the recorded one.
-//! Every problem is a warning naming the process, the object and its file; the object's
-//! functions are then named by id.
+//! A missing, unreadable or replaced file is a warning naming the process, the object and its
+//! file; the object's functions are then named by id. A file that is there but is no
+//! instrumented ELF object (not a regular file, not ELF, malformed, without an instrumentation
+//! map) is an error: no recorder names such a file, so the session was tampered with, and
+//! going on would only hide it.
 use super::layout::{ObjectEntry, ProcessEntry};
 use super::objects::{SessionObject, NO_OBJECT};
 use crate::symbolize::{ObjectSymbols, Symbolizer};
@@ -38,8 +41,12 @@ impl<'a> Loader<'a> {
     }
 
     /// Loads (or finds already loaded) the objects of `p`; returns its table from XRay object
-    /// id to session object index.
-    pub(super) fn process(&mut self, p: &ProcessEntry, warnings: &mut Vec<String>) -> [u32; 16] {
+    /// id to session object index, or the error refusing one of its files.
+    pub(super) fn process(
+        &mut self,
+        p: &ProcessEntry,
+        warnings: &mut Vec<String>,
+    ) -> anyhow::Result<[u32; 16]> {
         let mut table = [NO_OBJECT; 16];
         let mut entries = p.objects.clone();
         if let Some(binary) = self.binary {
@@ -66,7 +73,7 @@ impl<'a> Loader<'a> {
             *slot = match self.index.get(&key) {
                 Some(&index) => index,
                 None => {
-                    let symbols = self.load(p, o, given, warnings);
+                    let symbols = self.load(p, o, given, warnings)?;
                     self.objects.push(SessionObject {
                         path: o.path.clone(),
                         symbols,
@@ -77,7 +84,7 @@ impl<'a> Loader<'a> {
                 }
             };
         }
-        table
+        Ok(table)
     }
 
     fn load(
@@ -86,7 +93,7 @@ impl<'a> Loader<'a> {
         o: &ObjectEntry,
         given: bool,
         warnings: &mut Vec<String>,
-    ) -> Option<Arc<ObjectSymbols>> {
+    ) -> anyhow::Result<Option<Arc<ObjectSymbols>>> {
         let exe = o.id == 0;
         let who = if exe {
             format!("{} (pid {})", p.name, p.pid)
@@ -101,7 +108,7 @@ impl<'a> Loader<'a> {
             } else {
                 format!("{who}: no file is recorded; its functions are shown by id")
             });
-            return None;
+            return Ok(None);
         };
         if o.deleted && o.build_id.is_none() && !given {
             let hint = if exe {
@@ -113,7 +120,7 @@ impl<'a> Loader<'a> {
                 "{who}: {} was replaced on disk during the recording and no build-id was recorded to check it; its functions are shown by id{hint}",
                 path.display()
             ));
-            return None;
+            return Ok(None);
         }
         match self.symbolizer.object(path, o.build_id.as_deref()) {
             Ok(obj) => {
@@ -131,12 +138,29 @@ impl<'a> Loader<'a> {
                 for refused in &obj.refused_debug_files {
                     warnings.push(format!("debug file refused: {refused}"));
                 }
-                Some(obj)
+                Ok(Some(obj))
             }
+            Err(e) if refused(&e) => Err(anyhow::anyhow!("{who}: {e:#}; refused")),
             Err(e) => {
                 warnings.push(format!("{who}: {e:#}; its functions are shown by id"));
-                None
+                Ok(None)
             }
         }
+    }
+}
+
+/// Whether `e` refuses the file itself (it is there, but is no instrumented ELF object), as
+/// opposed to the file being missing or unreadable, or another build than the recorded one.
+fn refused(e: &anyhow::Error) -> bool {
+    use xray_object::elf::ElfError;
+    use xray_object::instrmap::InstrMapError;
+    let elf = |e: &ElfError| !matches!(e, ElfError::Io { .. });
+    if let Some(e) = e.downcast_ref::<ElfError>() {
+        return elf(e);
+    }
+    match e.downcast_ref::<InstrMapError>() {
+        Some(InstrMapError::Elf(e)) => elf(e),
+        Some(_) => true,
+        None => false,
     }
 }

@@ -106,8 +106,8 @@ impl Session {
         let process_objects = layout
             .processes
             .iter()
-            .map(|p| ObjectTable(loader.process(p, &mut warnings)))
-            .collect();
+            .map(|p| Ok(ObjectTable(loader.process(p, &mut warnings)?)))
+            .collect::<Result<_>>()?;
         // One line each, whatever the paths recorded hold.
         for w in &mut warnings {
             if w.contains(['\n', '\r']) {

@@ -112,9 +112,20 @@ impl ObjectSymbols {
     /// Reads `path`'s instrumentation map, symbol tables and DWARF (searching separate debug
     /// files under `debug_roots`).
     pub fn load(path: &Path, debug_roots: &[PathBuf]) -> Result<ObjectSymbols> {
-        let image = ElfImage::open(path)?;
+        ObjectSymbols::from_image(ElfImage::open(path)?, debug_roots)
+    }
+
+    /// [`ObjectSymbols::load`] of a file already read (`image.path` is where separate debug
+    /// files are looked for, next to it, and the name used in messages).
+    pub fn from_image(image: ElfImage, debug_roots: &[PathBuf]) -> Result<ObjectSymbols> {
+        let path = image.path.clone();
+        let path = path.as_path();
         let map = InstrMap::from_elf(&image)
             .with_context(|| format!("{}: reading the instrumentation map", path.display()))?;
+        // A map that does not match the code is a corrupted or hostile file: refused as the
+        // recorder refuses it, rather than trusted to name functions.
+        map.check_sleds(&image)
+            .with_context(|| format!("{}: checking the instrumentation map", path.display()))?;
         let build_id = image.build_id();
         let found = debuginfo::find(&image, build_id.as_deref(), debug_roots);
         let mut event_sleds: HashMap<u32, Vec<(SledKind, u64)>> = HashMap::new();
