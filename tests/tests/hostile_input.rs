@@ -208,12 +208,11 @@ fn set_u64(data: &mut [u8], at: usize, v: u64) {
     data[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
-#[test]
-fn a_truncated_file_is_refused() {
-    let dir = scratch_dir("hostile-truncated");
+/// The fixture cut inside its map, and the error it gets (without `fdr-profiled: error: `).
+fn truncated(dir: &Path) -> (PathBuf, String) {
     let fx = fixture();
     let cut = fx.map_offset + 40;
-    let bin = fx.variant(dir.path(), "truncated", |d| d.truncate(cut));
+    let bin = fx.variant(dir, "truncated", |d| d.truncate(cut));
     // The first PT_LOAD that no longer fits is what is refused.
     let (i, offset, size) = fx
         .loads
@@ -222,10 +221,15 @@ fn a_truncated_file_is_refused() {
         .find(|(_, o, s)| o + s > cut as u64)
         .expect("a segment lies past the cut");
     let path = bin.display();
-    refused_as_binary(
-        &bin,
-        &format!("{path}: malformed ELF file: PT_LOAD program header {i} (offset {offset:#x}, size {size:#x}) extends past the end of the file"),
-    );
+    let error = format!("{path}: malformed ELF file: PT_LOAD program header {i} (offset {offset:#x}, size {size:#x}) extends past the end of the file");
+    (bin, error)
+}
+
+#[test]
+fn a_truncated_file_is_refused() {
+    let dir = scratch_dir("hostile-truncated");
+    let (bin, error) = truncated(dir.path());
+    refused_as_binary(&bin, &error);
 }
 
 #[test]
@@ -434,6 +438,26 @@ fn a_session_naming_a_malformed_binary_is_refused() {
             dir2.path().display()
         ),
     );
+    // A truncated file, a FIFO and a device as the binary.
+    let dir3 = scratch_dir("hostile-session-special");
+    let (cut, error) = truncated(dir3.path());
+    let session = session_naming(&dir3.path().join("s1"), &cut);
+    refused_session(&session, &format!("truncated (pid 1): {error}; refused"));
+    let fifo = dir3.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o700) }, 0);
+    for special in [fifo.as_path(), Path::new("/dev/zero")] {
+        let session = session_naming(&dir3.path().join("s2"), special);
+        let name = special.file_name().unwrap().to_str().unwrap();
+        refused_session(
+            &session,
+            &format!(
+                "{name} (pid 1): {}: not a regular file; refused",
+                special.display()
+            ),
+        );
+    }
     // The same session with the fixture itself: a report, as a control.
     let good = private_copy(&cpp_fixture(), dir.path());
     let session = session_naming(&dir.path().join("good"), &good);
