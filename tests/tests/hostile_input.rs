@@ -604,3 +604,58 @@ fn a_huge_manifest_is_refused_unread() {
         ),
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hostile FDR files
+
+/// A version 1 file's header and first buffer, then `tail`.
+fn fdr_file(version: u16, tail: &[u8]) -> Vec<u8> {
+    use xray_fdr::records as r;
+    [
+        &r::FileHeader::new(version, 1000, 0).encode()[..],
+        &r::new_buffer(1),
+        &r::wall_clock_time(0, 0),
+        &r::new_cpu_id(0, 0),
+        tail,
+    ]
+    .concat()
+}
+
+#[test]
+fn hostile_fdr_files_get_one_line_each() {
+    use xray_fdr::records as r;
+    let dir = scratch_dir("hostile-fdr");
+    // A custom event claiming 2 GiB: refused, nothing allocated for it.
+    let mut marker = r::custom_event_marker_v1(1, 0).unwrap();
+    marker[1..5].copy_from_slice(&i32::MAX.to_le_bytes());
+    let cases = [
+        ("version.fdr", fdr_file(0xffff, &[])),
+        ("event.fdr", fdr_file(1, &[&marker[..], b"xy"].concat())),
+    ];
+    for (name, bytes) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, &bytes).unwrap();
+        let problem = match xray_fdr::read(&bytes) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{name} reads"),
+        };
+        let want = format!("fdr-profiled: error: {}: {problem}", path.display());
+        for sub in ["verify", "dump"] {
+            let f = run(Command::new(fdr_profiled()).arg(sub).arg(&path));
+            assert_eq!(error_line(&f), want, "{sub} {name}");
+        }
+    }
+    // report and convert of the file itself: the header is checked before anything else.
+    let path = dir.path().join("version.fdr");
+    let problem = xray_fdr::read(&fdr_file(0xffff, &[]))
+        .unwrap_err()
+        .to_string();
+    for args in [&["report"][..], &["convert", "--format", "chrome"]] {
+        let f = run(Command::new(fdr_profiled()).args(args).arg(&path));
+        assert_eq!(
+            error_line(&f),
+            format!("fdr-profiled: error: {}: {problem}", path.display()),
+            "{args:?}"
+        );
+    }
+}
