@@ -19,6 +19,8 @@
 //!   (a NewCPUId at every change of CPU, time never going back).
 //! - [`durations`]: every call within its caller, in a session's Chrome timeline and in its
 //!   per-thread report.
+//! - [`pprof`]: pprof profiles read by `go tool pprof`.
+//! - [`receiver`]: a local HTTP receiver standing in for Pyroscope or a Collector.
 //! - [`run`]: running the daemon and fixtures as children with timeouts.
 //! - [`scenario`]: the `--attach` and `-- CMD` end-to-end runs shared by the
 //!   C++ and Rust tests.
@@ -38,6 +40,8 @@ pub mod cpu_records;
 pub mod durations;
 pub mod fixtures;
 pub mod launched;
+pub mod pprof;
+pub mod receiver;
 pub mod run;
 pub mod scenario;
 pub mod server;

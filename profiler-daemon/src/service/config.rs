@@ -11,6 +11,8 @@
 //! mode = "flight-recorder"               # or "record"
 //! window = "30s"
 //! functions = ["ns::*"]
+//! [export]                               # optional: push profiles (see `export`)
+//! pyroscope = "http://pyroscope:4040"
 //! ```
 //!
 //! The file is read as hostile input (the service runs as root): bounded size, a regular file,
@@ -23,6 +25,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use toml::Spanned;
 use xray_fdr::FdrVersion;
+
+mod export;
+pub use export::{Endpoint, ExportConfig};
 
 /// Largest configuration file read.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -103,6 +108,8 @@ pub struct ServiceConfig {
     pub stop_timeout: Duration,
     /// The programs to trace.
     pub targets: Vec<TargetConfig>,
+    /// `[export]`: profiles pushed every interval.
+    pub export: Option<ExportConfig>,
 }
 
 /// One `[[target]]`, validated.
@@ -147,6 +154,7 @@ struct RawConfig {
     stop_timeout: Option<Spanned<String>>,
     #[serde(rename = "target", default)]
     targets: Vec<Spanned<RawTarget>>,
+    export: Option<Spanned<export::RawExport>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -268,6 +276,13 @@ impl ServiceConfig {
             }
             targets.push(target);
         }
+        let export = match &raw.export {
+            Some(e) => Some(export::export(e.get_ref()).map_err(|(span, m)| {
+                // Errors about the section as a whole point at it.
+                at(if span == (0..0) { e.span() } else { span }, m)
+            })?),
+            None => None,
+        };
         Ok(ServiceConfig {
             path: path.to_path_buf(),
             output,
@@ -275,6 +290,7 @@ impl ServiceConfig {
             min_free,
             stop_timeout,
             targets,
+            export,
         })
     }
 }

@@ -7,10 +7,12 @@
 //! crash or a slow call ([`slow`]); a record-mode target writes every call into rotated
 //! segments ([`segments`]). [`retention`] keeps the output under `max_disk` and stops writing
 //! before `min_free`; [`control`] answers `fdr-profiled status` and `snapshot`; [`log`] goes
-//! to the journal under systemd. SIGHUP reloads the configuration, SIGTERM finishes every file
+//! to the journal under systemd; [`export`] pushes each interval's calls as profiles
+//! (Pyroscope, OTLP). SIGHUP reloads the configuration, SIGTERM finishes every file
 //! within `stop_timeout`.
 pub mod config;
 pub mod control;
+pub mod export;
 pub mod libraries;
 pub mod log;
 pub mod repaired;

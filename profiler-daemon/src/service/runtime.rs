@@ -19,6 +19,7 @@ use crate::plan::AttachPlan;
 use crate::service::config::{Mode, ServiceConfig, TargetConfig};
 use crate::service::control;
 use crate::service::libraries::{self, Libraries, TAG_SHIFT};
+use crate::service::export::{BinaryExport, BinaryLabels, Exporter};
 use crate::service::retention::{Retention, Writing};
 use crate::service::segments::{SegmentSpec, Segments};
 use crate::service::slow::{SlowCall, SlowCalls};
@@ -81,6 +82,8 @@ struct Watched {
     snapshots_not_written: std::cell::Cell<u64>,
     /// `exits = "repair"`: its processes, each traced by a keeper and probed on its own.
     repaired: Option<Repaired>,
+    /// `[export]`: its calls by interval, for the profiles pushed.
+    export: Option<BinaryExport>,
 }
 
 /// Runs the service until SIGTERM or SIGINT, listening for `status` and `snapshot` requests on
@@ -142,6 +145,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         if targets.len() == 1 { "" } else { "s" },
         config.output.display()
     );
+    let exporter = config.export.as_ref().map(Exporter::start).transpose()?;
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
     let mut service = Service {
         path: config_path.to_path_buf(),
@@ -149,6 +153,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         tracer: &mut tracer,
         targets: &mut targets,
         tags: &mut tags,
+        exporter,
     };
     let result = runtime.block_on(serve(&mut service, intake, listener));
     let _ = std::fs::remove_file(socket);
@@ -202,6 +207,8 @@ struct Service<'a> {
     tracer: &'a mut Tracer,
     targets: &'a mut Vec<Target>,
     tags: &'a mut Tags,
+    /// `[export]`'s endpoints, when configured.
+    exporter: Option<Exporter>,
 }
 
 /// Plans and attaches every binary `config`'s pattern matches now.
@@ -392,6 +399,7 @@ fn attach_binary(
         tag,
         exits: choice,
         recorder: FlightRecorder::new(config.window, config.max_memory),
+        export: service.export.as_ref().map(|e| BinaryExport::new(e.interval)),
     }))
 }
 
@@ -709,6 +717,7 @@ async fn serve(
                 for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     w.recorder.expire();
                 }
+                export_tick(svc, false);
             }
             _ = sigusr1.recv() => {
                 intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
@@ -722,7 +731,7 @@ async fn serve(
                 let answer = match control::read_request(&mut stream).await {
                     Err(why) => serde_json::json!({ "error": why }),
                     Ok(control::Request::Status) => {
-                        status_json(svc.config, svc.targets, &router, rate, last_snapshot.as_deref())
+                        status_json(svc.config, svc.targets, &router, rate, last_snapshot.as_deref(), svc.exporter.as_ref())
                     }
                     Ok(control::Request::Snapshot(name)) => {
                         if name.as_ref().is_some_and(|n| !svc.targets.iter().any(|t| &t.config.name == n)) {
@@ -801,6 +810,39 @@ async fn serve(
     Ok(())
 }
 
+/// Queues the profiles of every binary's intervals that are over (all of them when `all`).
+fn export_tick(svc: &mut Service<'_>, all: bool) {
+    let Some(exporter) = svc.exporter.as_mut() else {
+        return;
+    };
+    for target in svc.targets.iter_mut() {
+        for w in &mut target.binaries {
+            let Some(export) = w.export.as_mut() else {
+                continue;
+            };
+            let plan = &w.plan;
+            let libraries = &w.libraries;
+            let objects = |object_id: u32| -> Option<PathBuf> {
+                match object_id {
+                    0 => Some(plan.binary.clone()),
+                    id => libraries
+                        .objects
+                        .iter()
+                        .find(|l| l.object_id == id)
+                        .map(|l| l.plan.binary.clone()),
+                }
+            };
+            let labels = BinaryLabels {
+                service_name: &target.config.name,
+                binary: &plan.display_path,
+                build_id: plan.build_id.as_deref().unwrap_or(""),
+                objects: &objects,
+            };
+            exporter.tick(export, &labels, all);
+        }
+    }
+}
+
 /// The end (SIGTERM, SIGINT): no event after now, every event before it into the open
 /// segments, and those closed within the configured `stop_timeout` (past it, without their
 /// reports), so that the service is done before systemd's `TimeoutStopSec` kills it.
@@ -813,6 +855,13 @@ fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, route
         tracing::warn!("{err:#}");
     }
     intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+    // The last intervals' profiles (the current one cut short) are pushed while the rest is
+    // finished, for at most a quarter of stop_timeout.
+    export_tick(svc, true);
+    let exported = svc
+        .exporter
+        .take()
+        .map(|e| e.finish(svc.config.stop_timeout / 4));
     // Repaired processes are let go, with no frame left hooked.
     for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
         if let Some(repaired) = w.repaired.take() {
@@ -827,6 +876,9 @@ fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, route
                 closed += 1;
             }
         }
+    }
+    if let Some(line) = exported {
+        tracing::info!("{line}");
     }
     let took = started.elapsed();
     if took > svc.config.stop_timeout {
@@ -863,6 +915,14 @@ fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target])) {
             return;
         }
     };
+    let mut new = new;
+    if new.export != svc.config.export {
+        tracing::warn!(
+            fdr_config = %svc.path.display(),
+            "reload: [export] changed: the running export stays until the service is restarted"
+        );
+        new.export = svc.config.export.clone();
+    }
     let mut removed = 0;
     let mut attachments = Vec::new();
     for target in svc.targets.iter_mut() {
@@ -1141,6 +1201,9 @@ impl Router {
         };
         self.events += 1;
         let w = &mut targets[t].binaries[b];
+        if let Some(export) = &mut w.export {
+            export.stacks.observe(&event.header);
+        }
         if let Some(segments) = &mut w.segments {
             segments.record(event, gap);
             return;
@@ -1183,6 +1246,7 @@ fn status_json(
     router: &Router,
     rate: f64,
     last_snapshot: Option<&Path>,
+    exporter: Option<&Exporter>,
 ) -> serde_json::Value {
     let not_written = not_written(targets);
     let snapshots_not_written: u64 = targets
@@ -1223,6 +1287,7 @@ fn status_json(
                         "evicted": s.evicted,
                         "window_ns": s.window_ns,
                         "repair": w.repaired.as_ref().map(Repaired::status),
+                        "export_calls_not_kept": w.export.as_ref().map(|e| e.stacks.calls_not_kept),
                     })
                 })
                 .collect();
@@ -1243,6 +1308,7 @@ fn status_json(
         "disk_used": disk_used,
         "max_disk": (config.max_disk != u64::MAX).then_some(config.max_disk),
         "last_snapshot": last_snapshot,
+        "export": exporter.map(Exporter::status),
         "targets": targets,
     })
 }

@@ -21,7 +21,7 @@
 
 use super::depth::FOLDED_FRAME;
 use super::folded::{Frame, StackTrie, ROOT};
-use crate::replay::{FunctionKey, Session, NO_OBJECT};
+use crate::replay::{Session, NO_OBJECT};
 use flate2::write::GzEncoder;
 use prost::Message as _;
 use std::collections::HashMap;
@@ -33,7 +33,7 @@ pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
 
-use proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
+use proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 
 /// The profile's strings, each stored once; index 0 is "" as pprof requires.
 struct Strings {
@@ -60,104 +60,208 @@ impl Strings {
     }
 }
 
-/// Builds the pprof profile of `session`; returns it and the problems found while reading.
-pub fn profile(session: &Session) -> (Profile, Vec<String>) {
-    let (trie, mut warnings) = StackTrie::from_session(session);
-    let mut strings = Strings::new();
-    let sample_type = vec![
-        ValueType {
-            r#type: strings.id("calls"),
-            unit: strings.id("count"),
-        },
-        ValueType {
-            r#type: strings.id("wall"),
-            unit: strings.id("nanoseconds"),
-        },
-        ValueType {
-            r#type: strings.id("self"),
-            unit: strings.id("nanoseconds"),
-        },
-    ];
-    let default_sample_type = strings.id("self");
+/// The object a function belongs to, as its mapping shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ObjectInfo {
+    /// Its path.
+    pub path: String,
+    /// Its build-id in hex, empty when unknown.
+    pub build_id: String,
+    /// Whether its functions have source files and lines (DWARF found).
+    pub has_lines: bool,
+}
 
-    // One mapping per object of the session (ids 1..), one for functions of unknown objects.
-    let mut mappings: Vec<Mapping> = Vec::new();
-    let mut mapping_of_object: HashMap<u32, u64> = HashMap::new();
-    let mut mapping_id = |object: u32, strings: &mut Strings, mappings: &mut Vec<Mapping>| {
-        *mapping_of_object.entry(object).or_insert_with(|| {
-            let id = mappings.len() as u64 + 1;
-            let found = session.objects.get(object as usize);
-            let symbols = found.and_then(|o| o.symbols.as_ref());
-            let path = found
-                .and_then(|o| o.path.as_ref())
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "[unknown object]".to_owned());
-            let has_lines = symbols.is_some_and(|s| s.debug_file.is_some());
-            mappings.push(Mapping {
-                id,
-                memory_start: 0,
-                memory_limit: u64::MAX,
-                file_offset: 0,
-                filename: strings.id(&path),
-                build_id: strings.id(symbols.and_then(|s| s.build_id.as_deref()).unwrap_or("")),
-                has_functions: true,
-                has_filenames: has_lines,
-                has_line_numbers: has_lines,
-                has_inline_frames: false,
-            });
-            id
-        })
-    };
+/// One frame of a stack as the profile shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FrameInfo {
+    /// The function's name.
+    pub name: String,
+    /// Its source file, empty when unknown.
+    pub file: String,
+    /// Its first line, 0 when unknown.
+    pub line: i64,
+    /// Its link-time address.
+    pub address: u64,
+    /// Its object.
+    pub object: ObjectInfo,
+}
 
-    // One location and one function per distinct frame.
-    let mut namer = session.namer();
-    let mut locations: Vec<Location> = Vec::new();
-    let mut functions: Vec<Function> = Vec::new();
-    let mut location_of_frame: HashMap<Frame, u64> = HashMap::new();
-    let mut location_id = |frame: Frame,
-                           strings: &mut Strings,
-                           mappings: &mut Vec<Mapping>,
-                           locations: &mut Vec<Location>,
-                           functions: &mut Vec<Function>| {
-        if let Some(&id) = location_of_frame.get(&frame) {
+/// What one call stack adds up to: [`SAMPLE_TYPES`] in order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackValues {
+    /// Calls that returned at this stack.
+    pub calls: u64,
+    /// Their inclusive time, ns.
+    pub wall_ns: u64,
+    /// Their exclusive time, ns.
+    pub self_ns: u64,
+}
+
+/// The sample types of every profile written here, as (type, unit); the default is `self`.
+pub const SAMPLE_TYPES: [(&str, &str); 3] = [
+    ("calls", "count"),
+    ("wall", "nanoseconds"),
+    ("self", "nanoseconds"),
+];
+
+/// Builds a profile sample by sample, each frame (keyed by the caller's `K`) made a function,
+/// a location and, per object, a mapping once. Shared by `convert` and the service's export.
+pub struct ProfileBuilder<K> {
+    strings: Strings,
+    mappings: Vec<Mapping>,
+    mapping_of_object: HashMap<ObjectInfo, u64>,
+    locations: Vec<Location>,
+    functions: Vec<Function>,
+    location_of_frame: HashMap<K, u64>,
+    samples: Vec<Sample>,
+}
+
+impl<K: std::hash::Hash + Eq> Default for ProfileBuilder<K> {
+    fn default() -> Self {
+        ProfileBuilder {
+            strings: Strings::new(),
+            mappings: Vec::new(),
+            mapping_of_object: HashMap::new(),
+            locations: Vec::new(),
+            functions: Vec::new(),
+            location_of_frame: HashMap::new(),
+            samples: Vec::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> ProfileBuilder<K> {
+    /// The location of the frame `key`, made from `info()` the first time.
+    pub fn location(&mut self, key: K, info: impl FnOnce() -> FrameInfo) -> u64 {
+        if let Some(&id) = self.location_of_frame.get(&key) {
             return id;
         }
-        let id = locations.len() as u64 + 1;
-        let (name, file, line, address, object) = match frame {
-            Frame::Folded => (FOLDED_FRAME.to_owned(), String::new(), 0, 0, NO_OBJECT),
-            Frame::Function(FunctionKey { object, id: fid }) => {
-                let info = namer.function(FunctionKey { object, id: fid });
-                let (file, line) = info
-                    .location
-                    .as_ref()
-                    .map(|l| (l.file.clone(), i64::from(l.line)))
-                    .unwrap_or_default();
-                (info.name.clone(), file, line, info.address, object)
+        let f = info();
+        let mapping_id = match self.mapping_of_object.get(&f.object) {
+            Some(&id) => id,
+            None => {
+                let id = self.mappings.len() as u64 + 1;
+                self.mappings.push(Mapping {
+                    id,
+                    memory_start: 0,
+                    memory_limit: u64::MAX,
+                    file_offset: 0,
+                    filename: self.strings.id(&f.object.path),
+                    build_id: self.strings.id(&f.object.build_id),
+                    has_functions: true,
+                    has_filenames: f.object.has_lines,
+                    has_line_numbers: f.object.has_lines,
+                    has_inline_frames: false,
+                });
+                self.mapping_of_object.insert(f.object.clone(), id);
+                id
             }
         };
-        functions.push(Function {
+        let id = self.locations.len() as u64 + 1;
+        let name = self.strings.id(&f.name);
+        self.functions.push(Function {
             id,
-            name: strings.id(&name),
-            system_name: strings.id(&name),
-            filename: strings.id(&file),
-            start_line: line,
+            name,
+            system_name: name,
+            filename: self.strings.id(&f.file),
+            start_line: f.line,
         });
-        locations.push(Location {
+        self.locations.push(Location {
             id,
-            mapping_id: mapping_id(object, strings, mappings),
-            address,
+            mapping_id,
+            address: f.address,
             line: vec![Line {
                 function_id: id,
-                line,
+                line: f.line,
             }],
             is_folded: false,
         });
-        location_of_frame.insert(frame, id);
+        self.location_of_frame.insert(key, id);
         id
+    }
+
+    /// Adds one sample: `locations` leaf first (from [`ProfileBuilder::location`]).
+    pub fn sample(&mut self, locations: Vec<u64>, values: StackValues, labels: &[(&str, &str)]) {
+        let label = labels
+            .iter()
+            .map(|(k, v)| Label {
+                key: self.strings.id(k),
+                str: self.strings.id(v),
+                num: 0,
+                num_unit: 0,
+            })
+            .collect();
+        self.samples.push(Sample {
+            location_id: locations,
+            value: vec![
+                clamp(values.calls),
+                clamp(values.wall_ns),
+                clamp(values.self_ns),
+            ],
+            label,
+        });
+    }
+
+    /// Samples added so far.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Whether no sample was added.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// The profile: starting at `time_nanos` (since the Unix epoch), lasting `duration_nanos`,
+    /// with free-form `comments`.
+    pub fn finish(mut self, time_nanos: i64, duration_nanos: i64, comments: &[String]) -> Profile {
+        let sample_type = SAMPLE_TYPES
+            .iter()
+            .map(|(t, u)| ValueType {
+                r#type: self.strings.id(t),
+                unit: self.strings.id(u),
+            })
+            .collect();
+        let default_sample_type = self.strings.id(SAMPLE_TYPES[2].0);
+        let comment = comments.iter().map(|c| self.strings.id(c)).collect();
+        Profile {
+            sample_type,
+            sample: self.samples,
+            mapping: self.mappings,
+            location: self.locations,
+            function: self.functions,
+            string_table: self.strings.table,
+            drop_frames: 0,
+            keep_frames: 0,
+            time_nanos,
+            duration_nanos,
+            period_type: None,
+            period: 0,
+            comment,
+            default_sample_type,
+        }
+    }
+}
+
+/// Builds the pprof profile of `session`; returns it and the problems found while reading.
+pub fn profile(session: &Session) -> (Profile, Vec<String>) {
+    let (trie, mut warnings) = StackTrie::from_session(session);
+    let mut builder: ProfileBuilder<Frame> = ProfileBuilder::default();
+    let mut namer = session.namer();
+    let object_info = |object: u32| {
+        let found = session.objects.get(object as usize);
+        let symbols = found.and_then(|o| o.symbols.as_ref());
+        ObjectInfo {
+            path: found
+                .and_then(|o| o.path.as_ref())
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "[unknown object]".to_owned()),
+            build_id: symbols.and_then(|s| s.build_id.clone()).unwrap_or_default(),
+            has_lines: symbols.is_some_and(|s| s.debug_file.is_some()),
+        }
     };
 
     // One sample per stack at which calls returned, its locations leaf first.
-    let mut samples = Vec::new();
     let mut stack = Vec::new();
     for (node, r) in trie.returned.iter().enumerate() {
         if r.calls == 0 {
@@ -167,20 +271,39 @@ pub fn profile(session: &Session) -> (Profile, Vec<String>) {
         let mut at = node as u32;
         while at != ROOT {
             let (parent, frame) = trie.nodes[at as usize];
-            stack.push(location_id(
-                frame,
-                &mut strings,
-                &mut mappings,
-                &mut locations,
-                &mut functions,
-            ));
+            stack.push(builder.location(frame, || match frame {
+                Frame::Folded => FrameInfo {
+                    name: FOLDED_FRAME.to_owned(),
+                    object: object_info(NO_OBJECT),
+                    ..FrameInfo::default()
+                },
+                Frame::Function(key) => {
+                    let info = namer.function(key);
+                    let (file, line) = info
+                        .location
+                        .as_ref()
+                        .map(|l| (l.file.clone(), i64::from(l.line)))
+                        .unwrap_or_default();
+                    FrameInfo {
+                        name: info.name.clone(),
+                        file,
+                        line,
+                        address: info.address,
+                        object: object_info(key.object),
+                    }
+                }
+            }));
             at = parent;
         }
-        samples.push(Sample {
-            location_id: stack.clone(),
-            value: vec![clamp(r.calls), clamp(r.total_ns), clamp(r.self_ns)],
-            label: Vec::new(),
-        });
+        builder.sample(
+            stack.clone(),
+            StackValues {
+                calls: r.calls,
+                wall_ns: r.total_ns,
+                self_ns: r.self_ns,
+            },
+            &[],
+        );
     }
 
     let (first, last) = trie.span;
@@ -193,32 +316,17 @@ pub fn profile(session: &Session) -> (Profile, Vec<String>) {
             "no thread file carries a wall-clock time: the pprof profile's time_nanos is 0".into(),
         );
     }
-    let left_out = trie.not_returned;
-    let mut comment = vec![strings.id(&format!(
+    let mut comments = vec![format!(
         "fdr-profiled session {}",
         session.layout.dir.display()
-    ))];
-    if left_out > 0 {
-        comment.push(strings.id(&format!(
-            "{left_out} calls that did not return (unwound by an exception, or unfinished) are left out"
-        )));
+    )];
+    if trie.not_returned > 0 {
+        comments.push(format!(
+            "{} calls that did not return (unwound by an exception, or unfinished) are left out",
+            trie.not_returned
+        ));
     }
-    let profile = Profile {
-        sample_type,
-        sample: samples,
-        mapping: mappings,
-        location: locations,
-        function: functions,
-        string_table: strings.table,
-        drop_frames: 0,
-        keep_frames: 0,
-        time_nanos,
-        duration_nanos: clamp(last.saturating_sub(first)),
-        period_type: None,
-        period: 0,
-        comment,
-        default_sample_type,
-    };
+    let profile = builder.finish(time_nanos, clamp(last.saturating_sub(first)), &comments);
     (profile, warnings)
 }
 
@@ -226,12 +334,18 @@ fn clamp(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
 
+/// `profile` serialized and gzipped, as a file or a push carries it.
+pub fn gzipped(profile: &Profile) -> Vec<u8> {
+    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&profile.encode_to_vec())
+        .and_then(|()| gz.finish())
+        .expect("writing to memory cannot fail")
+}
+
 /// Writes the gzipped pprof profile of `session`; returns problems found.
 pub fn write(session: &Session, out: &mut impl Write) -> io::Result<Vec<String>> {
     let (profile, warnings) = profile(session);
-    let mut gz = GzEncoder::new(&mut *out, flate2::Compression::default());
-    gz.write_all(&profile.encode_to_vec())?;
-    gz.finish()?;
+    out.write_all(&gzipped(&profile))?;
     out.flush()?;
     Ok(warnings)
 }

@@ -160,3 +160,79 @@ fn line_and_column_count_characters() {
     assert_eq!(line_column("abc", 99), (1, 4));
     assert_eq!(line_column("é", 1), (1, 1));
 }
+
+#[test]
+fn an_export_section_is_read_with_its_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = dir.path().join("push.auth");
+    std::fs::write(&auth, "fleet:s3cr:et\n").unwrap();
+    let c = parse(&format!(
+        "output = \"/tmp\"\n[[target]]\nbinary = \"/bin/x\"\n[export]\npyroscope = \"https://pyro.example:4040/\"\ninterval = \"10s\"\ntenant = \"team-a\"\nbasic_auth_file = \"{}\"\nqueue = 8\n",
+        auth.display()
+    ))
+    .unwrap();
+    let e = c.export.unwrap();
+    assert_eq!(e.pyroscope.unwrap().base, "https://pyro.example:4040");
+    assert_eq!(e.otlp, None);
+    assert_eq!(e.interval, Duration::from_secs(10));
+    assert_eq!(e.tenant.as_deref(), Some("team-a"));
+    assert_eq!(e.basic_auth, Some(("fleet".into(), "s3cr:et".into())));
+    assert_eq!(e.queue, 8);
+    // The defaults.
+    let e = parse("output = \"/tmp\"\n[[target]]\nbinary = \"/bin/x\"\n[export]\npyroscope = \"http://p:4040\"\n")
+        .unwrap()
+        .export
+        .unwrap();
+    assert_eq!((e.interval, e.queue), (Duration::from_secs(15), 64));
+}
+
+#[test]
+fn a_bad_export_is_refused_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.auth");
+    std::fs::write(&empty, "no colon here\n").unwrap();
+    for (bad, what) in [
+        ("pyroscope = \"pyro:4040 x\"", "endpoint"),
+        ("pyroscope = \"ftp://pyro:4040\"", "http:// or https://"),
+        (
+            "pyroscope = \"http://user:pw@pyro:4040\"",
+            "basic_auth_file",
+        ),
+        ("pyroscope = \"http://pyro:4040/?x=1\"", "no query string"),
+        ("otlp = \"not a url\"", "endpoint"),
+        ("interval = \"500ms\"", "whole seconds"),
+        ("interval = \"2h\"", "whole seconds"),
+        ("queue = 0", "queue must be between"),
+        ("tenant = \"a b\"", "tenant"),
+        (
+            "basic_auth_file = \"/nonexistent/push.auth\"",
+            "cannot read",
+        ),
+        ("basic_auth_file = \"relative.auth\"", "absolute path"),
+        ("basic_auth_file = \"/tmp\"", "not a regular file"),
+        ("unknown = 1", "unknown field"),
+    ] {
+        let text = format!(
+            "output = \"/tmp\"\n[[target]]\nbinary = \"/bin/x\"\n[export]\npyroscope = \"http://p:4040\"\n{bad}\n"
+        );
+        let text = if bad.starts_with("pyroscope") {
+            text.replacen("pyroscope = \"http://p:4040\"\n", "", 1)
+        } else {
+            text
+        };
+        let (line, _, message) = error(&text);
+        let want = if bad.starts_with("pyroscope") { 5 } else { 6 };
+        assert_eq!(line, want, "{bad}: {message}");
+        assert!(message.contains(what), "{bad}: {message}");
+    }
+    let (line, _, message) = error(&format!(
+        "output = \"/tmp\"\n[[target]]\nbinary = \"/bin/x\"\n[export]\npyroscope = \"http://p:4040\"\nbasic_auth_file = \"{}\"\n",
+        empty.display()
+    ));
+    assert_eq!(line, 6);
+    assert!(message.contains("user:password"), "{message}");
+    let (line, _, message) =
+        error("output = \"/tmp\"\n[[target]]\nbinary = \"/bin/x\"\n[export]\ninterval = \"10s\"\n");
+    assert_eq!(line, 4, "the section itself: {message}");
+    assert!(message.contains("names no endpoint"), "{message}");
+}
