@@ -659,3 +659,43 @@ fn hostile_fdr_files_get_one_line_each() {
         );
     }
 }
+
+#[test]
+fn an_empty_symbol_name_is_no_name() {
+    use fdr_analysis::symbolize::{NameSource, ObjectSymbols};
+    use object::read::elf::Sym;
+    let dir = scratch_dir("hostile-empty-name");
+    let fx = fixture();
+    let image = xray_object::ElfImage::open(&cpp_fixture()).unwrap();
+    let function = xray_object::InstrMap::from_elf(&image).unwrap().functions[0].address;
+    let bin = fx.variant(dir.path(), "empty-name", |d| {
+        // No DWARF: `.debug_info` renamed, so names come from the symbol table.
+        let at = d
+            .windows(12)
+            .position(|w| w == b".debug_info\0")
+            .expect("the fixture has DWARF");
+        d[at + 1] = b'x';
+        // The function's symbol named by offset 0 of the string table: "".
+        let elf = ElfFile64::<LE>::parse(&fx.data[..]).unwrap();
+        let header = elf.elf_header();
+        let sections = header.sections(LE, &fx.data[..]).unwrap();
+        let symtab = sections
+            .iter()
+            .find(|s| s.sh_type(LE) == object::elf::SHT_SYMTAB)
+            .unwrap();
+        let symbols = sections
+            .symbols(LE, &fx.data[..], object::elf::SHT_SYMTAB)
+            .unwrap();
+        let index = symbols
+            .iter()
+            .position(|s| s.st_value(LE) == function && s.st_type() == object::elf::STT_FUNC)
+            .expect("the function has a symbol");
+        let entry = symtab.sh_offset(LE) as usize + 24 * index;
+        d[entry..entry + 4].fill(0);
+    });
+    let object = ObjectSymbols::load(&bin, &[]).unwrap();
+    assert!(object.debug_file.is_none());
+    let info = object.function(1);
+    assert_eq!(info.source, NameSource::Address, "{info:?}");
+    assert_eq!(info.name, format!("empty-name+{function:#x}"));
+}

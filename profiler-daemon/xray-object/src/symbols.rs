@@ -163,9 +163,10 @@ impl SymbolTable {
     }
 
     /// Demangled name of the function symbol that starts at (or contains) `addr`: Rust legacy
-    /// and v0 via rustc-demangle, C++ Itanium via cpp_demangle, plain names as they are.
+    /// and v0 via rustc-demangle, C++ Itanium via cpp_demangle, plain names as they are. A
+    /// symbol whose name is empty (a broken or hostile string table) names nothing.
     pub fn name_at(&self, addr: u64) -> Option<&str> {
-        self.lookup(addr).map(|s| s.name)
+        self.lookup(addr).map(|s| s.name).filter(|n| !n.is_empty())
     }
 
     fn name_of<'a>(&'a self, entry: &'a Entry) -> &'a str {

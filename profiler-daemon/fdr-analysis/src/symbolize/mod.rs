@@ -275,6 +275,8 @@ fn frames_at(
             .function
             .as_ref()
             .and_then(|f| f.raw_name().ok().map(|n| n.into_owned()))
+            // An empty name (a hostile or broken DWARF) names nothing: the next source does.
+            .filter(|n| !n.is_empty())
         else {
             continue;
         };
