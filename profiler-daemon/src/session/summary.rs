@@ -17,7 +17,7 @@ pub struct FunctionTotals {
 }
 
 /// Per-function totals of a session, by function id. Each function's totals stay at one place
-/// in a list once it is in, so a thread's [`CallTimer`] can remember where a function's are
+/// in a list once it is in, so a thread's [`CallTimes`] can remember where a function's are
 /// and add to them without a hash lookup per call.
 #[derive(Debug, Default)]
 pub struct Totals {
@@ -48,57 +48,33 @@ impl Totals {
     }
 }
 
-/// Deepest call stack a thread's timer tracks; deeper frames are not timed (bounded memory).
-const MAX_TIMED_DEPTH: usize = 1 << 16;
-
-/// Entries of a timer's memory of where functions' totals are (a power of two).
+/// Entries of a thread's memory of where functions' totals are (a power of two).
 const PLACES: usize = 64;
 
-/// Times calls of one thread from its entry and exit records.
+/// Adds one thread's completed calls to the session's [`Totals`]. The thread's open calls and
+/// when they were entered are its trace's frames (`session::thread`), the one call stack a
+/// thread has in the daemon.
 #[derive(Debug)]
-pub struct CallTimer {
-    stack: Vec<(u32, u64)>,
-    too_deep: usize,
+pub struct CallTimes {
     /// Where in [`Totals`] the functions this thread returned from lately have their totals:
     /// `(function id, place + 1)` at `id % PLACES`, 0 for none. A thread returns from a few
     /// functions over and over, and this saves the hash lookup each return would cost.
     places: [(u32, u32); PLACES],
 }
 
-impl Default for CallTimer {
+impl Default for CallTimes {
     fn default() -> Self {
-        CallTimer {
-            stack: Vec::new(),
-            too_deep: 0,
+        CallTimes {
             places: [(0, 0); PLACES],
         }
     }
 }
 
-impl CallTimer {
-    /// A function was entered at `ts` nanoseconds.
+impl CallTimes {
+    /// A call of `function_id` entered at `entered` ended (returned, tail-called out, or was
+    /// proven gone) at `ts` nanoseconds.
     #[inline]
-    pub fn enter(&mut self, function_id: u32, ts: u64) {
-        if self.stack.len() < MAX_TIMED_DEPTH {
-            self.stack.push((function_id, ts));
-        } else {
-            self.too_deep += 1;
-        }
-    }
-
-    /// A function returned (or tail-called out) at `ts`. Frames above it that never saw their
-    /// exit (unwound by an exception, say) are dropped untimed.
-    #[inline]
-    pub fn exit(&mut self, function_id: u32, ts: u64, totals: &mut Totals) {
-        if self.too_deep > 0 {
-            self.too_deep -= 1;
-            return;
-        }
-        let Some(pos) = self.stack.iter().rposition(|&(id, _)| id == function_id) else {
-            return;
-        };
-        let (_, start) = self.stack[pos];
-        self.stack.truncate(pos);
+    pub fn add(&mut self, function_id: u32, entered: u64, ts: u64, totals: &mut Totals) {
         let remembered = &mut self.places[function_id as usize % PLACES];
         let place = if remembered.1 != 0 && remembered.0 == function_id {
             remembered.1 - 1
@@ -109,7 +85,7 @@ impl CallTimer {
         };
         let t = &mut totals.list[place as usize].1;
         t.calls += 1;
-        t.total_ns = t.total_ns.saturating_add(ts.saturating_sub(start));
+        t.total_ns = t.total_ns.saturating_add(ts.saturating_sub(entered));
     }
 }
 
@@ -658,28 +634,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn timer_matches_nested_and_unwound_calls() {
+    fn call_times_add_up_per_function() {
         let mut totals = Totals::default();
-        let mut t = CallTimer::default();
-        t.enter(1, 100);
-        t.enter(2, 110);
-        t.exit(2, 130, &mut totals);
-        t.enter(3, 140);
-        // 3 never returns (unwound); 1's exit closes both.
-        t.exit(1, 200, &mut totals);
-        t.exit(7, 210, &mut totals); // never entered: ignored
+        let mut t = CallTimes::default();
+        t.add(2, 110, 130, &mut totals);
+        t.add(1, 100, 200, &mut totals);
         assert_eq!(totals.get(1).unwrap().calls, 1);
         assert_eq!(totals.get(1).unwrap().total_ns, 100);
         assert_eq!(totals.get(2).unwrap().total_ns, 20);
         assert!(totals.get(3).is_none());
-        assert!(totals.get(7).is_none());
-        // 65 shares its place in the timer's memory with 1: both add up where they belong.
-        t.enter(65, 300);
-        t.exit(65, 305, &mut totals);
-        t.enter(1, 310);
-        t.exit(1, 320, &mut totals);
-        t.enter(65, 330);
-        t.exit(65, 340, &mut totals);
+        // 65 shares its place in the thread's memory with 1: both add up where they belong,
+        // and a second thread adds to the same totals.
+        t.add(65, 300, 305, &mut totals);
+        t.add(1, 310, 320, &mut totals);
+        CallTimes::default().add(65, 330, 340, &mut totals);
+        t.add(65, 350, 351, &mut totals);
         assert_eq!(
             (
                 totals.get(1).unwrap().calls,
@@ -692,7 +661,10 @@ mod tests {
                 totals.get(65).unwrap().calls,
                 totals.get(65).unwrap().total_ns
             ),
-            (2, 15)
+            (3, 16)
         );
+        // A clock that went back counts 0, never a huge duration.
+        t.add(2, 500, 400, &mut totals);
+        assert_eq!(totals.get(2).unwrap().total_ns, 20);
     }
 }

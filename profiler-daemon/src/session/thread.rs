@@ -16,7 +16,7 @@
 //! as a guard, a stack pointer more than [`STACK_SPAN`] above a frame never proves it dead.
 use crate::kernel::intake::Event;
 use crate::session::order::Gap;
-use crate::session::summary::{CallTimer, ThreadReport, Totals};
+use crate::session::summary::{CallTimes, ThreadReport, Totals};
 use profiler_common::{event_flags, event_kind, SledKind};
 use std::fs::File;
 use xray_fdr::records::FunctionAction;
@@ -116,6 +116,8 @@ struct Frame {
     /// The thread's count of losses when the frame was entered: a frame closed after a later
     /// loss may have lost its exit, and is counted as closed by loss.
     losses_at_entry: u64,
+    /// When it was entered (its duration goes into the session's totals when it closes).
+    entered: u64,
 }
 
 /// A thread's file and bookkeeping.
@@ -138,7 +140,8 @@ pub struct ThreadTrace {
     /// The exits this recorder wrote to close frames proven gone (XRay's runtime writes none):
     /// runs of `[index of the first among the file's function records, count]`.
     closing_exits: Vec<[u64; 2]>,
-    timer: CallTimer,
+    /// Adds the calls that end to the session's totals.
+    times: CallTimes,
     last_ts: u64,
     /// Counters.
     pub counts: ThreadCounts,
@@ -155,7 +158,7 @@ impl ThreadTrace {
             before_tracing_slot: 0,
             losses: 0,
             closing_exits: Vec::new(),
-            timer: CallTimer::default(),
+            times: CallTimes::default(),
             last_ts: 0,
             counts: ThreadCounts::default(),
         }
@@ -231,7 +234,7 @@ impl ThreadTrace {
                 Some([first, count]) if *first + *count == index => *count += 1,
                 _ => self.closing_exits.push([index, 1]),
             }
-            self.timer.exit(top.function_id, ts, totals);
+            self.times.add(top.function_id, top.entered, ts, totals);
             self.frames.pop();
             if top.no_return {
                 self.counts.frames_beyond_return_limit += 1;
@@ -282,16 +285,16 @@ impl ThreadTrace {
                         slot: sp,
                         no_return: h.flags & event_flags::NO_RETURN != 0,
                         losses_at_entry: self.losses,
+                        entered: ts,
                     });
                     self.highest_slot = self.highest_slot.max(sp);
-                    self.timer.enter(h.function_id, ts);
                 }
                 Fate::of(r)
             }
             Some(kind @ (SledKind::Exit | SledKind::Tail)) => {
                 self.close_dead(writer, false, below, ts, cpu, totals)?;
                 match self.frames.last() {
-                    Some(top) if top.slot == sp && top.function_id == h.function_id => {
+                    Some(&top) if top.slot == sp && top.function_id == h.function_id => {
                         let action = if kind == SledKind::Tail {
                             FunctionAction::TailExit
                         } else {
@@ -299,7 +302,7 @@ impl ThreadTrace {
                         };
                         let r = writer.function(action, h.function_id, ts, cpu)?;
                         if matches!(r, Recorded::Written | Recorded::WrittenAfterUnwind { .. }) {
-                            self.timer.exit(h.function_id, ts, totals);
+                            self.times.add(top.function_id, top.entered, ts, totals);
                         }
                         self.frames.pop();
                         Fate::of(r)
