@@ -402,8 +402,7 @@ fn a_session_naming_a_malformed_binary_is_refused() {
     refused_session(
         &session,
         &format!(
-            "mid-instruction (pid 1): {}: checking the instrumentation map: {}: xray_instr_map entry {i}: no Entry sled at {:#x}: the bytes there are not the sled's `jmp +9`; refused",
-            mid.display(),
+            "mid-instruction (pid 1): {}: xray_instr_map entry {i}: no Entry sled at {:#x}: the bytes there are not the sled's `jmp +9`; refused",
             mid.display(),
             fx.sled_address(i) + 3
         ),
