@@ -277,8 +277,11 @@ fn the_units_capabilities_are_exactly_what_the_service_needs() {
             continue;
         }
         assert!(!run.ok, "started without {name}: {}", run.stderr);
+        // Checked before anything is done (src/kernel/caps.rs).
         assert!(
-            run.stderr.contains("fdr-profiled: error: ") && run.stderr.contains("not permitted"),
+            run.stderr.contains(&format!(
+                "fdr-profiled: error: missing {name}: the service needs CAP_BPF, CAP_PERFMON (run it as root)"
+            )),
             "without {name}: {}",
             run.stderr
         );

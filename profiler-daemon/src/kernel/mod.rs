@@ -3,10 +3,11 @@
 //! [`uprobe_multi`] placing one link per program and file, [`rlimit`] making room for the
 //! descriptors the fallback needs, [`btf`] reading the kernel's own type layout), and the
 //! events drained from the buffers ([`intake`]); [`task_iter`] runs a task iterator over the
-//! threads of one process.
+//! threads of one process; [`caps`] checks the capabilities all this needs.
 //! This is the only stage that makes BPF system calls.
 pub mod bpf;
 pub mod btf;
+pub mod caps;
 pub mod intake;
 pub mod rlimit;
 mod sys;

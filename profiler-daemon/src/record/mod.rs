@@ -12,6 +12,7 @@ mod stuck;
 pub use args::RecordArgs;
 
 use crate::kernel::bpf::{KernelBooks, LoadOptions, Scope, Tracer};
+use crate::kernel::caps::Cap;
 use crate::kernel::intake::{Intake, DRAIN_BUDGET};
 use crate::plan::discovery::Discovery;
 use crate::plan::exits::{ExitMode, ExitPolicy, Exits};
@@ -90,10 +91,37 @@ enum Target {
     Pid(u32, OwnedFd, Option<repair::Keeper>),
 }
 
+/// The capabilities this command line needs, and what to call it in the error (see
+/// [`crate::kernel::caps`]): `CAP_BPF` and `CAP_PERFMON` for the programs and `uprobe_multi`
+/// links, `CAP_SYS_ADMIN` instead for one perf event per probe, `CAP_SYS_PTRACE` to read a
+/// running process (`--pid`).
+fn needed_caps(cli: &RecordArgs) -> (Vec<Cap>, String) {
+    let mut caps = Vec::new();
+    let mut what = String::from("recording");
+    if cli.no_uprobe_multi {
+        caps.push(Cap::SysAdmin);
+        what.push_str(" with --no-uprobe-multi");
+    } else {
+        caps.extend([Cap::Bpf, Cap::Perfmon]);
+    }
+    if cli.pid.is_some() {
+        caps.push(Cap::SysPtrace);
+        what.push_str(if cli.no_uprobe_multi {
+            " and --pid"
+        } else {
+            " with --pid"
+        });
+    }
+    (caps, what)
+}
+
 /// Runs a recording session as the command line says; returns the process exit code.
 pub fn run(cli: &RecordArgs) -> Result<u8> {
+    // Before anything else: without the capabilities nothing below can work, and one line
+    // saying which are missing beats an error from wherever the kernel first refuses.
+    let (caps, what) = needed_caps(cli);
+    crate::kernel::caps::require_for_probes(&caps, &what)?;
     let held_signals = HeldStopSignals::hold();
-    // Reading the binary first gives the most precise error for bad input, root or not.
     let process = cli.pid.map(TracedProcess::find).transpose()?;
     let program = match (&process, &cli.attach, cli.command.first()) {
         (None, None, Some(cmd)) => Some(launch::resolve_program(cmd)?),
@@ -107,10 +135,6 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     };
     let filter = crate::plan::select::FunctionFilter::new(&cli.functions, &cli.exclude)?;
     planned.select(&filter)?;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
-    }
     if cli.follow_forks && cli.exits == ExitMode::Repair {
         bail!("--follow-forks cannot be used with --exits repair (the repair keeper traces one process)");
     }

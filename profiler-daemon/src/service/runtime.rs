@@ -12,6 +12,7 @@
 //! snapshots one directory per binary.
 use super::repaired::Repaired;
 use crate::kernel::bpf::{Attachment, LoadOptions, Scope, Tracer};
+use crate::kernel::caps::Cap;
 use crate::kernel::intake::{Event, Intake, DRAIN_BUDGET};
 use crate::plan::exits::{self, ExitMode, ExitPolicy, Exits, ExitsChoice};
 use crate::plan::select::FunctionFilter;
@@ -89,11 +90,10 @@ struct Watched {
 /// Runs the service until SIGTERM or SIGINT, listening for `status` and `snapshot` requests on
 /// `socket`.
 pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
+    // Before anything else (see `crate::kernel::caps`). CAP_SYS_PTRACE is not required: without
+    // it the libraries of other users' processes are not traced, which is said per process.
+    crate::kernel::caps::require_for_probes(&[Cap::Bpf, Cap::Perfmon], "the service")?;
     let mut config = ServiceConfig::load(config_path)?;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("must run as root: placing uprobes and loading BPF programs needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
-    }
     let mut tracer = Tracer::load(LoadOptions {
         ring_bytes: profiler_common::DEFAULT_RING_BYTES,
         nargs: config.targets.iter().map(|t| t.args).max().unwrap_or(1),
