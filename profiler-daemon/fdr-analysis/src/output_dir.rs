@@ -233,22 +233,23 @@ impl OutputDir {
     pub fn create_file(&self, name: &str) -> Result<File> {
         check_component(name)?;
         let shown = self.shown.join(name);
-        let fd = rustix::fs::openat(
+        let fd = match rustix::fs::openat(
             &self.fd,
             name,
             OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(FILE_MODE),
-        )
-        .map_err(std::io::Error::from)
-        .with_context(|| {
-            match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(_) => format!(
-                    "cannot create {}: it exists; not overwriting it",
-                    shown.display()
-                ),
-                Err(_) => format!("cannot create {}", shown.display()),
+        ) {
+            Ok(fd) => fd,
+            // Whatever is there (a symlink included) stays as it is.
+            Err(rustix::io::Errno::EXIST) => bail!(
+                "cannot create {}: it exists; not overwriting it",
+                shown.display()
+            ),
+            Err(err) => {
+                return Err(std::io::Error::from(err))
+                    .with_context(|| format!("cannot create {}", shown.display()))
             }
-        })?;
+        };
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(FILE_MODE))
             .map_err(std::io::Error::from)
             .with_context(|| format!("cannot make {} private", shown.display()))?;
