@@ -75,17 +75,24 @@ impl CallTimes {
     /// proven gone) at `ts` nanoseconds.
     #[inline]
     pub fn add(&mut self, function_id: u32, entered: u64, ts: u64, totals: &mut Totals) {
-        let remembered = &mut self.places[function_id as usize % PLACES];
+        let remembered = self.places[function_id as usize % PLACES];
         let place = if remembered.1 != 0 && remembered.0 == function_id {
             remembered.1 - 1
         } else {
-            let place = totals.place(function_id);
-            *remembered = (function_id, place + 1);
-            place
+            self.look_up(function_id, totals)
         };
         let t = &mut totals.list[place as usize].1;
         t.calls += 1;
         t.total_ns = t.total_ns.saturating_add(ts.saturating_sub(entered));
+    }
+
+    /// Where the totals of `function_id` are, remembered from now on: out of line, so that
+    /// [`CallTimes::add`] stays small enough to inline.
+    #[inline(never)]
+    fn look_up(&mut self, function_id: u32, totals: &mut Totals) -> u32 {
+        let place = totals.place(function_id);
+        self.places[function_id as usize % PLACES] = (function_id, place + 1);
+        place
     }
 }
 

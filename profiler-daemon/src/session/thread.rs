@@ -214,8 +214,29 @@ impl ThreadTrace {
         self.last_ts = self.last_ts.max(ts);
     }
 
-    /// Closes, innermost first, the open frames `dead` says are gone.
+    /// Closes, innermost first, the open frames `dead` says are gone. Nearly always none is:
+    /// that test is inlined, the closing is not.
+    #[inline(always)]
     fn close_dead(
+        &mut self,
+        writer: &mut ThreadWriter<File>,
+        at_catch: bool,
+        dead: impl Fn(u64) -> bool,
+        ts: u64,
+        cpu: u16,
+        totals: &mut Totals,
+    ) -> std::io::Result<()> {
+        match self.frames.last() {
+            Some(top) if dead(top.slot) => {
+                self.close_dead_frames(writer, at_catch, dead, ts, cpu, totals)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// [`ThreadTrace::close_dead`] once the innermost frame is gone.
+    #[inline(never)]
+    fn close_dead_frames(
         &mut self,
         writer: &mut ThreadWriter<File>,
         at_catch: bool,

@@ -220,6 +220,7 @@ impl<W: TraceSink> ThreadWriter<W> {
     /// TSCWrap(tsc) when the delta from the base does not fit in u32. A tick before an earlier
     /// record's is clamped to it (delta 0) and counted. A function id over 28 bits is an
     /// `InvalidInput` error and writes nothing.
+    #[inline]
     pub fn function(
         &mut self,
         action: FunctionAction,
@@ -378,6 +379,7 @@ impl<W: TraceSink> ThreadWriter<W> {
         Ok(())
     }
 
+    #[inline]
     fn enter(
         &mut self,
         action: FunctionAction,
