@@ -381,3 +381,142 @@ fn every_interval_is_pushed_to_pyroscope_and_an_absent_endpoint_never_stops_trac
     );
     receiver.stop();
 }
+
+/// One OTLP request, decoded with the OpenTelemetry proto definitions: the resource's
+/// attributes, and per profile (sample type) its start, duration and the values summed by
+/// leaf function.
+struct OtlpPush {
+    resource: BTreeMap<String, String>,
+    profiles: BTreeMap<String, (u64, u64, BTreeMap<String, i64>)>,
+}
+
+fn decode_otlp(r: &Request) -> OtlpPush {
+    use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use prost::Message as _;
+    assert_eq!(r.method, "POST");
+    assert_eq!(r.path, "/v1development/profiles");
+    assert_eq!(
+        r.headers.get("content-type").map(String::as_str),
+        Some("application/x-protobuf")
+    );
+    let req = ExportProfilesServiceRequest::decode(&r.body[..]).expect("an OTLP profiles request");
+    let dict = req.dictionary.expect("a dictionary");
+    let s = |i: i32| dict.string_table[i as usize].clone();
+    // Each table starts with its zero value.
+    assert_eq!(s(0), "");
+    assert_eq!(dict.function_table[0], Default::default());
+    assert_eq!(dict.stack_table[0], Default::default());
+    assert_eq!(req.resource_profiles.len(), 1);
+    let rp = &req.resource_profiles[0];
+    let resource = rp
+        .resource
+        .as_ref()
+        .unwrap()
+        .attributes
+        .iter()
+        .map(|kv| {
+            let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(Value::StringValue(s)) => s.clone(),
+                Some(Value::IntValue(i)) => i.to_string(),
+                other => panic!("{}: {other:?}", kv.key),
+            };
+            (kv.key.clone(), v)
+        })
+        .collect();
+    let mut profiles = BTreeMap::new();
+    for sp in &rp.scope_profiles {
+        assert_eq!(sp.scope.as_ref().unwrap().name, "fdr-profiled");
+        for p in &sp.profiles {
+            let t = p.sample_type.as_ref().unwrap();
+            let mut by_leaf: BTreeMap<String, i64> = BTreeMap::new();
+            for sample in &p.samples {
+                let stack = &dict.stack_table[sample.stack_index as usize];
+                let leaf = &dict.location_table[stack.location_indices[0] as usize];
+                let f = &dict.function_table[leaf.lines[0].function_index as usize];
+                *by_leaf.entry(s(f.name_strindex)).or_default() += sample.values[0];
+            }
+            profiles.insert(
+                format!("{}/{}", s(t.type_strindex), s(t.unit_strindex)),
+                (p.time_unix_nano, p.duration_nano, by_leaf),
+            );
+        }
+    }
+    OtlpPush { resource, profiles }
+}
+
+#[test]
+fn every_interval_is_exported_as_otlp_profiles() {
+    let scratch = tests::scratch_dir("service-export-otlp");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let receiver = Receiver::start(0, requests.clone());
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"calls\"\nbinary = \"{}\"\n[export]\notlp = \"http://127.0.0.1:{}\"\ninterval = \"1s\"\n",
+            scratch.path().join("out").display(),
+            bin.display(),
+            receiver.port
+        ),
+    )
+    .unwrap();
+    let mut service = Running::spawn(
+        "fdr-profiled service",
+        Command::new(tests::fdr_profiled())
+            .args(["service", "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(scratch.path().join("control.sock")),
+    );
+    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    let (pid, counted) = run_calls(&bin, 1000);
+    // Everything of the run is in once the interval after its end is pushed.
+    std::thread::sleep(Duration::from_millis(3500));
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    receiver.stop();
+
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let mut calls: BTreeMap<String, i64> = BTreeMap::new();
+    let mut pushes = 0;
+    for r in requests.lock().unwrap().iter() {
+        let push = decode_otlp(r);
+        if push.resource.get("process.pid") != Some(&pid.to_string()) {
+            continue;
+        }
+        pushes += 1;
+        let want: BTreeMap<String, String> = [
+            ("service.name", "calls".to_owned()),
+            ("host.name", hostname.trim().to_owned()),
+            ("process.pid", pid.to_string()),
+            ("process.executable.path", bin.display().to_string()),
+            ("process.executable.build_id.gnu", build_id(&bin)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        assert_eq!(push.resource, want);
+        assert_eq!(
+            push.profiles.keys().collect::<Vec<_>>(),
+            ["calls/count", "self/nanoseconds", "wall/nanoseconds"]
+        );
+        for (start, duration, _) in push.profiles.values() {
+            assert_eq!(start % INTERVAL_NS, 0, "on the interval's grid");
+            assert_eq!(*duration, INTERVAL_NS);
+        }
+        for (f, n) in &push.profiles["calls/count"].2 {
+            *calls.entry(f.clone()).or_default() += n;
+        }
+        let wall: i64 = push.profiles["wall/nanoseconds"].2.values().sum();
+        assert!(wall > 0, "wall time in every profile");
+    }
+    assert!(pushes > 0, "no OTLP push for pid {pid}");
+    let counted: BTreeMap<String, i64> = counted.into_iter().map(|(k, v)| (k, v as i64)).collect();
+    assert_eq!(
+        calls, counted,
+        "calls per leaf function over the process's profiles"
+    );
+}

@@ -6,10 +6,12 @@
 //!   events are routed (exact intervals, bounded memory).
 //! - [`push`]: a bounded queue per endpoint and the thread that sends it; nothing here ever
 //!   waits for an endpoint.
+//! - [`otlp`]: the profile re-encoded as OTLP profiles, for an OpenTelemetry Collector.
 //!
 //! A profile carries the same three sample types as `convert --format pprof` (calls, wall and
 //! self time per stack) and the labels `service_name` (the target's name), `hostname`, `pid`,
 //! `binary` and `build_id`.
+pub mod otlp;
 pub mod push;
 pub mod stacks;
 
@@ -79,6 +81,7 @@ pub struct BinaryLabels<'a> {
 pub struct Exporter {
     hostname: String,
     pyroscope: Option<Pusher>,
+    otlp: Option<Pusher>,
     /// Profiles made, and calls left out of them (beyond the memory bounds).
     pub profiles: u64,
 }
@@ -86,12 +89,6 @@ pub struct Exporter {
 impl Exporter {
     /// Starts a sender per configured endpoint.
     pub fn start(config: &ExportConfig) -> anyhow::Result<Exporter> {
-        if let Some(otlp) = &config.otlp {
-            anyhow::bail!(
-                "[export] otlp = {:?}: OTLP profiles are not built yet; use pyroscope",
-                otlp.base
-            );
-        }
         let mut headers = Vec::new();
         if let Some(tenant) = &config.tenant {
             headers.push(("X-Scope-OrgID".to_owned(), tenant.clone()));
@@ -109,9 +106,14 @@ impl Exporter {
             }
             None => None,
         };
+        let otlp = match &config.otlp {
+            Some(endpoint) => Some(Pusher::start("otlp", endpoint, headers, config.queue)?),
+            None => None,
+        };
         Ok(Exporter {
             hostname: hostname(),
             pyroscope,
+            otlp,
             profiles: 0,
         })
     }
@@ -134,6 +136,26 @@ impl Exporter {
                     &self.hostname,
                 ));
             }
+            if let Some(p) = &self.otlp {
+                let resource = otlp::ResourceLabels {
+                    service_name: labels.service_name,
+                    host_name: &self.hostname,
+                    pid: interval.pid,
+                    executable: labels.binary,
+                    build_id: labels.build_id,
+                };
+                p.push(Payload {
+                    path: otlp::PATH,
+                    content_type: "application/x-protobuf",
+                    body: otlp::request(&profile, &resource),
+                    what: format!(
+                        "the profiles of target {} process {} from {} s",
+                        labels.service_name,
+                        interval.pid,
+                        interval.start_unix_ns / 1_000_000_000
+                    ),
+                });
+            }
         }
     }
 
@@ -150,13 +172,14 @@ impl Exporter {
         serde_json::json!({
             "profiles": self.profiles,
             "pyroscope": endpoint(&self.pyroscope),
+            "otlp": endpoint(&self.otlp),
         })
     }
 
     /// Sends what is left for at most `within`; returns one line for the log.
     pub fn finish(self, within: Duration) -> String {
         let mut parts = vec![format!("{} profiles made", self.profiles)];
-        for p in [self.pyroscope].into_iter().flatten() {
+        for p in [self.pyroscope, self.otlp].into_iter().flatten() {
             let name = p.name();
             let c: PushCounts = p.finish(within);
             parts.push(format!(
