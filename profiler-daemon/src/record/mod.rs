@@ -680,9 +680,12 @@ async fn record(
     }
     let out_dir = session.out_dir().to_path_buf();
     let object_files = session.take_object_files();
-    let report = session.finish(losses)?;
+    let (report, manifest_error) = session.finish_keeping_report(losses)?;
     err!("{}", report.render(&out_dir, cli.top));
-    if !cli.no_report && !cli.floor {
+    if let Some(err) = &manifest_error {
+        errln!("fdr-profiled: error: {err:#}");
+    }
+    if !cli.no_report && !cli.floor && manifest_error.is_none() {
         let mut symbolizer = Symbolizer::default();
         for (build_id, file) in &object_files {
             let fd = file.as_raw_fd();
@@ -694,11 +697,28 @@ async fn record(
     if cli.exits == ExitMode::Repair && launched && child_exit.is_none() {
         errln!("fdr-profiled: repair: the command still runs; its keeper stays its tracer and repairs the frames hooked before now until it exits");
     }
-    Ok(match child_exit {
+    let code = match child_exit {
         Some(exit) => u8::try_from(exit.shell_code()).unwrap_or(u8::MAX),
         None => 0,
-    })
+    };
+    // Events no file could be created for (`events_ignored`) were not stored either.
+    let unstored =
+        report.events_dropped_write_errors + report.records_not_stored + report.events_ignored;
+    if unstored > 0 || manifest_error.is_some() {
+        errln!(
+            "fdr-profiled: error: the trace is incomplete: {unstored} events or records could not be written{}{}; exit status {WRITE_ERROR_STATUS}",
+            if manifest_error.is_some() { ", nor session.json" } else { "" },
+            if launched { format!(" (the command's exit status was {code})") } else { String::new() },
+        );
+        return Ok(WRITE_ERROR_STATUS);
+    }
+    Ok(code)
 }
+
+/// The exit status of a recording whose output could not all be written (the disk full):
+/// `EX_IOERR` of sysexits.h. The files written before stay valid; the summary counts what was
+/// not stored. It replaces a launched command's own status, which the error line gives.
+pub const WRITE_ERROR_STATUS: u8 = 74;
 
 /// Above this many events the timeline is not written by default: its JSON would be several
 /// gigabytes, more than a browser opens (`fdr-profiled convert` writes it on request).

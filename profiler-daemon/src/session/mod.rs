@@ -384,7 +384,20 @@ impl Session {
     }
 
     /// Finalizes every file, writes `session.json` and returns the report.
-    pub fn finish(mut self, losses: IntakeLosses) -> Result<SessionReport> {
+    pub fn finish(self, losses: IntakeLosses) -> Result<SessionReport> {
+        match self.finish_keeping_report(losses)? {
+            (_, Some(err)) => Err(err),
+            (report, None) => Ok(report),
+        }
+    }
+
+    /// [`Session::finish`], but a manifest that cannot be written (the disk full) does not
+    /// lose the report: it comes back with that error, for the summary to be shown all the
+    /// same.
+    pub fn finish_keeping_report(
+        mut self,
+        losses: IntakeLosses,
+    ) -> Result<(SessionReport, Option<anyhow::Error>)> {
         let mut report = SessionReport {
             fdr_version: self.version.number(),
             exits: self.exits.mode.to_owned(),
@@ -403,6 +416,7 @@ impl Session {
             events_lost_unattributed: self.unattributed_lost + losses.unattributed_lost,
             events_malformed: losses.malformed,
             events_dropped_write_errors: 0,
+            records_not_stored: 0,
             dropped_unmatched_exits: 0,
             exits_entered_before_tracing: 0,
             returns_before_tracing: losses.returns_before_tracing,
@@ -440,6 +454,7 @@ impl Session {
                 report.dropped_unmatched_exits += t.dropped_unmatched_exits;
                 report.exits_entered_before_tracing += t.exits_entered_before_tracing;
                 report.events_dropped_write_errors += t.dropped_write_errors;
+                report.records_not_stored += t.records_not_stored;
                 report.custom_events += t.custom_events;
                 report.custom_events_truncated += t.custom_events_truncated;
                 report.typed_events += t.typed_events;
@@ -466,8 +481,8 @@ impl Session {
             });
         report.events_lost += report.events_lost_unattributed + report.events_malformed;
         let json = serde_json::to_vec_pretty(&report)?;
-        self.out.write_atomically(MANIFEST, &json)?;
-        Ok(report)
+        let written = self.out.write_atomically(MANIFEST, &json).err();
+        Ok((report, written))
     }
 
     /// The session's output directory.

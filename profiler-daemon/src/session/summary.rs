@@ -150,6 +150,11 @@ pub struct ThreadReport {
     pub closing_exits: Vec<[u64; 2]>,
     /// Events dropped because the file could not be written.
     pub dropped_write_errors: u64,
+    /// Function records made from this thread's events (counted in `events_written` and the
+    /// frames closed) that never reached the file: they waited for a write that failed (the
+    /// disk full). The file holds `records`, written before.
+    #[serde(default)]
+    pub records_not_stored: u64,
     /// Custom events written.
     pub custom_events: u64,
     /// Custom/typed events whose payload was cut to `--max-event-bytes`.
@@ -377,6 +382,10 @@ pub struct SessionReport {
     pub events_malformed: u64,
     /// Events that could not be written to a file.
     pub events_dropped_write_errors: u64,
+    /// Function records that never reached their file: made, but waiting for a write that
+    /// failed (see [`ThreadReport::records_not_stored`]).
+    #[serde(default)]
+    pub records_not_stored: u64,
     /// Exits dropped because their entry was never seen.
     pub dropped_unmatched_exits: u64,
     /// Of those, the exits of calls entered before tracing began (see [`ThreadReport`]).
@@ -510,11 +519,11 @@ impl SessionReport {
                 self.custom_events, self.typed_events, self.custom_events_truncated
             );
         }
-        if self.events_dropped_write_errors > 0 {
+        if self.events_dropped_write_errors + self.records_not_stored > 0 {
             let _ = writeln!(
                 s,
-                "  events dropped on write errors: {}",
-                self.events_dropped_write_errors
+                "  not stored (write errors, the disk full?): {} events dropped after the error, {} records lost in the failed write",
+                self.events_dropped_write_errors, self.records_not_stored
             );
         }
         let threads_iter = || self.processes.iter().flat_map(|p| &p.threads);

@@ -145,6 +145,28 @@ pub struct ThreadTrace {
     last_ts: u64,
     /// Counters.
     pub counts: ThreadCounts,
+    /// Set once the file could not be written (the disk full) and the writer is gone: what
+    /// the file holds, and what was made but never stored.
+    failed: Option<WriteFailure>,
+}
+
+/// A thread's file after a write error: the file is its last commit (see `xray_fdr::commit`).
+#[derive(Debug, Clone, Copy)]
+struct WriteFailure {
+    /// Function records on disk.
+    records: u64,
+    /// Function records made but not on disk (they were waiting for the failed commit).
+    not_stored: u64,
+}
+
+impl WriteFailure {
+    fn of(writer: &ThreadWriter<File>) -> WriteFailure {
+        let s = writer.stats();
+        WriteFailure {
+            records: s.committed_records,
+            not_stored: s.records - s.committed_records,
+        }
+    }
 }
 
 impl ThreadTrace {
@@ -161,6 +183,7 @@ impl ThreadTrace {
             times: CallTimes::default(),
             last_ts: 0,
             counts: ThreadCounts::default(),
+            failed: None,
         }
     }
 
@@ -187,6 +210,7 @@ impl ThreadTrace {
             }
             return;
         };
+        let made_before = writer.stats().records;
         match self.write(&mut writer, event, ts, totals) {
             Ok(fate) => {
                 let c = &mut self.counts;
@@ -208,7 +232,16 @@ impl ThreadTrace {
                     "fdr-profiled: warning: writing {}: {err}; later events of thread {} are dropped",
                     self.file, h.tid
                 );
-                self.counts.dropped_write_errors += 1;
+                if h.kind != event_kind::THREAD_EXIT {
+                    if writer.stats().records > made_before {
+                        // Its record was made, and lost with the commit that failed: counted
+                        // in `records_not_stored`.
+                        self.counts.events_written += 1;
+                    } else {
+                        self.counts.dropped_write_errors += 1;
+                    }
+                }
+                self.failed = Some(WriteFailure::of(&writer));
             }
         }
         self.last_ts = self.last_ts.max(ts);
@@ -364,26 +397,37 @@ impl ThreadTrace {
     }
 
     /// Makes the file on disk a complete trace of what was recorded so far.
+    /// After a write error the file stays as its last commit left it and later events are
+    /// dropped (counted), as in [`ThreadTrace::apply`].
     pub fn flush(&mut self) {
-        if let Some(writer) = self.writer.as_mut() {
-            if let Err(err) = writer.flush() {
-                errln!("fdr-profiled: warning: flushing {}: {err}", self.file);
-            }
+        let Some(writer) = self.writer.as_mut() else {
+            return;
+        };
+        if let Err(err) = writer.flush() {
+            errln!(
+                "fdr-profiled: warning: writing {}: {err}; later events of this thread are dropped",
+                self.file
+            );
+            self.failed = Some(WriteFailure::of(writer));
+            self.writer = None;
         }
     }
 
     /// Finalizes the file (closing it) and returns the thread's line of the manifest.
     pub fn finish(self, tid: u32) -> ThreadReport {
-        let mut records = 0;
-        let mut dropped_write_errors = self.counts.dropped_write_errors;
+        let mut failed = self.failed;
+        let mut records = failed.map_or(0, |f| f.records);
+        let dropped_write_errors = self.counts.dropped_write_errors;
         if let Some(writer) = self.writer {
+            let before = WriteFailure::of(&writer);
             match (*writer).finish() {
                 Ok((_, stats)) => {
                     records = stats.records;
                 }
                 Err(err) => {
                     errln!("fdr-profiled: warning: finishing {}: {err}", self.file);
-                    dropped_write_errors += 1;
+                    records = before.records;
+                    failed = Some(before);
                 }
             }
         }
@@ -403,6 +447,7 @@ impl ThreadTrace {
             exits_entered_before_tracing: c.exits_entered_before_tracing,
             closing_exits: self.closing_exits,
             dropped_write_errors,
+            records_not_stored: failed.map_or(0, |f| f.not_stored),
             events_written: c.events_written,
             dropped_too_deep: c.dropped_too_deep,
             events_invalid: c.events_invalid,

@@ -254,9 +254,18 @@ impl Disk {
                 let l = *live_end;
                 let new_end = stage_v1(l, &pending.bytes, base, scratch)?;
                 let total_end = l + scratch.len() as u64;
-                out.set_len(total_end)?;
-                out.write_at(l, scratch)?;
-                out.write_at(l, &records::tsc_wrap(*old_base))?;
+                // Until the flip below, the file's live end is still `l`: a failed step (the
+                // disk full) leaves the file as it was once cut back there. Without the cut,
+                // the grown file would keep a hole, which a full tmpfs cannot even read
+                // through mmap (llvm-xray dies of SIGBUS).
+                let staged = out
+                    .set_len(total_end)
+                    .and_then(|()| out.write_at(l, scratch))
+                    .and_then(|()| out.write_at(l, &records::tsc_wrap(*old_base)));
+                if let Err(err) = staged {
+                    let _ = out.set_len(l);
+                    return Err(err);
+                }
                 out.write_at(l - MD, &[MetadataKind::TSCWrap.introducer()])?;
                 patch_size(out, *start, new_end)?;
                 if total_end != new_end {
@@ -267,7 +276,12 @@ impl Disk {
             }
             Disk::V5 { start, end } => {
                 layout_v5(*end, pending, scratch);
-                out.write_at(*end, scratch)?;
+                if let Err(err) = out.write_at(*end, scratch) {
+                    // A short write (the disk full) ends at a page boundary, where a cut file is
+                    // valid; cutting it back to the last commit leaves exactly what was there.
+                    let _ = out.set_len(*end);
+                    return Err(err);
+                }
                 *end += scratch.len() as u64;
                 patch_size(out, *start, *end)?;
             }

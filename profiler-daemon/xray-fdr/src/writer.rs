@@ -118,6 +118,8 @@ pub struct ThreadStats {
     pub commits: u64,
     /// Bytes of the file on disk after the last commit, header included.
     pub bytes: u64,
+    /// Of `records`: those on disk (committed). After an I/O error the rest never will be.
+    pub committed_records: u64,
 }
 
 /// Writes one thread's FDR file incrementally.
@@ -220,7 +222,6 @@ impl<W: TraceSink> ThreadWriter<W> {
     /// TSCWrap(tsc) when the delta from the base does not fit in u32. A tick before an earlier
     /// record's is clamped to it (delta 0) and counted. A function id over 28 bits is an
     /// `InvalidInput` error and writes nothing.
-    #[inline]
     pub fn function(
         &mut self,
         action: FunctionAction,
@@ -508,6 +509,7 @@ impl<W: TraceSink> ThreadWriter<W> {
         self.pending.clear(self.commit_bytes.max(4096));
         self.stats.commits += 1;
         self.stats.bytes = self.disk.len();
+        self.stats.committed_records = self.stats.records;
         Ok(())
     }
 }

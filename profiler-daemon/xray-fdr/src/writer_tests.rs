@@ -837,3 +837,61 @@ fn many_small_commits_stay_loadable_v5() {
     assert_eq!(llvm_xray::load_records(&path), want);
     llvm_xray::account(&path, None);
 }
+
+/// A disk that fills up at `limit` bytes: `ftruncate` still grows the file (a sparse file
+/// takes no room), a write stores what fits and fails, as `pwrite` does on a full file system.
+struct FullDisk {
+    inner: Cursor<Vec<u8>>,
+    limit: u64,
+}
+impl TraceSink for FullDisk {
+    fn start_offset(&mut self) -> io::Result<u64> {
+        self.inner.start_offset()
+    }
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let fits = self.limit.saturating_sub(offset).min(bytes.len() as u64) as usize;
+        self.inner.write_at(offset, &bytes[..fits])?;
+        if fits < bytes.len() {
+            // ENOSPC.
+            return Err(io::Error::from_raw_os_error(28));
+        }
+        Ok(())
+    }
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+}
+
+/// A commit that fails on a full disk leaves the file exactly as the last commit left it (no
+/// grown tail, no hole), and the stats say which records are on disk.
+#[test]
+fn a_commit_failing_on_a_full_disk_leaves_the_last_commit() {
+    for version in [FdrVersion::V1, FdrVersion::V5] {
+        let sink = FullDisk {
+            inner: Cursor::new(Vec::new()),
+            limit: u64::MAX,
+        };
+        let mut w = ThreadWriter::with_version(sink, 1, 2, 1000, WALL, version).unwrap();
+        for i in 0..100 {
+            w.function(Entry, 1, 10 * i, 0).unwrap();
+            w.function(Exit, 1, 10 * i + 5, 0).unwrap();
+        }
+        w.flush().unwrap();
+        let committed = w.sink_mut().inner.get_ref().clone();
+        assert_eq!(w.stats().committed_records, 200, "{version:?}");
+        // Room for a few more bytes only: the next commit fails part way.
+        w.sink_mut().limit = committed.len() as u64 + 40;
+        for i in 100..1000 {
+            w.function(Entry, 1, 10 * i, 0).unwrap();
+            w.function(Exit, 1, 10 * i + 5, 0).unwrap();
+        }
+        assert!(w.flush().is_err(), "{version:?}");
+        assert_eq!(w.stats().records, 2000, "{version:?}");
+        assert_eq!(w.stats().committed_records, 200, "{version:?}");
+        assert_eq!(
+            w.sink_mut().inner.get_ref(),
+            &committed,
+            "{version:?}: the file is the last commit's"
+        );
+    }
+}
