@@ -274,3 +274,31 @@ fn a_new_file_is_refused_when_its_name_is_taken() {
     assert_eq!(std::fs::read(tmp.path().join("new.txt")).unwrap(), b"new");
     assert_eq!(mode(&tmp.path().join("new.txt")), 0o600);
 }
+
+/// The control socket: 0600 under umask 000, a stale socket replaced, anything else refused.
+#[test]
+fn sockets_are_private_and_replace_only_sockets() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = OutputDir::open_or_create(&tmp.path().join("run/fdr")).unwrap();
+    assert_eq!(mode(&tmp.path().join("run")), 0o700);
+    let sock = tmp.path().join("run/fdr/control.sock");
+    let listener = with_umask(0, || dir.bind_socket("control.sock").unwrap());
+    assert_eq!(mode(&sock), 0o600);
+    drop(listener);
+    // Stale (nobody listens): replaced.
+    dir.bind_socket("control.sock").unwrap();
+    let file = tmp.path().join("run/fdr/file");
+    std::fs::write(&file, b"keep").unwrap();
+    let err = dir.bind_socket("file").unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{} exists and is not a socket: not replacing it",
+            file.display()
+        )
+    );
+    std::os::unix::fs::symlink(&file, tmp.path().join("run/fdr/link")).unwrap();
+    assert!(dir.bind_socket("link").is_err());
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+}
