@@ -698,3 +698,116 @@ fn an_empty_symbol_name_is_no_name() {
     assert_eq!(info.source, NameSource::Address, "{info:?}");
     assert_eq!(info.name, format!("empty-name+{function:#x}"));
 }
+
+/// Runs `cmd` to its end; returns its exit status, output and peak resident set (bytes), as
+/// wait4 reports them for that process alone.
+#[allow(clippy::zombie_processes)] // reaped by the wait4 below, which std cannot do with rusage
+fn run_measured(cmd: &mut Command) -> (std::process::ExitStatus, String, u64) {
+    use std::io::Read as _;
+    use std::os::unix::process::ExitStatusExt as _;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: wait4 on our own child, with valid pointers; std never waits for it after this.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid);
+    (
+        std::process::ExitStatus::from_raw(status),
+        stdout,
+        usage.ru_maxrss as u64 * 1024,
+    )
+}
+
+#[test]
+fn a_compressed_debug_section_claiming_too_much_is_not_inflated() {
+    use std::io::Write as _;
+    const BOMB: u64 = 512 << 20;
+    let dir = scratch_dir("hostile-zip-bomb");
+    let src = dir.path().join("tiny.c");
+    std::fs::write(
+        &src,
+        "__attribute__((noinline)) int leaf(int x) { asm volatile(\"\"); return x * 3; }\n\
+         int main(int argc, char **argv) { return leaf(argc); }\n",
+    )
+    .unwrap();
+    let bin = dir.path().join("bomb");
+    let out = Command::new("clang-19")
+        .args([
+            "-O2",
+            "-g",
+            "-gz=zlib",
+            "-fxray-instrument",
+            "-fxray-instruction-threshold=1",
+        ])
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .output()
+        .expect("clang-19 runs (apt-get install clang-19)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut data = std::fs::read(&bin).unwrap();
+    // 512 MiB of zeros: half a megabyte of zlib, a thousand times smaller.
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..BOMB >> 20 {
+        z.write_all(&zeros).unwrap();
+    }
+    let stream = z.finish().unwrap();
+    // Elf64_Chdr: ELFCOMPRESS_ZLIB, reserved, ch_size, ch_addralign; then the stream, at the
+    // end of the file, and .debug_info's header pointed at it.
+    let mut section = Vec::new();
+    section.extend_from_slice(&1u32.to_le_bytes());
+    section.extend_from_slice(&0u32.to_le_bytes());
+    section.extend_from_slice(&BOMB.to_le_bytes());
+    section.extend_from_slice(&1u64.to_le_bytes());
+    section.extend_from_slice(&stream);
+    let header = {
+        let elf = ElfFile64::<LE>::parse(&data[..]).unwrap();
+        let h = elf.elf_header();
+        let sections = h.sections(LE, &data[..]).unwrap();
+        let (index, info) = sections
+            .iter()
+            .enumerate()
+            .find(|(_, s)| sections.section_name(LE, s) == Ok(b".debug_info".as_slice()))
+            .expect("clang wrote .debug_info");
+        assert_ne!(
+            info.sh_flags(LE) & u64::from(object::elf::SHF_COMPRESSED),
+            0,
+            "-gz=zlib compresses it"
+        );
+        h.e_shoff(LE) as usize + index * usize::from(h.e_shentsize(LE))
+    };
+    data.resize(data.len().next_multiple_of(8), 0);
+    let offset = data.len() as u64;
+    data.extend_from_slice(&section);
+    set_u64(&mut data, header + 0x18, offset);
+    set_u64(&mut data, header + 0x20, section.len() as u64);
+    std::fs::write(&bin, &data).unwrap();
+
+    let session = session_naming(dir.path(), &bin);
+    let (status, stdout, rss) =
+        run_measured(Command::new(fdr_profiled()).arg("report").arg(&session));
+    assert!(status.success(), "{status}");
+    // Named from the symbol table instead.
+    assert!(stdout.contains("leaf"), "{stdout}");
+    assert!(
+        rss < BOMB / 4,
+        "report reached {} MiB: the section was inflated",
+        rss >> 20
+    );
+}

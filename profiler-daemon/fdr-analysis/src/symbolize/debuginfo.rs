@@ -137,18 +137,41 @@ fn debuglink(image: &ElfImage) -> Option<(String, u32)> {
     Some((name.to_owned(), crc))
 }
 
+/// Most a compressed DWARF section may claim to grow by when decompressed. Real debug
+/// information compresses 3 to 10 times; zlib can reach 1000 times, so without a bound a small
+/// hostile file (a "zip bomb") would make the reader allocate gigabytes.
+pub const MAX_COMPRESSION_RATIO: u64 = 64;
+
+/// The section's contents, decompressed; `None` when they cannot be read or a compressed
+/// section claims more than [`MAX_COMPRESSION_RATIO`] times its size (plus 1 MiB).
+fn section_data<'a>(
+    section: &impl object::ObjectSection<'a>,
+) -> Option<std::borrow::Cow<'a, [u8]>> {
+    let range = section.compressed_file_range().ok()?;
+    if range.format != object::CompressionFormat::None {
+        let limit = range
+            .compressed_size
+            .saturating_mul(MAX_COMPRESSION_RATIO)
+            .saturating_add(1 << 20);
+        if range.uncompressed_size > limit {
+            return None;
+        }
+    }
+    section.uncompressed_data().ok()
+}
+
 /// The DWARF sections of `image`, decompressed and copied out; `None` when it has no
 /// `.debug_info` with contents (a stripped file, or `NOBITS` placeholders) or it does not parse.
 fn load_dwarf(image: &ElfImage) -> Option<addr2line::Context<DwarfReader>> {
     let file = image.parse().ok()?;
     let info = file.section_by_name(".debug_info")?;
-    if info.uncompressed_data().ok()?.is_empty() {
+    if section_data(&info)?.is_empty() {
         return None;
     }
     let load = |id: gimli::SectionId| -> Result<DwarfReader, gimli::Error> {
         let data = file
             .section_by_name(id.name())
-            .and_then(|s| s.uncompressed_data().ok())
+            .and_then(|s| section_data(&s))
             .unwrap_or_default();
         Ok(gimli::EndianArcSlice::new(
             Arc::from(&*data),
