@@ -77,5 +77,17 @@ fn check(path: &std::path::Path) -> Result<u8> {
             }
         );
     }
+    if let Some(e) = &config.export {
+        let endpoints: Vec<String> = [("pyroscope", &e.pyroscope), ("otlp", &e.otlp)]
+            .into_iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k} {}", v.base)))
+            .collect();
+        outln!(
+            "  export: {} every {:?}, queue {}",
+            endpoints.join(", "),
+            e.interval,
+            e.queue
+        );
+    }
     Ok(0)
 }
