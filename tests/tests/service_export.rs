@@ -70,6 +70,11 @@ fn decode(r: &Request, scratch: &Path, n: usize) -> Push {
         .collect();
     let samples = series[0]["samples"].as_array().unwrap();
     assert_eq!(samples.len(), 1);
+    let id = samples[0]["ID"].as_str().unwrap();
+    assert!(
+        id.len() == 36 && id.chars().filter(|&c| c == '-').count() == 4,
+        "a UUID-shaped sample id: {id}"
+    );
     let raw = base64::engine::general_purpose::STANDARD
         .decode(samples[0]["rawProfile"].as_str().unwrap())
         .unwrap();

@@ -299,6 +299,7 @@ fn pyroscope_payload(
             ],
             "samples": [{
                 "rawProfile": base64::engine::general_purpose::STANDARD.encode(gzipped(profile)),
+                "ID": sample_id(hostname, interval),
             }],
         }],
     });
@@ -313,6 +314,26 @@ fn pyroscope_payload(
             interval.start_unix_ns / 1_000_000_000
         ),
     }
+}
+
+/// The push's sample id, in UUID form: the same for a profile sent again after a failure (the
+/// host, the process and the interval hashed), so a back end can tell a retry from new data.
+fn sample_id(hostname: &str, interval: &Interval) -> String {
+    use std::hash::{Hash, Hasher};
+    let half = |salt: u64| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (salt, hostname, interval.pid, interval.start_unix_ns).hash(&mut h);
+        h.finish()
+    };
+    let (a, b) = (half(1), half(2));
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xffff,
+        b >> 48,
+        b & 0xffff_ffff_ffff
+    )
 }
 
 /// This host's name (`hostname` label, OTLP's `host.name`).
