@@ -339,3 +339,73 @@ fn planted_symlinks_are_never_followed() {
         f.stderr
     );
 }
+
+/// The service under umask 000: its output directory, a snapshot's directory and files, and
+/// the control socket (and its directory) are private.
+#[test]
+fn the_services_snapshots_and_socket_are_private_under_umask_000() {
+    let scratch = scratch_dir("output-service");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let out = scratch.path().join("out");
+    let config = scratch.path().join("service.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nbinary = \"{}\"\nwindow = \"30s\"\n",
+            out.display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let mut fixture = Command::new(&bin)
+        .args(["--seconds", "60", "--quiet"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the fixture");
+    let socket = scratch.path().join("run/control.sock");
+    let mut service = Running::spawn(
+        "fdr-profiled service under umask 000",
+        with_umask_000(
+            Command::new(fdr_profiled())
+                .args(["service", "--config"])
+                .arg(&config)
+                .arg("--socket")
+                .arg(&socket),
+        ),
+    );
+    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    std::thread::sleep(Duration::from_millis(300));
+    service.signal(libc::SIGUSR1);
+    let line = service.wait_for_stderr_match("a snapshot", TIMEOUT, |l| {
+        l.starts_with("fdr-profiled: service: target ") && l.contains(": snapshot ")
+    });
+    let snapshot = PathBuf::from(line.rsplit_once(' ').unwrap().1);
+    assert_eq!(mode(&socket), 0o600);
+    assert_eq!(mode(socket.parent().unwrap()), 0o700);
+    service.signal(libc::SIGTERM);
+    let f = service.finish(TIMEOUT);
+    let _ = fixture.kill();
+    let _ = fixture.wait();
+    assert!(f.status.success(), "{}", f.stderr);
+    assert!(snapshot.starts_with(&out), "{}", snapshot.display());
+    let mut all = vec![out.clone()];
+    entries(&out, &mut all);
+    let names: Vec<String> = all
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for want in ["session.json", "report.txt"] {
+        assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
+    }
+    assert!(names.iter().any(|n| n.ends_with(".fdr")), "{names:?}");
+    for p in &all {
+        let meta = std::fs::symlink_metadata(p).unwrap();
+        assert!(meta.is_dir() || meta.is_file(), "{}: neither", p.display());
+        assert_eq!(
+            mode(p),
+            if meta.is_dir() { 0o700 } else { 0o600 },
+            "{}",
+            p.display()
+        );
+    }
+}

@@ -108,7 +108,7 @@ fn nobody_is_told_which_capabilities_are_missing() {
     std::fs::write(
         &config,
         format!(
-            "output = \"{}\"\n[[target]]\nname = \"calls\"\nbinary = \"{}\"\n",
+            "output = \"{}\"\n[[target]]\nbinary = \"{}\"\nwindow = \"30s\"\n",
             out.display(),
             bin.display()
         ),
