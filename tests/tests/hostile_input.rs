@@ -811,3 +811,36 @@ fn a_compressed_debug_section_claiming_too_much_is_not_inflated() {
         rss >> 20
     );
 }
+
+#[test]
+fn verify_of_a_directory_follows_no_symbolic_link() {
+    let dir = scratch_dir("hostile-verify-links");
+    let root = dir.path().join("session");
+    std::fs::create_dir(&root).unwrap();
+    let mut w = ThreadWriter::new(
+        Cursor::new(Vec::new()),
+        1,
+        1_000_000_000,
+        WallClock::default(),
+    )
+    .unwrap();
+    w.function(FunctionAction::Entry, 1, 10, 0).unwrap();
+    w.function(FunctionAction::Exit, 1, 20, 0).unwrap();
+    let real = root.join("tid-1.fdr");
+    std::fs::write(&real, w.finish().unwrap().0.into_inner()).unwrap();
+    // Two links to the directory itself (2^40 paths to walk if followed), and traces that
+    // are links to a device and to a file outside.
+    std::os::unix::fs::symlink(".", root.join("a")).unwrap();
+    std::os::unix::fs::symlink(".", root.join("b")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", root.join("tid-2.fdr")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", root.join("tid-3.fdr")).unwrap();
+    let f = run(Command::new(fdr_profiled()).arg("verify").arg(&root));
+    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    assert_eq!(
+        f.stdout.lines().collect::<Vec<_>>(),
+        [format!(
+            "{}: ok: version 1, 1 thread buffer(s), 2 function records, 0 events",
+            real.display()
+        )]
+    );
+}

@@ -106,17 +106,24 @@ pub fn run(args: &VerifyArgs) -> Result<u8> {
 }
 
 /// Every `*.fdr` file under `dir`, sorted (unreadable directories are skipped: the files that
-/// can be reached are still checked).
+/// can be reached are still checked). Symbolic links are not followed: two links to `.` made
+/// the walk endless (2^40 paths before the kernel's link limit), and one to a file outside
+/// would have been read as a trace.
 fn collect_fdr_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut paths: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
-    paths.sort();
-    for p in paths {
-        if p.is_dir() {
+    let mut found: Vec<(PathBuf, std::fs::FileType)> = entries
+        .filter_map(|e| {
+            let e = e.ok()?;
+            Some((e.path(), e.file_type().ok()?))
+        })
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    for (p, kind) in found {
+        if kind.is_dir() {
             collect_fdr_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "fdr") {
+        } else if kind.is_file() && p.extension().is_some_and(|e| e == "fdr") {
             out.push(p);
         }
     }
