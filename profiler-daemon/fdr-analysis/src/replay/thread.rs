@@ -121,6 +121,17 @@ struct Open {
     children: u64,
 }
 
+/// Opens `path` for reading without blocking: the layout checked that it is a regular file,
+/// but a FIFO put in its place since then would block a plain open forever; the type is then
+/// checked again on the descriptor.
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+}
+
 /// Replays the file at `path` into `visitor`: the whole file, which must hold one thread, or
 /// with `only` the buffers of that thread alone (a file of XRay's own runtime holds them all).
 pub fn replay(
@@ -128,7 +139,7 @@ pub fn replay(
     only: Option<u32>,
     visitor: &mut impl Visitor,
 ) -> std::io::Result<Outcome> {
-    let file = std::fs::File::open(path)?;
+    let file = open_nonblocking(path)?;
     if !file.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
@@ -359,7 +370,7 @@ fn release(bytes: &[u8], from: usize, to: usize) -> usize {
 /// thread's first buffer with the wall-clock time of that thread's first event, so the two
 /// together place the trace's clock on the calendar.
 pub fn first_timestamp(path: &Path) -> Option<(u64, Option<u64>)> {
-    let file = std::fs::File::open(path).ok()?;
+    let file = open_nonblocking(path).ok()?;
     if !file.metadata().ok()?.is_file() {
         return None;
     }
