@@ -417,6 +417,7 @@ impl Session {
             events_malformed: losses.malformed,
             events_dropped_write_errors: 0,
             records_not_stored: 0,
+            daemon_peak_rss_kib: peak_rss_kib(),
             dropped_unmatched_exits: 0,
             exits_entered_before_tracing: 0,
             returns_before_tracing: losses.returns_before_tracing,
@@ -595,4 +596,18 @@ fn clock_ns(clock: libc::clockid_t) -> i128 {
     // SAFETY: valid pointer to a timespec; both clocks always exist on Linux.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+}
+
+/// This process's peak resident memory in KiB (`VmHWM` of `/proc/self/status`); `None` if it
+/// cannot be read.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()
 }

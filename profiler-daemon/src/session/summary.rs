@@ -386,6 +386,10 @@ pub struct SessionReport {
     /// failed (see [`ThreadReport::records_not_stored`]).
     #[serde(default)]
     pub records_not_stored: u64,
+    /// fdr-profiled's own peak resident memory at the end of the session, in KiB (`VmHWM` of
+    /// `/proc/self/status`): what the whole recording cost it at most, ring buffers included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_peak_rss_kib: Option<u64>,
     /// Exits dropped because their entry was never seen.
     pub dropped_unmatched_exits: u64,
     /// Of those, the exits of calls entered before tracing began (see [`ThreadReport`]).
@@ -622,6 +626,13 @@ impl SessionReport {
             let _ = writeln!(s, "  events ignored: {}", self.events_ignored);
         }
         let _ = writeln!(s, "  files written: {} in {}", threads, out_dir.display());
+        if let Some(kib) = self.daemon_peak_rss_kib {
+            let _ = writeln!(
+                s,
+                "  fdr-profiled peak memory: {:.1} MiB (VmHWM)",
+                kib as f64 / 1024.0
+            );
+        }
         if !self.functions.is_empty() {
             let _ = writeln!(s, "  top functions by total time:");
             let _ = writeln!(
