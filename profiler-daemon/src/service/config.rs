@@ -27,7 +27,9 @@ use toml::Spanned;
 use xray_fdr::FdrVersion;
 
 mod export;
+mod values;
 pub use export::{Endpoint, ExportConfig};
+use values::{parse_duration, Located};
 
 /// Largest configuration file read.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -295,8 +297,6 @@ impl ServiceConfig {
     }
 }
 
-type Located<T> = Result<T, (std::ops::Range<usize>, String)>;
-
 /// `r`, its error located at `v`.
 fn located<T>(v: &Spanned<String>, r: Result<T, String>) -> Located<T> {
     r.map_err(|m| (v.span(), m))
@@ -483,12 +483,6 @@ fn size(v: &Spanned<String>) -> Result<u64, String> {
                 v.get_ref()
             )
         })
-}
-
-/// A duration such as `30s`, `50ms` or `10m`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("{text:?} is not a duration (write e.g. \"30s\" or \"50ms\"): {e}"))
 }
 
 /// `5%` or a size.

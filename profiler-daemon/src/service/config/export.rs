@@ -12,7 +12,7 @@
 //!
 //! Validated at start (a bad URL, an unreadable credentials file: refused with file:line), so a
 //! service never runs with an export it cannot do.
-use super::{parse_duration, Located};
+use super::values::{parse_duration, Located};
 use std::time::Duration;
 use toml::Spanned;
 
