@@ -19,8 +19,8 @@ use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
 use crate::service::config::{Mode, ServiceConfig, TargetConfig};
 use crate::service::control;
-use crate::service::libraries::{self, Libraries, TAG_SHIFT};
 use crate::service::export::{BinaryExport, BinaryLabels, Exporter};
+use crate::service::libraries::{self, Libraries, TAG_SHIFT};
 use crate::service::retention::{Retention, Writing};
 use crate::service::segments::{SegmentSpec, Segments};
 use crate::service::slow::{SlowCall, SlowCalls};
@@ -399,7 +399,10 @@ fn attach_binary(
         tag,
         exits: choice,
         recorder: FlightRecorder::new(config.window, config.max_memory),
-        export: service.export.as_ref().map(|e| BinaryExport::new(e.interval)),
+        export: service
+            .export
+            .as_ref()
+            .map(|e| BinaryExport::new(e.interval)),
     }))
 }
 
