@@ -73,7 +73,7 @@ impl Default for CallTimes {
 impl CallTimes {
     /// A call of `function_id` entered at `entered` ended (returned, tail-called out, or was
     /// proven gone) at `ts` nanoseconds.
-    #[inline]
+    #[inline(always)]
     pub fn add(&mut self, function_id: u32, entered: u64, ts: u64, totals: &mut Totals) {
         let remembered = self.places[function_id as usize % PLACES];
         let place = if remembered.1 != 0 && remembered.0 == function_id {

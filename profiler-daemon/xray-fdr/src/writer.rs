@@ -222,6 +222,7 @@ impl<W: TraceSink> ThreadWriter<W> {
     /// TSCWrap(tsc) when the delta from the base does not fit in u32. A tick before an earlier
     /// record's is clamped to it (delta 0) and counted. A function id over 28 bits is an
     /// `InvalidInput` error and writes nothing.
+    #[inline(always)]
     pub fn function(
         &mut self,
         action: FunctionAction,
@@ -380,7 +381,7 @@ impl<W: TraceSink> ThreadWriter<W> {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn enter(
         &mut self,
         action: FunctionAction,
@@ -435,7 +436,7 @@ impl<W: TraceSink> ThreadWriter<W> {
     }
 
     /// Queues one function record with whatever NewCPUId/TSCWrap it needs, advancing the base.
-    #[inline]
+    #[inline(always)]
     fn emit(
         &mut self,
         action: FunctionAction,
