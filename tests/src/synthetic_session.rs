@@ -195,6 +195,40 @@ pub fn nested_calls(ids: (u32, u32, u32), rounds: u64, t0: u64) -> Vec<Ev> {
     ev
 }
 
+/// The C++ fixture's `fx::outer(int)`, `fx::middle(int)` and `fx::leaf(int)` ids.
+pub fn cpp_nest_ids(bin: &Path) -> (u32, u32, u32) {
+    (
+        function_id(bin, "fx::outer(int)"),
+        function_id(bin, "fx::middle(int)"),
+        function_id(bin, "fx::leaf(int)"),
+    )
+}
+
+/// The events of [`cpp_session`]'s two threads (pid 40): tids 40 and 41.
+pub fn cpp_session_threads(ids: (u32, u32, u32)) -> Vec<(u32, Vec<Ev>)> {
+    vec![
+        (40, nested_calls(ids, 25, 0)),
+        (41, nested_calls(ids, 9, 7)),
+    ]
+}
+
+/// A hand-made session of the C++ fixture in a new scratch directory `name`: process 40 with
+/// the [`nested_calls`] of [`cpp_session_threads`]. Returns the directory and the binary.
+pub fn cpp_session(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let bin = crate::cpp_fixture();
+    let dir = crate::scratch_dir(name);
+    write_session(
+        dir.path(),
+        &[SynthProcess {
+            pid: 40,
+            binary: bin.clone(),
+            build_id: Some(build_id(&bin)),
+            threads: cpp_session_threads(cpp_nest_ids(&bin)),
+        }],
+    );
+    (dir, bin)
+}
+
 /// One row of `llvm-xray account`'s text output.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AccountRow {

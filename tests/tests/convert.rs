@@ -135,29 +135,6 @@ fn recorded_trace_converts_to_chrome_and_speedscope_with_every_call() {
     assert_eq!(got, want, "speedscope O events vs llvm-xray entries");
 }
 
-fn cpp_session(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-    let bin = tests::cpp_fixture();
-    let ids = (
-        function_id(&bin, "fx::outer(int)"),
-        function_id(&bin, "fx::middle(int)"),
-        function_id(&bin, "fx::leaf(int)"),
-    );
-    let dir = scratch_dir(name);
-    write_session(
-        dir.path(),
-        &[SynthProcess {
-            pid: 40,
-            binary: bin.clone(),
-            build_id: Some(build_id(&bin)),
-            threads: vec![
-                (40, nested_calls(ids, 25, 0)),
-                (41, nested_calls(ids, 9, 7)),
-            ],
-        }],
-    );
-    (dir, bin)
-}
-
 #[test]
 fn folded_stacks_add_up_to_the_self_time_and_the_svg_names_them() {
     let (dir, _) = cpp_session("convert-folded");

@@ -125,28 +125,15 @@ fn replay(threads: &[Vec<Ev>]) -> BTreeMap<u32, (u64, u64, u64)> {
 
 #[test]
 fn a_hand_made_session_reads_the_same_in_go_tool_pprof_as_in_the_report() {
-    let bin = tests::cpp_fixture();
-    let ids = (
-        function_id(&bin, "fx::outer(int)"),
-        function_id(&bin, "fx::middle(int)"),
-        function_id(&bin, "fx::leaf(int)"),
-    );
-    let dir = scratch_dir("pprof-synthetic");
-    write_session(
-        dir.path(),
-        &[SynthProcess {
-            pid: 40,
-            binary: bin.clone(),
-            build_id: Some(build_id(&bin)),
-            threads: vec![
-                (40, nested_calls(ids, 25, 0)),
-                (41, nested_calls(ids, 9, 7)),
-            ],
-        }],
-    );
+    let (dir, bin) = cpp_session("pprof-synthetic");
+    let ids = cpp_nest_ids(&bin);
     let (raw, columns) = check_against_report(dir.path(), "pprof-synthetic-out");
     // The same numbers replayed here from the events written.
-    let want = replay(&[nested_calls(ids, 25, 0), nested_calls(ids, 9, 7)]);
+    let threads: Vec<Vec<Ev>> = cpp_session_threads(ids)
+        .into_iter()
+        .map(|(_, events)| events)
+        .collect();
+    let want = replay(&threads);
     let names = [
         (ids.0, "fx::outer(int)"),
         (ids.1, "fx::middle(int)"),

@@ -238,20 +238,16 @@ fn calls_of(pushes: &[Push], pid: u32, bin: &Path, ran: (u64, u64)) -> BTreeMap<
     calls
 }
 
-#[test]
-fn every_interval_is_pushed_to_pyroscope_and_an_absent_endpoint_never_stops_tracing() {
-    let scratch = tests::scratch_dir("service-export");
-    let bin = private_copy(&calls_fixture(), scratch.path());
-    let requests = Arc::new(Mutex::new(Vec::new()));
-    let receiver = Receiver::start(0, requests.clone());
-    let port = receiver.port;
-    let config = scratch.path().join("fdr-profiled.toml");
-    let socket = scratch.path().join("control.sock");
+/// Starts the service on the calls fixture `bin` as target `calls`, with `export` as its
+/// `[export]` section; returns it ready, and its control socket.
+fn start_exporting(scratch: &Path, bin: &Path, export: &str) -> (Running, std::path::PathBuf) {
+    let config = scratch.join("fdr-profiled.toml");
+    let socket = scratch.join("control.sock");
     std::fs::write(
         &config,
         format!(
-            "output = \"{}\"\n[[target]]\nname = \"calls\"\nbinary = \"{}\"\n[export]\npyroscope = \"http://127.0.0.1:{port}\"\ninterval = \"1s\"\ntenant = \"fleet-test\"\nqueue = {QUEUE}\n",
-            scratch.path().join("out").display(),
+            "output = \"{}\"\n[[target]]\nname = \"calls\"\nbinary = \"{}\"\n[export]\n{export}",
+            scratch.join("out").display(),
             bin.display()
         ),
     )
@@ -265,6 +261,23 @@ fn every_interval_is_pushed_to_pyroscope_and_an_absent_endpoint_never_stops_trac
             .arg(&socket),
     );
     service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    (service, socket)
+}
+
+#[test]
+fn every_interval_is_pushed_to_pyroscope_and_an_absent_endpoint_never_stops_tracing() {
+    let scratch = tests::scratch_dir("service-export");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let receiver = Receiver::start(0, requests.clone());
+    let port = receiver.port;
+    let (service, socket) = start_exporting(
+        scratch.path(),
+        &bin,
+        &format!(
+            "pyroscope = \"http://127.0.0.1:{port}\"\ninterval = \"1s\"\ntenant = \"fleet-test\"\nqueue = {QUEUE}\n"
+        ),
+    );
 
     // 1. Pushed, with the process's exact calls.
     let before = now_ns();
@@ -456,26 +469,14 @@ fn every_interval_is_exported_as_otlp_profiles() {
     let bin = private_copy(&calls_fixture(), scratch.path());
     let requests = Arc::new(Mutex::new(Vec::new()));
     let receiver = Receiver::start(0, requests.clone());
-    let config = scratch.path().join("fdr-profiled.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "output = \"{}\"\n[[target]]\nname = \"calls\"\nbinary = \"{}\"\n[export]\notlp = \"http://127.0.0.1:{}\"\ninterval = \"1s\"\n",
-            scratch.path().join("out").display(),
-            bin.display(),
+    let (service, _) = start_exporting(
+        scratch.path(),
+        &bin,
+        &format!(
+            "otlp = \"http://127.0.0.1:{}\"\ninterval = \"1s\"\n",
             receiver.port
         ),
-    )
-    .unwrap();
-    let mut service = Running::spawn(
-        "fdr-profiled service",
-        Command::new(tests::fdr_profiled())
-            .args(["service", "--config"])
-            .arg(&config)
-            .arg("--socket")
-            .arg(scratch.path().join("control.sock")),
     );
-    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
     let (pid, counted) = run_calls(&bin, 1000);
     // Everything of the run is in once the interval after its end is pushed.
     std::thread::sleep(Duration::from_millis(3500));
