@@ -444,3 +444,60 @@ fn sigstop_longer_than_a_flush_period() {
         assert_eq!(run.trace.session.events_lost, 0, "{mode:?}");
     }
 }
+
+/// `--follow-forks` follows the children of followed processes too (a grandchild), through a
+/// C++ program whose processes throw (`forks.cpp`; `auto` exits are `per-function` with
+/// `--follow-forks`): the parent, child A and grandchild G are recorded, each with its own
+/// calls of `fk_catcher` exactly; child B, which execs `/bin/echo` before any instrumented
+/// call, leaves no file.
+#[test]
+fn follow_forks_follows_grandchildren() {
+    let scratch = scratch_dir("faults-follow-grandchildren");
+    let bin = private_copy(&tests::fixtures::workloads::forks_fixture(), scratch.path());
+    let out = scratch.path().join("out");
+    let done = Running::spawn(
+        "fdr-profiled",
+        Command::new(fdr_profiled())
+            .args(["--no-report", "--follow-forks", "--out"])
+            .arg(&out)
+            .arg("--")
+            .arg(&bin),
+    )
+    .finish(TIMEOUT);
+    tests::run::assert_success("fdr-profiled --follow-forks -- forks", &done);
+    assert_eq!(
+        done.stdout.lines().last(),
+        Some("forks: done a=0 b=0"),
+        "{}",
+        done.stdout
+    );
+    assert!(
+        done.stderr.contains("fdr-profiled: exits: per function: "),
+        "{}",
+        done.stderr
+    );
+    let trace = tests::check_trace_dir(&out, &bin);
+    tests::assert_every_event_accounted(&trace.session);
+    assert_eq!(trace.session.events_lost, 0);
+    // One thread per process; their fk_catcher calls, as each process counted them.
+    let mut got: Vec<(u64, u64)> = trace
+        .threads
+        .iter()
+        .map(|t| {
+            let c = t.calls().get("fk_catcher").copied().unwrap_or_default();
+            (c.entries(), c.exits())
+        })
+        .collect();
+    got.sort_unstable();
+    assert_eq!(trace.pids().len(), 3, "parent, child A and grandchild G");
+    let mut counted: Vec<u64> = done
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("count process=")?.split_once(" fk_catcher="))
+        .map(|(_, n)| n.parse().unwrap())
+        .collect();
+    counted.sort_unstable();
+    assert_eq!(counted.len(), 3, "{}", done.stdout);
+    let expected: Vec<(u64, u64)> = counted.iter().map(|n| (*n, *n)).collect();
+    assert_eq!(got, expected, "(entries, exits) of fk_catcher per process");
+}
