@@ -62,8 +62,26 @@ impl Event {
     /// (arguments past `nargs` zero, no payload unless the record has one), reusing its memory:
     /// the intake decodes every record into one `Event`. False if the record is malformed
     /// (`self` is then garbage).
-    #[inline]
+    #[inline(always)]
     fn decode(&mut self, bytes: &[u8]) -> bool {
+        // Nearly every record: a header alone, of an entry or an exit, after another such.
+        if bytes.len() == EventHeader::SIZE && self.nargs == 0 && self.data.is_none() {
+            if let Some(header) = EventHeader::from_bytes(bytes) {
+                let plain = header.kind == SledKind::Entry as u8
+                    || header.kind == SledKind::Exit as u8
+                    || header.kind == SledKind::Tail as u8;
+                if plain && header.payload_len == 0 {
+                    self.header = header;
+                    return true;
+                }
+            }
+        }
+        self.decode_any(bytes)
+    }
+
+    /// [`Event::decode`] for any record.
+    #[inline(never)]
+    fn decode_any(&mut self, bytes: &[u8]) -> bool {
         let Some(header) = EventHeader::from_bytes(bytes) else {
             return false;
         };
@@ -445,6 +463,65 @@ mod tests {
         let e = Event::from_record(&record(h, &body)).unwrap();
         let d = e.data.unwrap();
         assert_eq!((d.size, d.bytes.as_slice()), (100, &b"abc"[..]));
+    }
+
+    /// One `Event` decodes every record of a drain: after an event with arguments or a payload,
+    /// a plain entry or exit (the fast path) comes out as `from_record` builds it.
+    #[test]
+    fn reused_event_decodes_like_a_fresh_one() {
+        let args = EventHeader {
+            kind: SledKind::LogArgsEntry as u8,
+            payload_len: 16,
+            ..Default::default()
+        };
+        let custom = EventHeader {
+            kind: SledKind::CustomEvent as u8,
+            payload_len: 16 + 2,
+            ..Default::default()
+        };
+        let mut custom_body = 2u64.to_le_bytes().to_vec();
+        custom_body.extend_from_slice(&[0; 8]);
+        custom_body.extend_from_slice(b"hi");
+        let records = [
+            record(args, &[1u8; 8 * MAX_ARGS]),
+            record(
+                EventHeader {
+                    tid: 5,
+                    kind: SledKind::Exit as u8,
+                    ..Default::default()
+                },
+                &[],
+            ),
+            record(custom, &custom_body),
+            record(
+                EventHeader {
+                    tid: 6,
+                    kind: SledKind::Entry as u8,
+                    ..Default::default()
+                },
+                &[],
+            ),
+            record(
+                EventHeader {
+                    tid: 7,
+                    kind: SledKind::Tail as u8,
+                    ..Default::default()
+                },
+                &[],
+            ),
+            record(
+                EventHeader {
+                    kind: profiler_common::event_kind::CATCH,
+                    ..Default::default()
+                },
+                &[],
+            ),
+        ];
+        let mut event = Event::empty();
+        for r in &records {
+            assert!(event.decode(r));
+            assert_eq!(Some(&event), Event::from_record(r).as_ref());
+        }
     }
 
     #[test]
