@@ -36,7 +36,7 @@ use stuck::{stuck_note, stuck_thread, STUCK_CHECK_INTERVAL};
 /// How often the ring buffers are drained. Events are written without waking the daemon, so
 /// this bounds how full a buffer gets: at ~0.5 µs per probe hit and 48 bytes per event, 25 ms
 /// is ~2.4 MiB per busy CPU against an 8 MiB buffer (a half-full buffer wakes us early). Each
-/// tick costs the daemon ~30 µs whatever it drains (measured idle: 10 ms ticks took 5 ms of
+/// tick costs the daemon ~50 µs whatever it drains (measured idle: 10 ms ticks took 5 ms of
 /// CPU a second, 25 ms ones 2.3 ms); events reach the files at the flush every second anyway.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(25);
 /// How often files are made complete on disk (header size patched, buffers flushed).
