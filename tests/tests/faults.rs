@@ -247,7 +247,9 @@ fn sigkill_of_the_traced_program() {
             mode,
             "calls",
             &calls_fixture(),
-            &["--seconds", "30", "--quiet"],
+            // About 100,000 calls a second (--per-second sleeps between blocks of calls): the
+            // files stay small enough for llvm-xray to check quickly.
+            &["--seconds", "30", "--per-second", "--quiet"],
             &[],
             |pid| {
                 std::thread::sleep(Duration::from_millis(500));
@@ -428,7 +430,8 @@ fn sigstop_longer_than_a_flush_period() {
             mode,
             "calls",
             &calls_fixture(),
-            &["--seconds", "1.5"],
+            // About 100,000 calls a second, as above.
+            &["--seconds", "1.5", "--per-second"],
             &[],
             |pid| {
                 std::thread::sleep(Duration::from_millis(300));
