@@ -1773,3 +1773,68 @@ fn a_repaired_server_outlives_the_service_killed() {
     assert_eq!(total(&last, "caught"), total(&last, "third"), "{last}");
     assert_eq!(total(&last, "long_caught"), 1, "{last}");
 }
+
+/// Processes started at 0.5 s steps from the moment the service is ready up to 4 s after it
+/// (across the service's periodic work: the targets' patterns matched again every other
+/// status tick, at 1 s and 3 s; every process's mappings read again every 200 ms) are each
+/// recorded whole: `status` counts every event of every run, and each run's segment holds
+/// exactly the calls it counted. A report of runs started about 2 s after ready recording
+/// nothing came from a reproduction that waited for `ready` in the log file of the previous
+/// service before the new one truncated it: those runs started before the service was ready.
+#[test]
+fn processes_started_at_any_moment_after_ready_are_recorded_whole() {
+    const ITERATIONS: u32 = 200;
+    let scratch = tests::scratch_dir("service-after-ready");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"calls\"\nbinary = \"{}\"\nmode = \"record\"\n",
+            output.display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let service = spawn_service(scratch.path(), &config);
+    let ready = std::time::Instant::now();
+    let mut runs = Vec::new();
+    for step in 0..=8u32 {
+        let at = ready + Duration::from_millis(500) * step;
+        std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
+        runs.push(run_calls(&bin, ITERATIONS));
+    }
+    // Every run is over: its last events are drained within a few 10 ms drains.
+    std::thread::sleep(Duration::from_millis(300));
+    let status = run_output(
+        Command::new(tests::fdr_profiled())
+            .args(["status", "--json", "--socket"])
+            .arg(scratch.path().join("control.sock")),
+    );
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    // Per run: main, cx_loop, the iterations' cx_tiny and cx_report, entries and exits, and
+    // the thread's end.
+    let per_run = 2 * (u64::from(ITERATIONS) + 3) + 1;
+    assert_eq!(
+        json["events"],
+        per_run * runs.len() as u64,
+        "{} runs of {per_run} events each: {json}",
+        runs.len()
+    );
+    assert_eq!(json["lost"], 0, "{json}");
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+    let found = recorded_runs(&output, "calls", &|_| bin.clone(), &runs);
+    let mut recorded: Vec<u32> = found.into_values().flatten().collect();
+    recorded.sort_unstable();
+    let mut started: Vec<u32> = runs.iter().map(|(pid, _)| *pid).collect();
+    started.sort_unstable();
+    assert_eq!(recorded, started, "{}", done.stderr);
+}
