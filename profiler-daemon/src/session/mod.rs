@@ -16,6 +16,9 @@ pub mod summary;
 mod tests;
 mod thread;
 
+/// How far up one stack a frame can be proven gone (the service's export matches frames alike).
+pub use thread::STACK_SPAN;
+
 use crate::kernel::intake::Event;
 use crate::plan::exits::ExitsChoice;
 use crate::plan::{AttachPlan, FunctionNames};

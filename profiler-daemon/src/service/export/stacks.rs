@@ -2,13 +2,15 @@
 //! what each pushed profile holds.
 //!
 //! Events come in each thread's program order (after the sequencer). A thread's open calls are
-//! matched to their exits by stack slot, as the session and the slow-call trigger match them, so
-//! frames an exception unwound are dropped (their callers' times stay exact) instead of being
-//! closed at a wrong place. A call counts in the interval its exit falls in (by the event's own
+//! matched to their exits by stack slot, as the session matches them: a frame an exception or
+//! `longjmp` left is ended where the next event proves it gone (a catch, a new frame at or above
+//! its slot, an exit above it), as the recorder closes it, so a profile counts what `report`
+//! counts for the same calls. A call counts in the interval its exit falls in (by the event's own
 //! timestamp, not when it was drained), so intervals are exact however late events arrive.
 //!
 //! Memory is bounded: stacks are kept in a trie capped at [`MAX_STACKS`] nodes (calls under a
 //! stack beyond it are counted, not kept), each thread's open calls at [`MAX_OPEN`].
+use crate::session::STACK_SPAN;
 use fdr_analysis::convert::pprof::StackValues;
 use profiler_common::{event_kind, EventHeader, SledKind};
 use rustc_hash::FxHashMap;
@@ -113,22 +115,24 @@ impl CallStacks {
 
     /// Takes a thread's next event (program order, function ids without the service's tag).
     pub fn observe(&mut self, h: &EventHeader) {
+        let sp = h.sp;
+        // A frame is gone when the stack pointer is above its slot (or at it, for a new frame
+        // or a catch), on the same stack: the session's rule.
+        let below = |slot: u64| slot < sp && sp - slot <= STACK_SPAN;
+        let at_or_below = |slot: u64| slot <= sp && sp - slot <= STACK_SPAN;
         if h.kind == event_kind::THREAD_EXIT {
             self.open.remove(&h.tid);
             return;
         }
         if h.kind == event_kind::CATCH {
-            // Frames at or below the catch's stack pointer were unwound.
-            if let Some(open) = self.open.get_mut(&h.tid) {
-                open.retain(|o| o.sp > h.sp);
-            }
+            self.close_gone(h, at_or_below);
             return;
         }
         match SledKind::from_u8(h.kind) {
             Some(SledKind::Entry | SledKind::LogArgsEntry) => {
-                let open = self.open.entry(h.tid).or_default();
                 // Frames at or below a new frame's slot are gone (unwound, or left unseen).
-                open.retain(|o| o.sp > h.sp);
+                self.close_gone(h, at_or_below);
+                let open = self.open.entry(h.tid).or_default();
                 if open.len() >= MAX_OPEN {
                     self.calls_not_kept += 1;
                     return;
@@ -150,37 +154,60 @@ impl CallStacks {
                 });
             }
             Some(SledKind::Exit | SledKind::Tail) => {
+                self.close_gone(h, below);
                 let Some(open) = self.open.get_mut(&h.tid) else {
                     return;
                 };
-                open.retain(|o| o.sp >= h.sp);
-                let Some(&top) = open.last() else { return };
-                if top.sp != h.sp || top.function_id != h.function_id {
-                    return;
+                match open.last() {
+                    Some(top) if top.sp == h.sp && top.function_id == h.function_id => {
+                        self.close_top(h);
+                    }
+                    _ => {}
                 }
-                open.pop();
-                let duration = h.ts_ns.saturating_sub(top.entered_ns);
-                if let Some(parent) = open.last_mut() {
-                    parent.children_ns = parent.children_ns.saturating_add(duration);
-                }
-                if top.node == NOT_KEPT {
-                    return;
-                }
-                let key = (self.interval_of(h.ts_ns), h.pid);
-                let v = self
-                    .intervals
-                    .entry(key)
-                    .or_default()
-                    .entry(top.node)
-                    .or_default();
-                v.calls += 1;
-                v.wall_ns = v.wall_ns.saturating_add(duration);
-                v.self_ns = v
-                    .self_ns
-                    .saturating_add(duration.saturating_sub(top.children_ns));
             }
             _ => {}
         }
+    }
+
+    /// Ends, innermost first, the open calls of `h`'s thread that `gone` says an exception or
+    /// `longjmp` left: as the recorder does, each counts as a call ending at `h`, so a
+    /// profile's numbers are the report's.
+    fn close_gone(&mut self, h: &EventHeader, gone: impl Fn(u64) -> bool) {
+        while self
+            .open
+            .get(&h.tid)
+            .and_then(|o| o.last())
+            .is_some_and(|top| gone(top.sp))
+        {
+            self.close_top(h);
+        }
+    }
+
+    /// Ends the innermost open call of `h`'s thread at `h`'s time.
+    fn close_top(&mut self, h: &EventHeader) {
+        let key = (self.interval_of(h.ts_ns), h.pid);
+        let Some(open) = self.open.get_mut(&h.tid) else {
+            return;
+        };
+        let Some(top) = open.pop() else { return };
+        let duration = h.ts_ns.saturating_sub(top.entered_ns);
+        if let Some(parent) = open.last_mut() {
+            parent.children_ns = parent.children_ns.saturating_add(duration);
+        }
+        if top.node == NOT_KEPT {
+            return;
+        }
+        let v = self
+            .intervals
+            .entry(key)
+            .or_default()
+            .entry(top.node)
+            .or_default();
+        v.calls += 1;
+        v.wall_ns = v.wall_ns.saturating_add(duration);
+        v.self_ns = v
+            .self_ns
+            .saturating_add(duration.saturating_sub(top.children_ns));
     }
 
     /// Takes the intervals that ended before `monotonic_now_ns` minus `grace_ns` (events of
@@ -295,17 +322,53 @@ mod tests {
     }
 
     #[test]
-    fn unwound_frames_are_dropped_and_their_callers_stay_exact() {
+    fn frames_an_exception_left_end_at_the_catch_as_the_recorder_ends_them() {
         let mut s = CallStacks::new(1_000_000, 0);
         s.observe(&ev(E, 1, 0x100, 0));
         s.observe(&ev(E, 2, 0x0f0, 10));
         s.observe(&ev(E, 3, 0x0e0, 20));
-        // An exception from 3 caught in 1: frames 2 and 3 are gone.
+        // An exception from 3 caught in 1: frames 2 and 3 are gone at the catch (sp 0x0f8).
         s.observe(&ev(event_kind::CATCH, 0, 0x0f8, 30));
         s.observe(&ev(X, 1, 0x100, 40));
         let done = s.take_finished(0, 0, true);
-        assert_eq!(done[0].calls.len(), 1, "only 1 returned: {done:?}");
-        assert_eq!(values(&s, &done[0], &[1]).wall_ns, 40);
+        let i = &done[0];
+        assert_eq!(
+            values(&s, i, &[3, 2, 1]),
+            StackValues {
+                calls: 1,
+                wall_ns: 10,
+                self_ns: 10
+            }
+        );
+        assert_eq!(
+            values(&s, i, &[2, 1]),
+            StackValues {
+                calls: 1,
+                wall_ns: 20,
+                self_ns: 10
+            }
+        );
+        assert_eq!(
+            values(&s, i, &[1]),
+            StackValues {
+                calls: 1,
+                wall_ns: 40,
+                self_ns: 20
+            }
+        );
+    }
+
+    #[test]
+    fn a_frame_on_another_stack_is_not_taken_for_gone() {
+        let mut s = CallStacks::new(1_000_000, 0);
+        s.observe(&ev(E, 1, 0x7000_0000_0000, 0));
+        // A signal handler on an alternate stack far below: 1 stays open.
+        s.observe(&ev(E, 2, 0x1000, 10));
+        s.observe(&ev(X, 2, 0x1000, 20));
+        s.observe(&ev(X, 1, 0x7000_0000_0000, 30));
+        let done = s.take_finished(0, 0, true);
+        assert_eq!(values(&s, &done[0], &[1]).wall_ns, 30);
+        assert_eq!(values(&s, &done[0], &[2, 1]).calls, 1);
     }
 
     #[test]
