@@ -92,7 +92,14 @@ fn test(extra: &[String]) -> Result<()> {
     // The full-speed loss tests (tests/tests/loss.rs) run the release daemon: throughput is a
     // property of the optimised build.
     build(true)?;
-    let mut args = vec!["test", "--workspace", "--exclude", "profiler-ebpf"];
+    // Every test binary runs even after one fails, so a run reports every failure at once.
+    let mut args = vec![
+        "test",
+        "--workspace",
+        "--exclude",
+        "profiler-ebpf",
+        "--no-fail-fast",
+    ];
     args.extend(extra.iter().map(String::as_str));
     let totals = run::cargo_test(&args)?;
     println!("{} passed, {} failed", totals.passed, totals.failed);
