@@ -1,6 +1,7 @@
 //! The slow-call trigger (`trigger_slower_than` on `trigger_functions`): each watched thread's
 //! open calls of the chosen functions, matched to their exits by stack slot as the session
 //! matches them, so that a call longer than the threshold is seen the moment it returns.
+use crate::session::STACK_SPAN;
 use profiler_common::{event_kind, EventHeader, SledKind};
 use std::collections::{HashMap, HashSet};
 
@@ -43,6 +44,11 @@ impl SlowCalls {
     /// Takes a thread's next event (in program order, its function id without the service's
     /// tag); returns the call it ends when that call was slow.
     pub fn observe(&mut self, h: &EventHeader) -> Option<SlowCall> {
+        let sp = h.sp;
+        // A frame is gone when the stack pointer is above its slot (or at it, for a new frame
+        // or a catch), on the same stack: the session's rule.
+        let gone = |slot: u64| slot <= sp && sp - slot <= STACK_SPAN;
+        let below = |slot: u64| slot < sp && sp - slot <= STACK_SPAN;
         if h.kind == event_kind::THREAD_EXIT {
             self.open.remove(&h.tid);
             return None;
@@ -50,7 +56,7 @@ impl SlowCalls {
         if h.kind == event_kind::CATCH {
             // Frames at or below the catch's stack pointer were unwound: not slow calls.
             if let Some(open) = self.open.get_mut(&h.tid) {
-                open.retain(|&(_, slot, _)| slot > h.sp);
+                open.retain(|&(_, slot, _)| !gone(slot));
             }
             return None;
         }
@@ -58,7 +64,7 @@ impl SlowCalls {
             SledKind::Entry | SledKind::LogArgsEntry if self.functions.contains(&h.function_id) => {
                 let open = self.open.entry(h.tid).or_default();
                 // Frames at or below a new frame's slot are gone (unwound, or left unseen).
-                open.retain(|&(_, slot, _)| slot > h.sp);
+                open.retain(|&(_, slot, _)| !gone(slot));
                 if open.len() < MAX_OPEN {
                     open.push((h.function_id, h.sp, h.ts_ns));
                 }
@@ -66,7 +72,7 @@ impl SlowCalls {
             }
             SledKind::Exit | SledKind::Tail => {
                 let open = self.open.get_mut(&h.tid)?;
-                open.retain(|&(_, slot, _)| slot >= h.sp);
+                open.retain(|&(_, slot, _)| !below(slot));
                 match open.last() {
                     Some(&(function_id, slot, entered))
                         if slot == h.sp && function_id == h.function_id =>
@@ -116,6 +122,19 @@ mod tests {
         // A fast call is not reported.
         w.observe(&ev(entry, 7, 0x1000, 2_000));
         assert_eq!(w.observe(&ev(exit, 7, 0x1000, 2_999)), None);
+    }
+
+    #[test]
+    fn a_call_on_another_stack_does_not_end_an_open_one() {
+        let mut w = SlowCalls::new(1_000, [7].into());
+        let (entry, exit) = (SledKind::Entry as u8, SledKind::Exit as u8);
+        w.observe(&ev(entry, 7, 0x10_0000, 0));
+        // A signal handler on an alternate stack far above calls 7 too: the stack pointer is
+        // above the open call's slot, but on another stack.
+        w.observe(&ev(entry, 7, 0x7000_0000_0000, 10));
+        assert_eq!(w.observe(&ev(exit, 7, 0x7000_0000_0000, 20)), None);
+        let slow = w.observe(&ev(exit, 7, 0x10_0000, 5_000)).unwrap();
+        assert_eq!(slow.duration_ns, 5_000, "the outer call was still open");
     }
 
     #[test]

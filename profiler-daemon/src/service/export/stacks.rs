@@ -361,11 +361,12 @@ mod tests {
     #[test]
     fn a_frame_on_another_stack_is_not_taken_for_gone() {
         let mut s = CallStacks::new(1_000_000, 0);
-        s.observe(&ev(E, 1, 0x7000_0000_0000, 0));
-        // A signal handler on an alternate stack far below: 1 stays open.
-        s.observe(&ev(E, 2, 0x1000, 10));
-        s.observe(&ev(X, 2, 0x1000, 20));
-        s.observe(&ev(X, 1, 0x7000_0000_0000, 30));
+        s.observe(&ev(E, 1, 0x10_0000, 0));
+        // A signal handler on an alternate stack far above: its stack pointer is above 1's
+        // slot, but 1 stays open.
+        s.observe(&ev(E, 2, 0x7000_0000_0000, 10));
+        s.observe(&ev(X, 2, 0x7000_0000_0000, 20));
+        s.observe(&ev(X, 1, 0x10_0000, 30));
         let done = s.take_finished(0, 0, true);
         assert_eq!(values(&s, &done[0], &[1]).wall_ns, 30);
         assert_eq!(values(&s, &done[0], &[2, 1]).calls, 1);
