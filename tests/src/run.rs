@@ -79,20 +79,8 @@ impl Running {
         cmd.stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // ETXTBSY: a fixture copied moments ago can still be open for writing in a child that
-        // another test thread forked before we closed the file; that child execs (and drops the
-        // descriptor) within milliseconds, so retry briefly.
-        let mut attempts = 0;
-        let mut child = loop {
-            match cmd.spawn() {
-                Ok(child) => break child,
-                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempts < 100 => {
-                    attempts += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(e) => panic!("cannot start {cmd:?}: {e}"),
-            }
-        };
+        let mut child =
+            spawn_when_not_busy(cmd).unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
         let shared = Arc::new((Mutex::new(Collected::default()), Condvar::new()));
         let out = child.stdout.take().expect("piped stdout");
         let err = child.stderr.take().expect("piped stderr");
@@ -273,6 +261,23 @@ fn reader(
             cvar.notify_all();
         }
     })
+}
+
+/// `cmd.spawn()`, tried again for up to a second while the program is busy (ETXTBSY): a
+/// fixture copied moments ago can still be open for writing in a child that another test
+/// thread forked before the file was closed; that child execs (and drops the descriptor)
+/// within milliseconds.
+pub fn spawn_when_not_busy(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    let mut attempts = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempts < 100 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Starts `fdr-profiled --attach BIN --out OUT [extra...]` (does not wait

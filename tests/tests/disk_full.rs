@@ -172,10 +172,11 @@ fn a_full_disk_keeps_the_files_valid_and_counts_what_was_not_stored() {
             .map(|c| c.calls)
             .sum();
         let main = if t.tid == pid { 1 } else { 0 };
+        // On a loaded machine the kernel's ring can fill too: those events are counted lost.
         assert_eq!(
-            get("events"),
+            get("events") + get("events_lost"),
             2 * (calls + main),
-            "tid {}: every call's entry and exit reached the daemon: {json}",
+            "tid {}: every call's entry and exit reached the daemon or was counted lost: {json}",
             t.tid
         );
         assert!(

@@ -52,11 +52,12 @@ fn assert_refused(f: &Finished, line: &str, out: &Path) {
 
 /// A sleeping fixture to trace by pid (it runs 60 s unless killed).
 fn sleeper(scratch: &Path) -> std::process::Child {
-    Command::new(private_copy(&calls_fixture(), scratch))
-        .args(["--seconds", "60", "--quiet"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("start the fixture")
+    tests::run::spawn_when_not_busy(
+        Command::new(private_copy(&calls_fixture(), scratch))
+            .args(["--seconds", "60", "--quiet"])
+            .stdout(std::process::Stdio::null()),
+    )
+    .expect("start the fixture")
 }
 
 #[test]
