@@ -1,7 +1,7 @@
 //! The slow-call trigger (`trigger_slower_than` on `trigger_functions`): each watched thread's
 //! open calls of the chosen functions, matched to their exits by stack slot as the session
 //! matches them, so that a call longer than the threshold is seen the moment it returns.
-use crate::session::STACK_SPAN;
+use crate::session::{slot_at_or_below, slot_below};
 use profiler_common::{event_kind, EventHeader, SledKind};
 use std::collections::{HashMap, HashSet};
 
@@ -45,10 +45,9 @@ impl SlowCalls {
     /// tag); returns the call it ends when that call was slow.
     pub fn observe(&mut self, h: &EventHeader) -> Option<SlowCall> {
         let sp = h.sp;
-        // A frame is gone when the stack pointer is above its slot (or at it, for a new frame
-        // or a catch), on the same stack: the session's rule.
-        let gone = |slot: u64| slot <= sp && sp - slot <= STACK_SPAN;
-        let below = |slot: u64| slot < sp && sp - slot <= STACK_SPAN;
+        // The session's rule for a frame gone (see `slot_below`).
+        let gone = |slot: u64| slot_at_or_below(slot, sp);
+        let below = |slot: u64| slot_below(slot, sp);
         if h.kind == event_kind::THREAD_EXIT {
             self.open.remove(&h.tid);
             return None;

@@ -16,8 +16,9 @@ pub mod summary;
 mod tests;
 mod thread;
 
-/// How far up one stack a frame can be proven gone (the service's export matches frames alike).
-pub use thread::STACK_SPAN;
+/// When a frame is gone by the stack pointer: the rule the service's slow-call trigger and
+/// export match frames by too.
+pub use thread::{slot_at_or_below, slot_below};
 
 use crate::kernel::intake::Event;
 use crate::plan::exits::ExitsChoice;

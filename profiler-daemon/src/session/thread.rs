@@ -27,6 +27,20 @@ use xray_fdr::writer::{Recorded, ThreadWriter};
 /// further away.
 pub const STACK_SPAN: u64 = 256 << 20;
 
+/// Whether the frame whose slot (stack pointer at entry) is `slot` is gone once the stack
+/// pointer is `sp`: above it on the same stack, as after an exit of its caller.
+#[inline(always)]
+pub fn slot_below(slot: u64, sp: u64) -> bool {
+    slot < sp && sp - slot <= STACK_SPAN
+}
+
+/// [`slot_below`], or at it: the rule for a new frame or a catch, which take the slot of a
+/// frame that is gone.
+#[inline(always)]
+pub fn slot_at_or_below(slot: u64, sp: u64) -> bool {
+    slot <= sp && sp - slot <= STACK_SPAN
+}
+
 /// Per-thread counters that end up in the session manifest. Every event received ends in
 /// exactly one of: written, an exit of a lost entry, an exit without entry, too deep, invalid,
 /// unreadable, a catch, a write error, unknown (see `ThreadReport::fates`).
@@ -314,10 +328,8 @@ impl ThreadTrace {
         let h = &event.header;
         let cpu = h.cpu;
         let sp = h.sp;
-        // A frame is gone when the stack pointer is above its slot (or at it, for a new frame
-        // or a catch), on the same stack.
-        let below = |slot: u64| slot < sp && sp - slot <= STACK_SPAN;
-        let at_or_below = |slot: u64| slot <= sp && sp - slot <= STACK_SPAN;
+        let below = |slot: u64| slot_below(slot, sp);
+        let at_or_below = |slot: u64| slot_at_or_below(slot, sp);
         if h.kind == event_kind::THREAD_EXIT {
             return Ok(Fate::End);
         }

@@ -22,6 +22,7 @@
 use super::depth::FOLDED_FRAME;
 use super::folded::{Frame, StackTrie, ROOT};
 use crate::replay::{Session, NO_OBJECT};
+use crate::symbolize::{FunctionInfo, ObjectSymbols};
 use flate2::write::GzEncoder;
 use prost::Message as _;
 use std::collections::HashMap;
@@ -84,6 +85,35 @@ pub struct FrameInfo {
     pub address: u64,
     /// Its object.
     pub object: ObjectInfo,
+}
+
+impl ObjectInfo {
+    /// The object at `path`, with what its symbols say (none when it could not be read).
+    pub fn new(path: String, symbols: Option<&ObjectSymbols>) -> ObjectInfo {
+        ObjectInfo {
+            path,
+            build_id: symbols.and_then(|s| s.build_id.clone()).unwrap_or_default(),
+            has_lines: symbols.is_some_and(|s| s.debug_file.is_some()),
+        }
+    }
+}
+
+impl FrameInfo {
+    /// The frame of a symbolized function of `object`.
+    pub fn of_function(f: &FunctionInfo, object: ObjectInfo) -> FrameInfo {
+        let (file, line) = f
+            .location
+            .as_ref()
+            .map(|l| (l.file.clone(), i64::from(l.line)))
+            .unwrap_or_default();
+        FrameInfo {
+            name: f.name.clone(),
+            file,
+            line,
+            address: f.address,
+            object,
+        }
+    }
 }
 
 /// What one call stack adds up to: [`SAMPLE_TYPES`] in order.
@@ -250,15 +280,13 @@ pub fn profile(session: &Session) -> (Profile, Vec<String>) {
     let mut namer = session.namer();
     let object_info = |object: u32| {
         let found = session.objects.get(object as usize);
-        let symbols = found.and_then(|o| o.symbols.as_ref());
-        ObjectInfo {
-            path: found
+        ObjectInfo::new(
+            found
                 .and_then(|o| o.path.as_ref())
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|| "[unknown object]".to_owned()),
-            build_id: symbols.and_then(|s| s.build_id.clone()).unwrap_or_default(),
-            has_lines: symbols.is_some_and(|s| s.debug_file.is_some()),
-        }
+            found.and_then(|o| o.symbols.as_deref()),
+        )
     };
 
     // One sample per stack at which calls returned, its locations leaf first.
@@ -278,19 +306,7 @@ pub fn profile(session: &Session) -> (Profile, Vec<String>) {
                     ..FrameInfo::default()
                 },
                 Frame::Function(key) => {
-                    let info = namer.function(key);
-                    let (file, line) = info
-                        .location
-                        .as_ref()
-                        .map(|l| (l.file.clone(), i64::from(l.line)))
-                        .unwrap_or_default();
-                    FrameInfo {
-                        name: info.name.clone(),
-                        file,
-                        line,
-                        address: info.address,
-                        object: object_info(key.object),
-                    }
+                    FrameInfo::of_function(&namer.function(key), object_info(key.object))
                 }
             }));
             at = parent;

@@ -18,6 +18,7 @@ pub mod stacks;
 use crate::service::config::ExportConfig;
 use base64::Engine as _;
 use fdr_analysis::convert::pprof::{gzipped, FrameInfo, ObjectInfo, ProfileBuilder};
+use fdr_analysis::replay::FUNCTION_ID_MASK;
 use fdr_analysis::symbolize::ObjectSymbols;
 use push::{Payload, PushCounts, Pusher};
 use stacks::{CallStacks, Interval};
@@ -242,33 +243,15 @@ fn frame_info(
             }
         })
         .clone();
-    let object = ObjectInfo {
-        path: match object_id {
+    let object = ObjectInfo::new(
+        match object_id {
             0 => labels.binary.to_owned(),
             _ => path.map(|p| p.display().to_string()).unwrap_or_default(),
         },
-        build_id: loaded
-            .as_ref()
-            .and_then(|s| s.build_id.clone())
-            .unwrap_or_default(),
-        has_lines: loaded.as_ref().is_some_and(|s| s.debug_file.is_some()),
-    };
+        loaded.as_deref(),
+    );
     match loaded {
-        Some(s) => {
-            let f = s.function(function_id & 0xFF_FFFF);
-            let (file, line) = f
-                .location
-                .as_ref()
-                .map(|l| (l.file.clone(), i64::from(l.line)))
-                .unwrap_or_default();
-            FrameInfo {
-                name: f.name.clone(),
-                file,
-                line,
-                address: f.address,
-                object,
-            }
-        }
+        Some(s) => FrameInfo::of_function(&s.function(function_id & FUNCTION_ID_MASK), object),
         None => FrameInfo {
             name: format!("#{function_id}"),
             object,

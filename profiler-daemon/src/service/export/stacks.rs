@@ -4,13 +4,13 @@
 //! Events come in each thread's program order (after the sequencer). A thread's open calls are
 //! matched to their exits by stack slot, as the session matches them: a frame an exception or
 //! `longjmp` left is ended where the next event proves it gone (a catch, a new frame at or above
-//! its slot, an exit above it), as the recorder closes it, so a profile counts what `report`
+//! its slot, an exit above it, on the same stack), as the recorder closes it, so a profile counts what `report`
 //! counts for the same calls. A call counts in the interval its exit falls in (by the event's own
 //! timestamp, not when it was drained), so intervals are exact however late events arrive.
 //!
 //! Memory is bounded: stacks are kept in a trie capped at [`MAX_STACKS`] nodes (calls under a
 //! stack beyond it are counted, not kept), each thread's open calls at [`MAX_OPEN`].
-use crate::session::STACK_SPAN;
+use crate::session::{slot_at_or_below, slot_below};
 use fdr_analysis::convert::pprof::StackValues;
 use profiler_common::{event_kind, EventHeader, SledKind};
 use rustc_hash::FxHashMap;
@@ -116,10 +116,9 @@ impl CallStacks {
     /// Takes a thread's next event (program order, function ids without the service's tag).
     pub fn observe(&mut self, h: &EventHeader) {
         let sp = h.sp;
-        // A frame is gone when the stack pointer is above its slot (or at it, for a new frame
-        // or a catch), on the same stack: the session's rule.
-        let below = |slot: u64| slot < sp && sp - slot <= STACK_SPAN;
-        let at_or_below = |slot: u64| slot <= sp && sp - slot <= STACK_SPAN;
+        // The session's rule for a frame gone (see `slot_below`).
+        let below = |slot: u64| slot_below(slot, sp);
+        let at_or_below = |slot: u64| slot_at_or_below(slot, sp);
         if h.kind == event_kind::THREAD_EXIT {
             self.open.remove(&h.tid);
             return;
