@@ -58,16 +58,7 @@ fn start_service_with(
         ),
     )
     .unwrap();
-    let mut service = Running::spawn(
-        "fdr-profiled service",
-        Command::new(tests::fdr_profiled())
-            .args(["service", "--config"])
-            .arg(&config)
-            .arg("--socket")
-            .arg(scratch.join("control.sock")),
-    );
-    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
-    (service, output)
+    (spawn_service(scratch, &config), output)
 }
 
 #[test]
@@ -1077,16 +1068,7 @@ fn a_flight_recorder_snapshot_holds_the_windows_calls_exactly() {
 /// Starts `fdr-profiled service` on the configuration file `config` (control socket in
 /// `scratch`); returns it once ready.
 fn spawn_service(scratch: &Path, config: &Path) -> Running {
-    let mut service = Running::spawn(
-        "fdr-profiled service",
-        Command::new(tests::fdr_profiled())
-            .args(["service", "--config"])
-            .arg(config)
-            .arg("--socket")
-            .arg(scratch.join("control.sock")),
-    );
-    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
-    service
+    tests::run::start_service(config, &scratch.join("control.sock"))
 }
 
 /// The run `pid` of the calls fixture, whose output is `stdout`, is in `trace` with exactly

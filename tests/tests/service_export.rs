@@ -25,9 +25,8 @@ use tests::fixtures::private_copy;
 use tests::fixtures::workloads::calls_fixture;
 use tests::pprof::{go_pprof, top};
 use tests::receiver::{Receiver, Request};
-use tests::run::Running;
+use tests::run::{service_status, start_service, Running};
 use tests::synthetic_session::build_id;
-use tests::tools::run_output;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const INTERVAL_NS: u64 = 1_000_000_000;
@@ -181,20 +180,6 @@ fn wait_for(
     }
 }
 
-fn status(socket: &Path) -> serde_json::Value {
-    let out = run_output(
-        Command::new(tests::fdr_profiled())
-            .args(["status", "--json", "--socket"])
-            .arg(socket),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// Per function, the calls of `pid` over all its pushes; checks the labels and intervals.
 fn calls_of(pushes: &[Push], pid: u32, bin: &Path, ran: (u64, u64)) -> BTreeMap<String, u64> {
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
@@ -252,16 +237,7 @@ fn start_exporting(scratch: &Path, bin: &Path, export: &str) -> (Running, std::p
         ),
     )
     .unwrap();
-    let mut service = Running::spawn(
-        "fdr-profiled service",
-        Command::new(tests::fdr_profiled())
-            .args(["service", "--config"])
-            .arg(&config)
-            .arg("--socket")
-            .arg(&socket),
-    );
-    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
-    (service, socket)
+    (start_service(&config, &socket), socket)
 }
 
 #[test]
@@ -312,14 +288,14 @@ fn every_interval_is_pushed_to_pyroscope_and_an_absent_endpoint_never_stops_trac
 
     // 2. The endpoint goes away: processes keep being traced, the queue stays bounded.
     receiver.stop();
-    let events_before = status(&socket)["events"].as_u64().unwrap();
+    let events_before = service_status(&socket)["events"].as_u64().unwrap();
     let mut runs = Vec::new();
     for _ in 0..5 {
         runs.push(run_calls(&bin, 200));
         std::thread::sleep(Duration::from_millis(1100));
     }
     std::thread::sleep(Duration::from_millis(1500));
-    let s = status(&socket);
+    let s = service_status(&socket);
     // Every run's events were routed: main, cx_loop, 200 cx_tiny, cx_report, entries and
     // exits, and the thread's end.
     assert_eq!(
@@ -355,7 +331,7 @@ fn every_interval_is_pushed_to_pyroscope_and_an_absent_endpoint_never_stops_trac
         |rs| pid_pushes(rs, last_pid) > 0,
     );
     std::thread::sleep(Duration::from_millis(500));
-    let s = status(&socket);
+    let s = service_status(&socket);
     let counts = &s["export"]["pyroscope"]["counts"];
     let made = s["export"]["profiles"].as_u64().unwrap();
     let accounted = ["pushed", "dropped", "queued", "rejected"]

@@ -21,7 +21,6 @@ mod dso_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dso_support::counts::resolve_calls;
@@ -32,27 +31,11 @@ use tests::fixtures::dso::{
     MARKER_BEGIN, MARKER_END,
 };
 use tests::fixtures::private_copy;
-use tests::run::Running;
-use tests::tools::run_output;
+use tests::run::service_status;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// `run N`: thread `index` does N + index rounds.
 const ROUNDS: u32 = 20;
-
-/// `fdr-profiled status --json` of the service listening on `socket`.
-fn status(socket: &Path) -> serde_json::Value {
-    let out = run_output(
-        Command::new(tests::fdr_profiled())
-            .args(["status", "--json", "--socket"])
-            .arg(socket),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("status --json is JSON")
-}
 
 /// How many libraries the service has probed in process `pid` (`None`: not one of its
 /// processes).
@@ -68,7 +51,7 @@ fn libraries_probed(json: &serde_json::Value, pid: u32) -> Option<u64> {
 fn wait_probed(socket: &Path, pid: u32, n: u64) {
     let start = Instant::now();
     loop {
-        let json = status(socket);
+        let json = service_status(socket);
         if libraries_probed(&json, pid) == Some(n) {
             return;
         }
@@ -118,17 +101,9 @@ fn the_libraries_of_every_process_of_a_target_are_traced() {
     )
     .unwrap();
     let socket = dir.join("control.sock");
-    let mut service = Running::spawn(
-        "fdr-profiled service",
-        Command::new(tests::fdr_profiled())
-            .args(["service", "--config"])
-            .arg(&config)
-            .arg("--socket")
-            .arg(&socket),
-    );
-    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    let mut service = tests::run::start_service(&config, &socket);
     // A was running: its linked library was probed before the service said it is ready.
-    assert_eq!(libraries_probed(&status(&socket), a.pid()), Some(1));
+    assert_eq!(libraries_probed(&service_status(&socket), a.pid()), Some(1));
 
     let mut b = DsoProcess::start("process B", &exe);
     let mut bystander = DsoProcess::start("bystander", &plain);
@@ -147,7 +122,7 @@ fn the_libraries_of_every_process_of_a_target_are_traced() {
     a.run(ROUNDS);
     b.run(ROUNDS);
     bystander.run(ROUNDS);
-    let json = status(&socket);
+    let json = service_status(&socket);
     assert_eq!(
         libraries_probed(&json, bystander.pid()),
         None,
