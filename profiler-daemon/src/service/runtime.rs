@@ -11,7 +11,7 @@
 //! target whose pattern matches several binaries keeps one recorder per binary, and its
 //! snapshots one directory per binary.
 use super::repaired::Repaired;
-use crate::kernel::bpf::{Attachment, LoadOptions, Scope, Tracer};
+use crate::kernel::bpf::{Attachment, KernelBooks, LoadOptions, Scope, Tracer};
 use crate::kernel::caps::Cap;
 use crate::kernel::intake::{Event, Intake, DRAIN_BUDGET};
 use crate::plan::exits::{self, ExitMode, ExitPolicy, Exits, ExitsChoice};
@@ -118,6 +118,9 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         // The programs' rare anomalies go to the journal with the service's other warnings.
         kernel_log: true,
     })?;
+    // The kernel side's own loss accounts: threads whose end record found a full buffer, and
+    // events of no thread (see `crate::kernel::bpf::KernelBooks`).
+    let books = tracer.take_books()?;
     let mut targets = Vec::new();
     let mut tags = Tags::default();
     for t in &config.targets {
@@ -154,6 +157,8 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         targets: &mut targets,
         tags: &mut tags,
         exporter,
+        books,
+        exited: Vec::new(),
     };
     let result = runtime.block_on(serve(&mut service, intake, listener));
     let _ = std::fs::remove_file(socket);
@@ -209,6 +214,11 @@ struct Service<'a> {
     tags: &'a mut Tags,
     /// `[export]`'s endpoints, when configured.
     exporter: Option<Exporter>,
+    /// The kernel side's loss accounts.
+    books: KernelBooks,
+    /// Threads that ended with their buffer full (their end record lost), taken from the
+    /// kernel's books and not ended yet: their last events may still be in the buffers.
+    exited: Vec<(u32, profiler_common::ThreadState)>,
 }
 
 /// Plans and attaches every binary `config`'s pattern matches now.
@@ -734,7 +744,7 @@ async fn serve(
                 let answer = match control::read_request(&mut stream).await {
                     Err(why) => serde_json::json!({ "error": why }),
                     Ok(control::Request::Status) => {
-                        status_json(svc.config, svc.targets, &router, rate, last_snapshot.as_deref(), svc.exporter.as_ref())
+                        status_json(svc.config, svc.targets, &router, svc.books.unattributed_lost(), rate, last_snapshot.as_deref(), svc.exporter.as_ref())
                     }
                     Ok(control::Request::Snapshot(name)) => {
                         if name.as_ref().is_some_and(|n| !svc.targets.iter().any(|t| &t.config.name == n)) {
@@ -756,6 +766,17 @@ async fn serve(
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
             }
             _ = status.tick() => {
+                // Threads that ended with a full buffer: ended once a drain has emptied every
+                // buffer (their last events are in them before their books are taken), so
+                // that their trailing losses are counted in them.
+                svc.exited.extend(svc.books.take_exited());
+                if !svc.exited.is_empty() {
+                    let (_, emptied) = intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                    if emptied {
+                        order.end_threads(&svc.exited, &mut |e, g| router.route(svc.targets, e, g));
+                        svc.exited.clear();
+                    }
+                }
                 for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     if let Some(segments) = &mut w.segments {
                         segments.tick();
@@ -770,7 +791,7 @@ async fn serve(
                     rate = (router.events - events) as f64 / at.elapsed().as_secs_f64();
                     last_status = (std::time::Instant::now(), router.events);
                 }
-                let text = status_line(svc.targets, &router, rate);
+                let text = status_line(svc.targets, &router, svc.books.unattributed_lost(), rate);
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&text)]);
                 statuses = statuses.wrapping_add(1);
                 if statuses.is_multiple_of(LOOK_AT_TARGETS_EVERY) {
@@ -858,6 +879,12 @@ fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, route
         tracing::warn!("{err:#}");
     }
     intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+    // Threads whose end record was lost, and the live threads' losses at their very end.
+    svc.exited.extend(svc.books.take_exited());
+    order.end_threads(&svc.exited, &mut |e, g| router.route(svc.targets, e, g));
+    order.finish(&svc.books.threads(), &mut |e, g| {
+        router.route(svc.targets, e, g)
+    });
     // The last intervals' profiles (the current one cut short) are pushed while the rest is
     // finished, for at most a quarter of stop_timeout.
     export_tick(svc, true);
@@ -1035,7 +1062,7 @@ fn finish_removed(svc: &mut Service<'_>) {
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The `STATUS=` line: targets, events, what the recorders hold, losses.
-fn status_line(targets: &[Target], router: &Router, rate: f64) -> String {
+fn status_line(targets: &[Target], router: &Router, unattributed: u64, rate: f64) -> String {
     let binaries: usize = targets.iter().map(|t| t.binaries.len()).sum();
     let (mut held, mut bytes, mut evicted) = (0, 0, 0);
     for w in targets.iter().flat_map(|t| &t.binaries) {
@@ -1049,7 +1076,7 @@ fn status_line(targets: &[Target], router: &Router, rate: f64) -> String {
         targets.len(),
         router.events,
         bytes as f64 / f64::from(1 << 20),
-        router.lost + router.unrouted,
+        router.lost + router.unrouted + unattributed,
         not_written(targets),
         targets
             .iter()
@@ -1247,6 +1274,7 @@ fn status_json(
     config: &ServiceConfig,
     targets: &[Target],
     router: &Router,
+    unattributed: u64,
     rate: f64,
     last_snapshot: Option<&Path>,
     exporter: Option<&Exporter>,
@@ -1288,6 +1316,10 @@ fn status_json(
                         "bytes": s.bytes,
                         "expired": s.expired,
                         "evicted": s.evicted,
+                        "seen": s.seen,
+                        "lost": s.lost,
+                        "threads_expired": s.threads_expired,
+                        "threads_evicted": s.threads_evicted,
                         "window_ns": s.window_ns,
                         "repair": w.repaired.as_ref().map(Repaired::status),
                         "export_calls_not_kept": w.export.as_ref().map(|e| e.stacks.calls_not_kept),
@@ -1305,7 +1337,7 @@ fn status_json(
         "output": config.output,
         "events": router.events,
         "events_per_second": rate.round() as u64,
-        "lost": router.lost + router.unrouted,
+        "lost": router.lost + router.unrouted + unattributed,
         "not_written": not_written,
         "snapshots_not_written": snapshots_not_written,
         "disk_used": disk_used,
@@ -1482,7 +1514,7 @@ fn snapshot(dir: &Path, target: &Target, w: &Watched) -> Result<()> {
         session.add_object(library.plan.clone(), library.probes, library.attached_ns);
     }
     w.recorder.replay(|event, gap| session.record(event, gap));
-    session.set_window(w.recorder.stats());
+    session.set_window(w.recorder.stats(), w.recorder.thread_windows());
     session.finish(IntakeLosses::default())?;
     if let Err(err) = fdr_analysis::outputs::write_report(dir, &Symbolizer::default()) {
         tracing::warn!("{}: no report: {err:#}", dir.display());

@@ -14,7 +14,7 @@
 use crate::kernel::intake::{Event, EventData};
 use crate::session::order::Gap;
 use profiler_common::{event_kind, EventHeader, MAX_ARGS};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 /// One event as held: what a snapshot needs to write it again.
@@ -102,7 +102,10 @@ impl Held {
     }
 }
 
-/// What the recorder holds and has let go of.
+/// What the recorder holds and has let go of. Every event it was given is held, aged out or
+/// evicted (`seen = events + expired + evicted`); `lost` counts the events the kernel
+/// numbered in these threads but could not deliver, so that `seen + lost` is everything the
+/// traced threads did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FlightStats {
     /// The window asked for, in nanoseconds.
@@ -111,13 +114,50 @@ pub struct FlightStats {
     pub threads: usize,
     /// Events held.
     pub events: u64,
-    /// Bytes they take.
+    /// Bytes they take (with each held thread's own bookkeeping).
     pub bytes: u64,
     /// Events that aged out of the window (the normal course).
     pub expired: u64,
     /// Events dropped before they aged out, to stay under the memory cap: a snapshot covers
     /// less than the window while this grows.
     pub evicted: u64,
+    /// Events given to the recorder since it started.
+    pub seen: u64,
+    /// Events the kernel lost in the threads whose events were given (their gaps).
+    pub lost: u64,
+    /// Threads none of whose events is held any more: the last of them aged out ...
+    pub threads_expired: u64,
+    /// ... or was evicted.
+    pub threads_evicted: u64,
+}
+
+/// One thread's events as held, and what it let go of before the first of them.
+#[derive(Debug, Default)]
+struct Thread {
+    held: VecDeque<Held>,
+    /// Its events that aged out, and that were evicted.
+    expired: u64,
+    evicted: u64,
+}
+
+/// What a thread let go of before the first event a snapshot holds of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ThreadWindow {
+    /// Its events that aged out of the window.
+    pub expired: u64,
+    /// Its events evicted to stay under the memory cap.
+    pub evicted: u64,
+}
+
+/// Memory a held thread takes besides its events: its entry in the map and in the index of
+/// the oldest events, its queue's header.
+const THREAD_BYTES: u64 = (std::mem::size_of::<Thread>() + 96) as u64;
+
+/// Why events are let go.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Why {
+    Expired,
+    Evicted,
 }
 
 /// The recent events of every thread, by (pid, tid).
@@ -125,12 +165,15 @@ pub struct FlightStats {
 pub struct FlightRecorder {
     window_ns: u64,
     max_bytes: u64,
-    threads: BTreeMap<(u32, u32), VecDeque<Held>>,
+    threads: BTreeMap<(u32, u32), Thread>,
+    /// The oldest held event of each thread, oldest first: eviction takes the first, in
+    /// logarithmic time whatever the number of threads (30,000 short threads once made a scan
+    /// per evicted event slow enough for the kernel's buffers to overflow).
+    oldest: BTreeSet<(u64, (u32, u32))>,
     bytes: u64,
     events: u64,
     newest_ns: u64,
-    expired: u64,
-    evicted: u64,
+    stats: FlightStats,
 }
 
 impl FlightRecorder {
@@ -140,11 +183,11 @@ impl FlightRecorder {
             window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
             max_bytes,
             threads: BTreeMap::new(),
+            oldest: BTreeSet::new(),
             bytes: 0,
             events: 0,
             newest_ns: 0,
-            expired: 0,
-            evicted: 0,
+            stats: FlightStats::default(),
         }
     }
 
@@ -153,66 +196,122 @@ impl FlightRecorder {
     /// and its events stay until they age out: a process that crashed keeps its last calls.
     pub fn push(&mut self, event: &Event, gap: Option<Gap>) {
         let h = &event.header;
+        let key = (h.pid, h.tid);
         let held = Held::of(event, gap);
         self.newest_ns = self.newest_ns.max(h.ts_ns);
+        self.stats.seen += 1;
+        self.stats.lost += gap.map_or(0, |g| g.lost);
         self.bytes += held.bytes();
         self.events += 1;
-        let events = self.threads.entry((h.pid, h.tid)).or_default();
-        events.push_back(held);
+        let thread = match self.threads.entry(key) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                self.bytes += THREAD_BYTES;
+                self.oldest.insert((held.ts_ns, key));
+                v.insert(Thread::default())
+            }
+        };
+        thread.held.push_back(held);
         // Amortized: this thread's front, every push; all threads in `expire`.
         let horizon = self.newest_ns.saturating_sub(self.window_ns);
-        while events.front().is_some_and(|e| e.ts_ns < horizon) {
-            let gone = events.pop_front().expect("a front");
-            self.bytes -= gone.bytes();
-            self.events -= 1;
-            self.expired += 1;
+        if thread.held.front().is_some_and(|e| e.ts_ns < horizon) {
+            self.let_go(key, |e| e.ts_ns < horizon, Why::Expired);
         }
         if self.bytes > self.max_bytes {
             self.evict();
         }
     }
 
+    /// Lets go of the front events of thread `key` while `go` says so, counted as `why`; the
+    /// thread itself goes once it holds nothing. Keeps the index of oldest events right.
+    fn let_go(&mut self, key: (u32, u32), mut go: impl FnMut(&Held) -> bool, why: Why) -> u64 {
+        let Some(thread) = self.threads.get_mut(&key) else {
+            return 0;
+        };
+        let Some(front) = thread.held.front().map(|e| e.ts_ns) else {
+            return 0;
+        };
+        let mut gone = 0;
+        while let Some(e) = thread.held.front() {
+            if !go(e) {
+                break;
+            }
+            self.bytes -= e.bytes();
+            thread.held.pop_front();
+            gone += 1;
+        }
+        if gone == 0 {
+            return 0;
+        }
+        self.events -= gone;
+        match why {
+            Why::Expired => {
+                thread.expired += gone;
+                self.stats.expired += gone;
+            }
+            Why::Evicted => {
+                thread.evicted += gone;
+                self.stats.evicted += gone;
+            }
+        }
+        self.oldest.remove(&(front, key));
+        match thread.held.front() {
+            Some(next) => {
+                self.oldest.insert((next.ts_ns, key));
+                // A queue that held a burst gives its memory back once mostly empty.
+                let (len, cap) = (thread.held.len(), thread.held.capacity());
+                if cap > 64 && len * 4 < cap {
+                    thread.held.shrink_to(len * 2);
+                }
+            }
+            None => {
+                self.threads.remove(&key);
+                self.bytes -= THREAD_BYTES;
+                match why {
+                    Why::Expired => self.stats.threads_expired += 1,
+                    Why::Evicted => self.stats.threads_evicted += 1,
+                }
+            }
+        }
+        gone
+    }
+
     /// Lets go of every event older than the window, in every thread (call it now and then:
     /// [`FlightRecorder::push`] only looks at the thread it adds to).
     pub fn expire(&mut self) {
         let horizon = self.newest_ns.saturating_sub(self.window_ns);
-        let (mut bytes, mut events, mut expired) = (0, 0, 0);
-        self.threads.retain(|_, held| {
-            while held.front().is_some_and(|e| e.ts_ns < horizon) {
-                let gone = held.pop_front().expect("a front");
-                bytes += gone.bytes();
-                events += 1;
-                expired += 1;
+        // The index is ordered by oldest event: the threads with something to let go come first.
+        while let Some(&(ts, key)) = self.oldest.first() {
+            if ts >= horizon {
+                break;
             }
-            !held.is_empty()
-        });
-        self.bytes -= bytes;
-        self.events -= events;
-        self.expired += expired;
+            self.let_go(key, |e| e.ts_ns < horizon, Why::Expired);
+        }
     }
 
     /// Drops the oldest events of all threads until the recorder holds at most 7/8 of its cap
-    /// (a batch, so that the scan for the oldest is not done for every event).
+    /// (a batch, so that eviction does not run again at the next event).
     fn evict(&mut self) {
         let target = self.max_bytes - self.max_bytes / 8;
         while self.bytes > target {
-            let Some(oldest) = self
-                .threads
-                .iter()
-                .filter_map(|(k, v)| Some((v.front()?.ts_ns, *k)))
-                .min()
-                .map(|(_, k)| k)
-            else {
+            let Some(&(_, key)) = self.oldest.first() else {
                 break;
             };
-            let held = self.threads.get_mut(&oldest).expect("the oldest thread");
-            let gone = held.pop_front().expect("a front");
-            self.bytes -= gone.bytes();
-            self.events -= 1;
-            self.evicted += 1;
-            if held.is_empty() {
-                self.threads.remove(&oldest);
-            }
+            // This thread's oldest events up to the next thread's oldest go together.
+            let next = self.oldest.iter().nth(1).map_or(u64::MAX, |&(ts, _)| ts);
+            let mut first = true;
+            let over = self.bytes - target;
+            let mut freed = 0;
+            self.let_go(
+                key,
+                |e| {
+                    let go = first || (e.ts_ns <= next && freed < over);
+                    first = false;
+                    freed += e.bytes();
+                    go
+                },
+                Why::Evicted,
+            );
         }
     }
 
@@ -223,27 +322,42 @@ impl FlightRecorder {
             threads: self.threads.len(),
             events: self.events,
             bytes: self.bytes,
-            expired: self.expired,
-            evicted: self.evicted,
+            ..self.stats
         }
     }
 
     /// Every held event, thread by thread in program order, with its gap: what a snapshot
     /// writes. A thread whose end is held ends with it.
     pub fn replay(&self, mut to: impl FnMut(&Event, Option<Gap>)) {
-        for (&(pid, tid), held) in &self.threads {
-            for h in held {
+        for (&(pid, tid), thread) in &self.threads {
+            for h in &thread.held {
                 let (event, gap) = h.event(pid, tid);
                 to(&event, gap);
             }
         }
     }
 
+    /// What each held thread let go of before its first held event, by thread id.
+    pub fn thread_windows(&self) -> BTreeMap<u32, ThreadWindow> {
+        self.threads
+            .iter()
+            .map(|(&(_, tid), t)| {
+                (
+                    tid,
+                    ThreadWindow {
+                        expired: t.expired,
+                        evicted: t.evicted,
+                    },
+                )
+            })
+            .collect()
+    }
+
     /// Whether thread `tid` of `pid` has ended (its end is held).
     pub fn ended(&self, pid: u32, tid: u32) -> bool {
         self.threads
             .get(&(pid, tid))
-            .and_then(|h| h.back())
+            .and_then(|t| t.held.back())
             .is_some_and(|h| h.kind == event_kind::THREAD_EXIT)
     }
 }

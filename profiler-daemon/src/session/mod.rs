@@ -112,8 +112,10 @@ pub struct Session {
     unattributed_lost: u64,
     version: FdrVersion,
     exits: ExitsChoice,
-    /// For a flight-recorder snapshot: what the recorder held and let go of.
+    /// For a flight-recorder snapshot: what the recorder held and let go of, in all and by
+    /// thread id.
     window: Option<flight::FlightStats>,
+    thread_windows: BTreeMap<u32, flight::ThreadWindow>,
     /// `--exits repair`: what the repairs did, by thread id.
     repairs: Option<BTreeMap<u32, summary::RepairStats>>,
     /// `--kernel-stats`: the time the kernel spent in each recording program.
@@ -149,6 +151,7 @@ impl Session {
             version,
             exits,
             window: None,
+            thread_windows: BTreeMap::new(),
             repairs: None,
             kernel_programs: Vec::new(),
         }
@@ -190,9 +193,15 @@ impl Session {
             .extend(by_thread);
     }
 
-    /// Marks the session as a flight-recorder snapshot: `stats` go into its manifest.
-    pub fn set_window(&mut self, stats: flight::FlightStats) {
+    /// Marks the session as a flight-recorder snapshot: `stats`, and what each thread let go
+    /// of (`by_thread`, by thread id), go into its manifest.
+    pub fn set_window(
+        &mut self,
+        stats: flight::FlightStats,
+        by_thread: BTreeMap<u32, flight::ThreadWindow>,
+    ) {
         self.window = Some(stats);
+        self.thread_windows = by_thread;
     }
 
     /// Records that `plan`'s object was probed with `probes` probes, `attached_ns`
@@ -451,6 +460,11 @@ impl Session {
                 for t in &mut threads {
                     // Taken: what remains was done in threads not recorded.
                     t.repair = repairs.remove(&t.tid);
+                }
+            }
+            if self.window.is_some() {
+                for t in &mut threads {
+                    t.window = Some(self.thread_windows.remove(&t.tid).unwrap_or_default());
                 }
             }
             threads.sort_by_key(|t| t.tid);

@@ -166,6 +166,10 @@ pub struct ThreadReport {
     /// `--exits repair`: what the repairs did in this thread.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repair: Option<RepairStats>,
+    /// A flight-recorder snapshot: this thread's events the recorder let go of before the
+    /// first one the snapshot holds (aged out of the window, or evicted under the memory cap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<crate::session::flight::ThreadWindow>,
 }
 
 impl ThreadReport {

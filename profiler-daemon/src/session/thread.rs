@@ -469,6 +469,7 @@ impl ThreadTrace {
             typed_events: c.typed_events,
             unreadable_events: c.unreadable_events,
             repair: None,
+            window: None,
         }
     }
 }

@@ -122,3 +122,64 @@ fn a_snapshot_is_a_session_whose_files_hold_the_window() {
         assert_eq!(t.dropped_unmatched_exits, want_unmatched);
     }
 }
+
+#[test]
+fn every_event_is_held_aged_out_or_evicted_whole_threads_included() {
+    // 30,000 short threads one after another (each 51 calls and its end) under a cap that
+    // holds a few hundred of them: every event given is accounted for, per thread and in all.
+    let one = Held::of(&event(1, 0, 0, 1, 0), None).bytes();
+    let mut rec = FlightRecorder::new(Duration::from_millis(50), 40_000 * one);
+    let mut ts = 0;
+    let mut given = 0;
+    for tid in 1..=30_000u32 {
+        ts = calls(&mut rec, tid, ts + 1_000, 10, 50);
+        rec.push(&event(tid, ts + 1, event_kind::THREAD_EXIT, 0, 0), None);
+        given += 1 + 2 * 50 + 1;
+        if tid % 1_000 == 0 {
+            rec.expire();
+        }
+        // One lost event before the end of every 100th thread.
+        if tid % 100 == 0 {
+            rec.push(
+                &event(tid, ts + 2, event_kind::THREAD_EXIT, 0, 0),
+                Some(Gap { lost: 3 }),
+            );
+            given += 1;
+        }
+    }
+    let s = rec.stats();
+    assert_eq!(s.seen, given);
+    assert_eq!(s.events + s.expired + s.evicted, s.seen, "{s:?}");
+    assert_eq!(s.lost, 300 * 3);
+    assert!(s.evicted > 0 && s.threads_evicted > 0, "{s:?}");
+    assert!(s.bytes <= 40_000 * one, "{s:?}");
+    // Threads let go whole, and threads still held: all 30,000.
+    assert_eq!(
+        s.threads as u64 + s.threads_evicted + s.threads_expired,
+        30_000,
+        "{s:?}"
+    );
+    // Per held thread: what it let go of before its first held event, and what it holds,
+    // add up to what it was given.
+    let windows = rec.thread_windows();
+    let mut held_by_thread = std::collections::BTreeMap::<u32, u64>::new();
+    rec.replay(|e, _| *held_by_thread.entry(e.header.tid).or_default() += 1);
+    for (tid, held) in held_by_thread {
+        let w = windows[&tid];
+        let given = 102 + u64::from(tid % 100 == 0);
+        assert_eq!(held + w.expired + w.evicted, given, "thread {tid}: {w:?}");
+    }
+}
+
+#[test]
+fn expiry_takes_the_oldest_threads_first_and_forgets_empty_ones() {
+    let mut rec = FlightRecorder::new(Duration::from_micros(100), u64::MAX);
+    calls(&mut rec, 1, 0, 10, 5);
+    calls(&mut rec, 2, 50_000, 10, 5);
+    calls(&mut rec, 3, 1_000_000, 10, 5);
+    rec.expire();
+    let s = rec.stats();
+    assert_eq!((s.threads, s.threads_expired), (1, 2), "{s:?}");
+    assert_eq!(s.expired, 22);
+    assert_eq!(s.events, 11);
+}
