@@ -22,6 +22,30 @@ pub fn out(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// `text` as one line: every control character (a newline, a carriage return, a terminal's
+/// escape) and every Unicode line break written as an escape (`\n`, `\x1b`, `\u{2028}`),
+/// backslashes doubled so that an escape cannot be faked. Names that others chose (file names,
+/// a binary's function names) can then never make one log line look like two.
+pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    let plain = |c: char| !(c.is_control() || c == '\\' || c == '\u{2028}' || c == '\u{2029}');
+    if text.chars().all(plain) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\\' => out.push_str("\\\\"),
+            c if plain(c) => out.push(c),
+            c if (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Writes to standard error; nothing happens when it cannot take it.
 pub fn err(args: std::fmt::Arguments<'_>) {
     let _ = std::io::stderr().lock().write_fmt(args);
@@ -51,4 +75,20 @@ macro_rules! errln {
 #[macro_export]
 macro_rules! err {
     ($($arg:tt)*) => { $crate::console::err(format_args!($($arg)*)) };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn one_line_escapes_what_could_start_a_line() {
+        use super::one_line;
+        assert_eq!(one_line("plain /usr/bin/x"), "plain /usr/bin/x");
+        assert_eq!(
+            one_line("nl\nfdr-profiled: service: FAKE"),
+            "nl\\nfdr-profiled: service: FAKE"
+        );
+        assert_eq!(one_line("a\r\x1b[2Kb\\n"), "a\\r\\x1b[2Kb\\\\n");
+        assert_eq!(one_line("x\u{2028}y\u{85}"), "x\\u{2028}y\\x85");
+        assert!(!one_line("\u{7f}\u{9b}").chars().any(char::is_control));
+    }
 }

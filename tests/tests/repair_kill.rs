@@ -69,7 +69,15 @@ fn the_command_survives_sigkill_of_fdr_profiled_at_any_moment() {
             mid_run += 1;
         }
         let done = daemon.finish(TIMEOUT);
-        assert_eq!(done.status.code(), None, "fdr-profiled was killed");
+        // Killed; or, when the whole run was over before the delay (it is about as long as the
+        // longest delays), ended normally: that round kills nothing and is not counted in
+        // `mid_run` below.
+        assert!(
+            matches!(done.status.code(), None | Some(0)),
+            "kill {round}: fdr-profiled ended with {:?}\n{}",
+            done.status,
+            done.stderr
+        );
         // A command that ended before the kill was fdr-profiled's to reap (its output is
         // still checked below).
         if let Some(status) = wait(child) {

@@ -179,6 +179,52 @@ impl OutputDir {
         Ok(listener)
     }
 
+    /// A directory the caller opened and checked itself (the service's output root, reached
+    /// through directories it trusts), held from now on by its descriptor `fd`; `shown` is
+    /// its path for messages.
+    pub fn held(shown: PathBuf, fd: OwnedFd) -> OutputDir {
+        OutputDir { shown, fd }
+    }
+
+    /// Opens the subdirectory `name` (a single component), creating it `0700` if it is
+    /// missing: a directory of our own that stays as it is from one session to the next (the
+    /// service's `OUTPUT/<target>`). Refused: a symlink (never followed), anything but a
+    /// directory, and a directory that is not ours or that other users can write.
+    pub fn private_subdir(&self, name: &str) -> Result<OutputDir> {
+        check_component(name)?;
+        let shown = self.shown.join(name);
+        let created = match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(DIR_MODE)) {
+            Ok(()) => true,
+            Err(rustix::io::Errno::EXIST) => false,
+            Err(err) => {
+                return Err(std::io::Error::from(err))
+                    .with_context(|| format!("cannot create {}", shown.display()))
+            }
+        };
+        let fd = open_dir_nofollow(&self.fd, name).with_context(|| {
+            format!(
+                "cannot open {} (not a directory, or a symlink)",
+                shown.display()
+            )
+        })?;
+        if created {
+            make_private_dir(&fd, &shown)?;
+        }
+        let st = rustix::fs::fstat(&fd)
+            .map_err(std::io::Error::from)
+            .with_context(|| format!("cannot stat {}", shown.display()))?;
+        let (others, _) = writable_by_others(st.st_mode);
+        if st.st_uid != rustix::process::geteuid().as_raw() || others {
+            bail!(
+                "{} is not a private directory of ours (owner uid {}, mode {:04o}): not writing in it",
+                shown.display(),
+                st.st_uid,
+                st.st_mode & 0o7777
+            );
+        }
+        Ok(OutputDir { shown, fd })
+    }
+
     /// A second handle on the same directory (its descriptor duplicated).
     pub fn try_clone(&self) -> Result<OutputDir> {
         Ok(OutputDir {
@@ -345,6 +391,12 @@ impl OutputDir {
             }
         }
         Ok(OutputDir { shown, fd })
+    }
+}
+
+impl AsFd for OutputDir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 

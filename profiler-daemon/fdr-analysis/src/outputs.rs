@@ -29,12 +29,21 @@ pub struct SessionOutputs {
 /// finished session: its `session.json` and trace files), naming functions with `symbolizer`.
 /// Both are created new (`0600`, never over anything, see [`crate::output_dir`]).
 pub fn write_session_outputs(dir: &Path, symbolizer: &Symbolizer) -> Result<SessionOutputs> {
-    let mut session = Session::open(dir, None, symbolizer)?;
-    let out = OutputDir::open_existing(dir)?;
-    let (report_path, report) = report_into(&mut session, &out)?;
-    let trace_path = dir.join(TRACE_FILE);
+    write_session_outputs_in(&OutputDir::open_existing(dir)?, symbolizer)
+}
+
+/// [`write_session_outputs`] for the session in the directory `out` holds: read and written
+/// through its descriptor, never by its path (see [`write_report_in`]).
+pub fn write_session_outputs_in(
+    out: &OutputDir,
+    symbolizer: &Symbolizer,
+) -> Result<SessionOutputs> {
+    let mut session = Session::open(&through(out), None, symbolizer)?;
+    session.show_as(out.path());
+    let (report_path, report) = report_into(&mut session, out)?;
+    let trace_path = out.path().join(TRACE_FILE);
     let mut warnings = report.warnings.clone();
-    for w in crate::convert::write_in(&session, Format::Chrome, &out, TRACE_FILE)? {
+    for w in crate::convert::write_in(&session, Format::Chrome, out, TRACE_FILE)? {
         if !warnings.contains(&w) {
             warnings.push(w);
         }
@@ -49,9 +58,23 @@ pub fn write_session_outputs(dir: &Path, symbolizer: &Symbolizer) -> Result<Sess
 /// Writes only `report.txt` into the session directory `dir` (for sessions too large for a
 /// default timeline).
 pub fn write_report(dir: &Path, symbolizer: &Symbolizer) -> Result<PathBuf> {
-    let mut session = Session::open(dir, None, symbolizer)?;
-    let out = OutputDir::open_existing(dir)?;
-    Ok(report_into(&mut session, &out)?.0)
+    write_report_in(&OutputDir::open_existing(dir)?, symbolizer)
+}
+
+/// [`write_report`] for the session in the directory `out` holds: read and written through its
+/// descriptor, never by its path, which may lead elsewhere by now (the service's output, under
+/// directories it does not own).
+pub fn write_report_in(out: &OutputDir, symbolizer: &Symbolizer) -> Result<PathBuf> {
+    let mut session = Session::open(&through(out), None, symbolizer)?;
+    session.show_as(out.path());
+    Ok(report_into(&mut session, out)?.0)
+}
+
+/// The directory `out` holds, as a path that leads to it whatever happened to its own path
+/// since (`/proc/self/fd/N`: the kernel's link to the open directory).
+fn through(out: &OutputDir) -> PathBuf {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    PathBuf::from(format!("/proc/self/fd/{}", out.as_fd().as_raw_fd()))
 }
 
 /// Builds the session's report and writes it as `report.txt` in `out`.

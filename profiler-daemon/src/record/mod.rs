@@ -560,7 +560,11 @@ async fn record(
                     // The keeper, the command's tracer, lets its exit through to us once it
                     // has seen it; the keeper ends right after, with its report.
                     let done = launch::wait_blocking(pid).and_then(|exit| {
-                        Ok((exit, keeper.map(repair::Keeper::finish).transpose()?))
+                        let report = keeper.map(repair::Keeper::finish).transpose()?;
+                        if let Some(why) = report.as_ref().and_then(|r| r.let_go.as_deref()) {
+                            errln!("fdr-profiled: repair: {why}");
+                        }
+                        Ok((exit, report.map(|r| r.repairs)))
                     });
                     let _ = exit_tx.send(done);
                 })
@@ -585,6 +589,12 @@ async fn record(
             _ = drain.tick() => {
                 intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| session.record(e, g)));
                 probing.tracer.show_kernel_log();
+                // The keeper lets the process go by itself (it exec'd a program that raised
+                // its privileges): it waits, the process held at its exec, for the session
+                // to end and remove its probes first.
+                if pid_keeper.as_mut().is_some_and(|k| k.let_go().is_some()) {
+                    break;
+                }
                 if last_flush.elapsed() >= FLUSH_INTERVAL {
                     // Threads that exited with a full buffer: their books are in the table.
                     // Their last events are in the buffers before their books are taken: they
@@ -669,7 +679,13 @@ async fn record(
         drop(probing);
         if keeper.release() {
             match keeper.finish() {
-                Ok(by_thread) => session.set_repairs(by_thread),
+                Ok(report) => {
+                    if let Some(why) = report.let_go {
+                        errln!("fdr-profiled: repair: {why}; the session ends");
+                        session.add_note(why);
+                    }
+                    session.set_repairs(report.repairs)
+                }
                 Err(err) => errln!("fdr-profiled: warning: {err:#}"),
             }
         } else {
@@ -681,6 +697,8 @@ async fn record(
         }
     }
     let out_dir = session.out_dir().to_path_buf();
+    // The report is read and written through the directory held, not its path.
+    let out = session.out().try_clone();
     let object_files = session.take_object_files();
     let (report, manifest_error) = session.finish_keeping_report(losses)?;
     err!("{}", report.render(&out_dir, cli.top));
@@ -694,7 +712,10 @@ async fn record(
             symbolizer =
                 symbolizer.with_file(build_id.clone(), format!("/proc/self/fd/{fd}").into());
         }
-        write_outputs(&out_dir, report.events, &symbolizer);
+        match out {
+            Ok(out) => write_outputs(&out, report.events, &symbolizer),
+            Err(err) => errln!("fdr-profiled: warning: could not write the report: {err:#}"),
+        }
     }
     if cli.exits == ExitMode::Repair && launched && child_exit.is_none() {
         errln!("fdr-profiled: repair: the command still runs; its keeper stays its tracer and repairs the frames hooked before now until it exits");
@@ -727,9 +748,9 @@ pub const WRITE_ERROR_STATUS: u8 = 74;
 const MAX_DEFAULT_TIMELINE_EVENTS: u64 = 2_000_000;
 
 /// The report and timeline written next to the trace files (see `fdr_analysis::outputs`).
-fn write_outputs(dir: &std::path::Path, events: u64, symbolizer: &Symbolizer) {
+fn write_outputs(dir: &OutputDir, events: u64, symbolizer: &Symbolizer) {
     if events > MAX_DEFAULT_TIMELINE_EVENTS {
-        match fdr_analysis::outputs::write_report(dir, symbolizer) {
+        match fdr_analysis::outputs::write_report_in(dir, symbolizer) {
             Ok(path) => errln!(
                 "fdr-profiled: report: {} (no trace.json: {events} events; `fdr-profiled convert` writes one)",
                 path.display()
@@ -738,7 +759,7 @@ fn write_outputs(dir: &std::path::Path, events: u64, symbolizer: &Symbolizer) {
         }
         return;
     }
-    match fdr_analysis::outputs::write_session_outputs(dir, symbolizer) {
+    match fdr_analysis::outputs::write_session_outputs_in(dir, symbolizer) {
         Ok(outputs) => {
             for w in &outputs.warnings {
                 errln!("fdr-profiled: warning: {w}");

@@ -52,9 +52,19 @@ impl AttachRepair {
             self.trace(pid, tracer, session);
         }
         for (pid, report) in self.processes.ended(tracer) {
-            errln!("fdr-profiled: repair: process {pid} exited; its probes are removed");
             match report {
-                Ok(by_thread) => session.add_repairs(by_thread),
+                Ok(report) => {
+                    match &report.let_go {
+                        Some(why) => {
+                            errln!("fdr-profiled: repair: {why}; its probes are removed, it is not traced any more");
+                            session.add_note(why.clone());
+                        }
+                        None => errln!(
+                            "fdr-profiled: repair: process {pid} exited; its probes are removed"
+                        ),
+                    }
+                    session.add_repairs(report.repairs);
+                }
                 Err(err) => errln!("fdr-profiled: warning: {err:#}"),
             }
         }
@@ -122,7 +132,7 @@ impl AttachRepair {
         }
         for (pid, ended) in self.processes.finish(tracer) {
             match ended {
-                Ended::Report(Ok(by_thread)) => session.add_repairs(by_thread),
+                Ended::Report(Ok(report)) => session.add_repairs(report.repairs),
                 Ended::Report(Err(err)) => errln!("fdr-profiled: warning: {err:#}"),
                 Ended::NotLetGo { keeper } => errln!(
                     "fdr-profiled: warning: repair: the keeper of process {pid} (process {keeper}) has not let it go within {:?}: it goes on by itself, and its repairs are not in this summary",

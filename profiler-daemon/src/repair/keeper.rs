@@ -196,9 +196,24 @@ pub struct Keeper {
     pid: libc::pid_t,
     /// Whether it traces a running process, which it lets go when asked.
     running: bool,
-    /// Its reports: a line once it traces the command, its [`RepairsByThread`] (JSON, one
-    /// line) when the command exits or is let go.
+    /// Its reports: a line once it traces the command, `let-go WHY` if it lets the process
+    /// go by itself (see [`KeeperReport::let_go`]), its [`RepairsByThread`] (JSON, one line)
+    /// when the command exits or is let go.
     reports: std::io::BufReader<std::fs::File>,
+    /// Why it let the process go by itself, once read.
+    let_go: Option<String>,
+}
+
+/// What a keeper reports at its end.
+#[derive(Debug)]
+pub struct KeeperReport {
+    /// What its repairs did, by thread.
+    pub repairs: RepairsByThread,
+    /// Why it let the process go by itself, if it did: the process exec'd a program that
+    /// raised its privileges, which a root tracer must never hold (the kernel would keep the
+    /// raised privileges under it). It was let go before the new program's first instruction,
+    /// once fdr-profiled had removed its probes of it (or [`RELEASE_WAIT`] passed).
+    pub let_go: Option<String>,
 }
 
 impl Keeper {
@@ -247,6 +262,7 @@ impl Keeper {
                     pid,
                     running,
                     reports: std::io::BufReader::new(read_end),
+                    let_go: None,
                 };
                 let mut line = String::new();
                 let _ = keeper.reports.read_line(&mut line);
@@ -316,20 +332,48 @@ impl Keeper {
         unsafe { libc::poll(&mut poll, 1, 0) != 0 }
     }
 
+    /// Why the keeper is letting its process go by itself, if it is (see
+    /// [`KeeperReport::let_go`]): it says so first, and waits for fdr-profiled to remove its
+    /// probes of the process and ask for the release ([`Keeper::release`]). Does not wait.
+    pub fn let_go(&mut self) -> Option<&str> {
+        if self.let_go.is_none() && self.has_ended() {
+            let starts = self
+                .reports
+                .fill_buf()
+                .is_ok_and(|buf| buf.starts_with(LET_GO.as_bytes()));
+            let mut line = String::new();
+            if starts && self.reports.read_line(&mut line).is_ok() {
+                self.let_go = Some(line[LET_GO.len()..].trim_end().to_owned());
+            }
+        }
+        self.let_go.as_deref()
+    }
+
     /// Waits for the keeper's report (the command exited, or the process was let go) and
-    /// returns what its repairs did (blocking: run it on its own thread). A keeper whose
-    /// command left forked processes behind goes on repairing them until they exit; it is
-    /// not waited for.
-    pub fn finish(mut self) -> Result<RepairsByThread> {
+    /// returns it (blocking: run it on its own thread). A keeper whose command left forked
+    /// processes behind goes on repairing them until they exit; it is not waited for.
+    pub fn finish(mut self) -> Result<KeeperReport> {
         let mut report = String::new();
-        let read = self.reports.read_line(&mut report);
+        let read = loop {
+            report.clear();
+            match self.reports.read_line(&mut report) {
+                Ok(_) if report.starts_with(LET_GO) => {
+                    self.let_go = Some(report[LET_GO.len()..].trim_end().to_owned());
+                }
+                other => break other,
+            }
+        };
         self.reap_if_gone();
         read.context("reading the keeper's report")?;
-        serde_json::from_str(report.trim()).with_context(|| {
+        let repairs = serde_json::from_str(report.trim()).with_context(|| {
             format!(
                 "the repair keeper ended without its report ({:?})",
                 report.trim()
             )
+        })?;
+        Ok(KeeperReport {
+            repairs,
+            let_go: self.let_go.take(),
         })
     }
 
@@ -403,17 +447,34 @@ fn keeper_main(
     let Ok(threads) = seized else {
         return 1;
     };
-    // fdr-profiled may be gone: then nobody reads it, which is fine.
-    let mut report = |stats: &RepairsByThread| {
-        let line = serde_json::to_string(stats).unwrap_or_default() + "\n";
-        let _ = reports.write_all(line.as_bytes());
-    };
-    match Repairer::new(command, threads, repairs, stops).serve(running, &mut report) {
+    let mut reports = Reports(reports);
+    match Repairer::new(command, threads, repairs, stops).serve(running, &mut reports) {
         Ok(()) => 0,
         Err(err) => {
             errln!("fdr-profiled: repair keeper: {err:#}");
             1
         }
+    }
+}
+
+/// The first word of the line by which a keeper says it lets its process go by itself.
+const LET_GO: &str = "let-go ";
+
+/// What the keeper tells fdr-profiled, one line each (fdr-profiled may be gone: then nobody
+/// reads it, which is fine).
+struct Reports(File);
+
+impl Reports {
+    /// The process is let go by the keeper itself, and why (before it is).
+    fn let_go(&mut self, why: &str) {
+        let line = format!("{LET_GO}{}\n", crate::console::one_line(why));
+        let _ = self.0.write_all(line.as_bytes());
+    }
+
+    /// What the repairs did: the keeper's last word.
+    fn repairs(&mut self, stats: &RepairsByThread) {
+        let line = serde_json::to_string(stats).unwrap_or_default() + "\n";
+        let _ = self.0.write_all(line.as_bytes());
     }
 }
 
@@ -632,19 +693,19 @@ impl<'a> Repairer<'a> {
     /// it go (`release`: see [`Tracee::Running`]). `report` gets what the repairs did once:
     /// when the command exits (a launched command: fdr-profiled waits for it, not for the
     /// processes it left), or when the process is let go or gone.
-    fn serve(mut self, running: bool, report: &mut dyn FnMut(&RepairsByThread)) -> Result<()> {
+    fn serve(mut self, running: bool, reports: &mut Reports) -> Result<()> {
         let mut reported = false;
         loop {
             if running && release_due() {
                 self.release()?;
                 if !reported {
-                    report(&self.stats);
+                    reports.repairs(&self.stats);
                 }
                 return Ok(());
             }
             if self.exited && self.threads.is_empty() {
                 if !reported {
-                    report(&self.stats);
+                    reports.repairs(&self.stats);
                 }
                 return Ok(());
             }
@@ -663,7 +724,7 @@ impl<'a> Repairer<'a> {
                     // How it ended is fdr-profiled's to read (the command's parent, or the
                     // pidfd of --pid).
                     if !running && !reported {
-                        report(&self.stats);
+                        reports.repairs(&self.stats);
                         reported = true;
                     }
                 }
@@ -699,7 +760,15 @@ impl<'a> Repairer<'a> {
                     }
                     request(libc::PTRACE_CONT, tid, 0);
                 }
-                EVENT_EXEC if tid != self.pid => {
+                EVENT_EXEC if tid == self.pid => {
+                    // A program that raised the process's privileges must not run under a
+                    // root tracer: let go before its first instruction.
+                    if let Some(why) = crate::traced::process::exec_raised_privileges(tid) {
+                        return self.let_go_at_exec(&why, running, reports);
+                    }
+                    request(libc::PTRACE_CONT, tid, 0);
+                }
+                EVENT_EXEC => {
                     // A forked child now runs another program: its frames went with its old
                     // image. Its stops go first, so that none stops it once untraced.
                     self.children.remove(&tid);
@@ -710,6 +779,44 @@ impl<'a> Repairer<'a> {
                 _ => request(libc::PTRACE_CONT, tid, 0),
             }
         }
+    }
+
+    /// The traced process, stopped at its exec event, now runs a program that raised its
+    /// privileges (`why`: which, and how): under a root tracer the kernel keeps them, so the
+    /// keeper lets it go before its first instruction. fdr-profiled is told first: for a
+    /// running process it removes its probes of the process and asks for the release, which
+    /// is waited for (at most [`RELEASE_WAIT`]); then the keeper's own throw and catch stops go
+    /// (none can stop the new program), its repair states are dropped, and it is detached from
+    /// its exec stop. Nothing is written into the new program: no frame of it was hooked yet.
+    /// The processes it forked are let go as at a release; then the keeper reports and ends.
+    fn let_go_at_exec(&mut self, why: &str, running: bool, reports: &mut Reports) -> Result<()> {
+        let pid = self.pid;
+        reports.let_go(&format!(
+            "process {pid} exec'd {why}: its tracer let it go before its first instruction"
+        ));
+        if running {
+            let deadline = Instant::now() + RELEASE_WAIT;
+            while !release_due() && Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        // The children's trampoline is the one they inherited (the new image has none yet).
+        let _ = self.trampoline_of(self.children.keys().next().copied());
+        for &fd in &self.stops.links {
+            // SAFETY: the keeper's own copies of the links; nothing uses them after this.
+            unsafe { libc::close(fd) };
+        }
+        let _ = self.repairs.remove(&pid);
+        self.threads.remove(&pid);
+        self.restored.remove(&pid);
+        self.exited = true;
+        request(libc::PTRACE_DETACH, pid, 0);
+        // Its forked processes, and its old threads' ends still to be collected.
+        if !self.threads.is_empty() {
+            self.release()?;
+        }
+        reports.repairs(&self.stats);
+        Ok(())
     }
 
     /// Follows the process `child` that a traced thread (`parent`, when known) forked: places
@@ -966,8 +1073,14 @@ impl<'a> Repairer<'a> {
 
     /// The start of the command's `[uprobes]` mapping: the return-probe trampoline.
     fn trampoline(&mut self) -> Option<u64> {
+        self.trampoline_of(Some(self.pid))
+    }
+
+    /// [`Repairer::trampoline`], read from process `pid`'s mappings if not known yet (a
+    /// forked child has it where its parent had it).
+    fn trampoline_of(&mut self, pid: Option<u32>) -> Option<u64> {
         if self.trampoline.is_none() {
-            let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).ok()?;
+            let maps = std::fs::read_to_string(format!("/proc/{}/maps", pid?)).ok()?;
             self.trampoline = maps
                 .lines()
                 .find(|l| l.trim_end().ends_with("[uprobes]"))

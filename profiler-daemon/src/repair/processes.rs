@@ -15,11 +15,10 @@
 //! it started) is not traced; a process that cannot be traced (gone already, another tracer)
 //! is never half-traced. When a process exits its probes go; at the end each keeper lets its
 //! process go as under `--pid`.
-use super::keeper::{self, Keeper, Tracee};
+use super::keeper::{self, Keeper, KeeperReport, Tracee};
 use crate::kernel::bpf::{Attachment, Scope, Tracer};
 use crate::kernel::uprobe_multi::MultiLink;
 use crate::plan::AttachPlan;
-use crate::session::summary::RepairsByThread;
 use crate::traced::mappings::{self, FileId};
 use anyhow::{bail, Context as _, Result};
 use profiler_common::event_kind;
@@ -66,7 +65,7 @@ pub struct Traced {
 /// What a keeper reported about its process at the end.
 pub enum Ended {
     /// Its report.
-    Report(Result<RepairsByThread>),
+    Report(Result<KeeperReport>),
     /// It had not let the process go within [`keeper::RELEASE_WAIT`]: it goes on by itself.
     NotLetGo { keeper: u32 },
 }
@@ -227,17 +226,25 @@ impl RepairedProcesses {
         Ok(Some(traced))
     }
 
-    /// The processes that exited since the last call, their probes removed, with what their
-    /// keepers repaired.
-    pub fn ended(&mut self, tracer: &mut Tracer) -> Vec<(u32, Result<RepairsByThread>)> {
+    /// The processes that exited since the last call, or that their keeper is letting go by
+    /// itself (an exec that raised their privileges, see [`KeeperReport::let_go`]), their
+    /// probes removed, with their keepers' reports. A process let go has its probes removed
+    /// here, before its keeper is asked to release it (it waits for that, the process held
+    /// at its exec), so that none is in place when its new program runs.
+    pub fn ended(&mut self, tracer: &mut Tracer) -> Vec<(u32, Result<KeeperReport>)> {
         let (ended, live): (Vec<Process>, Vec<Process>) = std::mem::take(&mut self.live)
             .into_iter()
             .partition(|p| p.keeper.has_ended());
         self.live = live;
         ended
             .into_iter()
-            .map(|process| {
+            .map(|mut process| {
                 let pid = process.pid;
+                if process.keeper.let_go().is_some() {
+                    let mut keeper = remove_probes(process, tracer);
+                    keeper.release();
+                    return (pid, keeper.finish());
+                }
                 let (keeper, links) = remove_probes_later(process, tracer);
                 self.closer.close(links);
                 (pid, keeper.finish())

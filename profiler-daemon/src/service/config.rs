@@ -42,6 +42,8 @@ const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
 const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(20);
 /// Longest `stop_timeout` accepted.
 const MAX_STOP_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Default shortest time between two crash snapshots of one binary.
+const DEFAULT_CRASH_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(10);
 /// Default record-mode segment size and age.
 const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
 const DEFAULT_SEGMENT_AGE: Duration = Duration::from_secs(600);
@@ -141,6 +143,10 @@ pub struct TargetConfig {
     /// triggers a snapshot.
     pub trigger_slower_than: Option<Duration>,
     pub trigger_functions: Vec<String>,
+    /// Flight recorder: at most one crash snapshot of a binary per this much time; the crashes
+    /// in between are covered by the next one, written when it is over (0: every crash its
+    /// own).
+    pub crash_snapshot_interval: Duration,
     /// Record mode: a segment is closed past this size or age.
     pub segment_bytes: u64,
     pub segment_age: Duration,
@@ -178,6 +184,7 @@ struct RawTarget {
     trigger_slower_than: Option<Spanned<String>>,
     #[serde(default)]
     trigger_functions: Vec<Spanned<String>>,
+    crash_snapshot_interval: Option<Spanned<String>>,
     segment_size: Option<Spanned<String>>,
     segment_age: Option<Spanned<String>>,
 }
@@ -235,6 +242,11 @@ impl ServiceConfig {
                 raw.output.span(),
                 format!("output {} is not writable: {why}", output.display()),
             ));
+        }
+        // Only root (or the service's user) may be able to change any directory on the way:
+        // another user who could would decide where root writes.
+        if let Err(err) = crate::service::output::OutputRoot::check(&output) {
+            return Err(at(raw.output.span(), format!("{err:#}")));
         }
         let max_disk = match &raw.max_disk {
             Some(v) => size(v).map_err(|m| at(v.span(), m))?,
@@ -446,6 +458,10 @@ fn target(raw: &RawTarget) -> Located<TargetConfig> {
         fdr_version,
         trigger_slower_than,
         trigger_functions: strings(&raw.trigger_functions),
+        crash_snapshot_interval: duration(
+            &raw.crash_snapshot_interval,
+            DEFAULT_CRASH_SNAPSHOT_INTERVAL,
+        )?,
         segment_bytes: size_or(&raw.segment_size, DEFAULT_SEGMENT_BYTES)?,
         segment_age: duration(&raw.segment_age, DEFAULT_SEGMENT_AGE)?,
     })

@@ -6,7 +6,9 @@
 //! `fdr-profiled: error: ...`, as every other command writes them.
 //!
 //! Messages are `tracing` events; their fields are named `fdr_*` (journald keeps only
-//! upper-case ASCII names: `fdr_target` is `FDR_TARGET` there).
+//! upper-case ASCII names: `fdr_target` is `FDR_TARGET` there). Both sinks write every message
+//! and field as one line ([`crate::console::one_line`]): a binary or function name with a
+//! newline in it (anyone can name a file) cannot forge a line of the log.
 use std::fmt::Write as _;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -28,7 +30,8 @@ pub fn init() -> Sink {
                 let journal = journal
                     .with_field_prefix(None)
                     .with_syslog_identifier("fdr-profiled".to_owned());
-                if tracing::subscriber::set_global_default(registry.with(journal)).is_ok() {
+                if tracing::subscriber::set_global_default(registry.with(OneLine(journal))).is_ok()
+                {
                     return Sink::Journal;
                 }
                 return Sink::Stderr;
@@ -75,7 +78,10 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for StderrLines {
             Level::WARN => "warning",
             _ => "service",
         };
-        errln!("fdr-profiled: {kind}: {}", message.0);
+        errln!(
+            "fdr-profiled: {kind}: {}",
+            crate::console::one_line(&message.0)
+        );
     }
 }
 
@@ -87,5 +93,112 @@ impl Visit for Message {
         if field.name() == "message" {
             let _ = write!(self.0, "{value:?}");
         }
+    }
+}
+
+/// A layer that hands `inner` each event with its text fields made one line
+/// ([`crate::console::one_line`]): tracing-journald writes a value with a newline as is
+/// (journald's binary field form), which a reader of `journalctl -o cat` sees as two lines.
+struct OneLine<L>(L);
+
+/// Most fields an event of ours has (there are at most six); an event with more goes through
+/// unchanged.
+const MAX_FIELDS: usize = 16;
+
+impl<S: Subscriber, L: tracing_subscriber::Layer<S>> tracing_subscriber::Layer<S> for OneLine<L> {
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = Fields(Vec::new(), false);
+        event.record(&mut fields);
+        let Fields(fields, changed) = fields;
+        if !changed || fields.len() > MAX_FIELDS || fields.is_empty() {
+            return self.0.on_event(event, ctx);
+        }
+        let texts: Vec<&str> = fields.iter().map(|(_, text)| text.as_str()).collect();
+        let first = &fields[0].0;
+        let mut values: [(&Field, Option<&dyn tracing::Value>); MAX_FIELDS] =
+            [(first, None); MAX_FIELDS];
+        for (i, (field, _)) in fields.iter().enumerate() {
+            values[i] = (field, Some(&texts[i] as &dyn tracing::Value));
+        }
+        let values = event.metadata().fields().value_set(&values);
+        self.0.on_event(&Event::new(event.metadata(), &values), ctx);
+    }
+}
+
+/// Every field of an event as text, one line each, and whether any was changed.
+struct Fields(Vec<(Field, String)>, bool);
+
+impl Fields {
+    fn add(&mut self, field: &Field, text: String) {
+        let line = crate::console::one_line(&text);
+        if let std::borrow::Cow::Owned(line) = line {
+            self.1 = true;
+            self.0.push((field.clone(), line));
+        } else {
+            self.0.push((field.clone(), text));
+        }
+    }
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.add(field, value.to_owned());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.add(field, format!("{value:?}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// One event's fields, by name.
+    type Fields = Vec<(String, String)>;
+
+    /// What the inner layer saw, event by event.
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<Vec<Fields>>>);
+
+    impl<S: Subscriber> tracing_subscriber::Layer<S> for Seen {
+        fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+            struct All(Vec<(String, String)>);
+            impl Visit for All {
+                fn record_str(&mut self, field: &Field, value: &str) {
+                    self.0.push((field.name().to_owned(), value.to_owned()));
+                }
+                fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+                    self.0.push((field.name().to_owned(), format!("{value:?}")));
+                }
+            }
+            let mut all = All(Vec::new());
+            event.record(&mut all);
+            self.0.lock().unwrap().push(all.0);
+        }
+    }
+
+    #[test]
+    fn the_journal_gets_every_field_as_one_line() {
+        let seen = Seen::default();
+        let subscriber = tracing_subscriber::registry().with(OneLine(seen.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            let name = "nl\nfdr-profiled: service: FAKE LOG LINE";
+            tracing::info!(fdr_binary = %name, fdr_pid = 7, "target t: {name} attached");
+            tracing::info!(fdr_pid = 8, "plain");
+        });
+        let seen = seen.0.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        for (field, value) in &seen[0] {
+            assert!(!value.contains('\n'), "{field}: {value:?}");
+        }
+        let message = &seen[0].iter().find(|(f, _)| f == "message").unwrap().1;
+        assert_eq!(
+            message,
+            "target t: nl\\nfdr-profiled: service: FAKE LOG LINE attached"
+        );
+        assert!(seen[0].iter().any(|(f, v)| f == "fdr_pid" && v == "7"));
+        assert!(seen[1].iter().any(|(f, v)| f == "message" && v == "plain"));
     }
 }

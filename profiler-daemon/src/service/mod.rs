@@ -15,6 +15,7 @@ pub mod control;
 pub mod export;
 pub mod libraries;
 pub mod log;
+pub mod output;
 pub mod repaired;
 pub mod retention;
 pub mod runtime;

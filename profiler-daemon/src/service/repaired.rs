@@ -3,8 +3,9 @@
 //! it), what happened to each logged, and what the repairs did kept for the status.
 use crate::kernel::bpf::Tracer;
 use crate::plan::AttachPlan;
+use crate::repair::keeper::KeeperReport;
 use crate::repair::processes::{Ended, RepairedProcesses, Traced};
-use crate::session::summary::{RepairStats, RepairsByThread};
+use crate::session::summary::RepairStats;
 use anyhow::Result;
 use std::path::Path;
 
@@ -68,7 +69,14 @@ impl Repaired {
     /// Removes the probes of the processes that exited, keeping what their keepers repaired.
     pub fn reap(&mut self, tracer: &mut Tracer) {
         for (pid, report) in self.processes.ended(tracer) {
-            tracing::debug!(fdr_pid = pid, "{}: process {pid} exited", self.name);
+            match report.as_ref().ok().and_then(|r| r.let_go.as_deref()) {
+                Some(why) => tracing::warn!(
+                    fdr_pid = pid,
+                    "{}: {why}; its probes are removed, it is not traced any more",
+                    self.name
+                ),
+                None => tracing::debug!(fdr_pid = pid, "{}: process {pid} exited", self.name),
+            }
             self.add(report);
         }
     }
@@ -92,9 +100,9 @@ impl Repaired {
         }
     }
 
-    fn add(&mut self, report: Result<RepairsByThread>) {
+    fn add(&mut self, report: Result<KeeperReport>) {
         match report {
-            Ok(by_thread) => by_thread.values().for_each(|t| self.repairs.add(t)),
+            Ok(report) => report.repairs.values().for_each(|t| self.repairs.add(t)),
             Err(err) => tracing::warn!("{}: {err:#}", self.name),
         }
     }

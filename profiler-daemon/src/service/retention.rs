@@ -5,10 +5,13 @@
 //! Only directories the service itself names (`OUTPUT/<target>/<UTC time>-<trigger>`, the time
 //! first, so that names sort by age) are ever deleted, never the one just written and never
 //! one still being written (every target's open segment, a snapshot in progress: each holds a
-//! [`Writing`] while it is written); nothing is followed through a symlink.
+//! [`Writing`] while it is written). Everything is measured and deleted through the output
+//! root the service holds open ([`OutputRoot`]), nothing followed through a symlink.
 use crate::service::config::MinFree;
+use crate::service::output::{OutputRoot, Stored};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Mutex;
 
 /// The directories this process is writing now, whichever target or retention they belong
@@ -47,7 +50,7 @@ fn writing() -> std::sync::MutexGuard<'static, BTreeSet<PathBuf>> {
 /// The limits of one output root.
 #[derive(Clone, Debug)]
 pub struct Retention {
-    root: PathBuf,
+    root: Rc<OutputRoot>,
     max_disk: u64,
     min_free: MinFree,
 }
@@ -55,24 +58,34 @@ pub struct Retention {
 /// A snapshot directory and the bytes it takes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Snapshot {
+    /// Its path as messages show it.
     pub dir: PathBuf,
     pub bytes: u64,
+    stored: Stored,
 }
 
 impl Retention {
-    pub fn new(root: &Path, max_disk: u64, min_free: MinFree) -> Retention {
+    pub fn new(root: Rc<OutputRoot>, max_disk: u64, min_free: MinFree) -> Retention {
         Retention {
-            root: root.to_path_buf(),
+            root,
             max_disk,
             min_free,
         }
     }
 
+    /// The output root it keeps.
+    pub fn root(&self) -> &Rc<OutputRoot> {
+        &self.root
+    }
+
     /// Whether there is room to write: `Err` says why not.
     pub fn room(&self) -> Result<(), String> {
-        let probe = nearest_existing(&self.root);
-        let (free, total) = free_space(&probe)
-            .ok_or_else(|| format!("cannot tell the free space of {}", probe.display()))?;
+        let (free, total) = self.root.free_space().ok_or_else(|| {
+            format!(
+                "cannot tell the free space of {}",
+                self.root.path().display()
+            )
+        })?;
         let need = match self.min_free {
             MinFree::Bytes(b) => b,
             MinFree::Percent(p) => (total as f64 * p / 100.0) as u64,
@@ -80,7 +93,7 @@ impl Retention {
         if free <= need {
             return Err(format!(
                 "{} has {free} bytes free, at most the {need} bytes min_free keeps free",
-                probe.display()
+                self.root.path().display()
             ));
         }
         Ok(())
@@ -88,16 +101,17 @@ impl Retention {
 
     /// Every snapshot under the root, oldest first.
     pub fn snapshots(&self) -> Vec<Snapshot> {
-        let mut all = Vec::new();
-        for target in read_real_dirs(&self.root) {
-            for dir in read_real_dirs(&target) {
-                if is_snapshot_name(&dir) {
-                    let bytes = tree_bytes(&dir);
-                    all.push(Snapshot { dir, bytes });
-                }
-            }
-        }
-        all.sort_by(|a, b| a.dir.file_name().cmp(&b.dir.file_name()));
+        let mut all: Vec<Snapshot> = self
+            .root
+            .sessions(is_snapshot_name)
+            .into_iter()
+            .map(|stored| Snapshot {
+                dir: self.root.shown(&stored),
+                bytes: stored.bytes,
+                stored,
+            })
+            .collect();
+        all.sort_by(|a, b| a.stored.name.cmp(&b.stored.name));
         all
     }
 
@@ -119,9 +133,12 @@ impl Retention {
             if s.dir == keep || writing().contains(&s.dir) {
                 continue;
             }
-            if std::fs::remove_dir_all(&s.dir).is_ok() {
-                total -= s.bytes;
-                deleted.push(s);
+            match self.root.remove(&s.stored) {
+                Ok(()) => {
+                    total -= s.bytes;
+                    deleted.push(s);
+                }
+                Err(err) => tracing::warn!("{err:#}"),
             }
         }
         deleted
@@ -129,68 +146,8 @@ impl Retention {
 }
 
 /// `<8 digits>T...`: a name the service gave (`20261124T132237.514Z-sigusr1`).
-fn is_snapshot_name(dir: &Path) -> bool {
-    let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
-        return false;
-    };
+fn is_snapshot_name(name: &str) -> bool {
     name.len() > 9 && name.as_bytes()[..8].iter().all(u8::is_ascii_digit) && &name[8..9] == "T"
-}
-
-/// The subdirectories of `dir` that are real directories (not symlinks).
-fn read_real_dirs(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        .collect()
-}
-
-/// Bytes of the regular files under `dir`, symlinks not followed.
-fn tree_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let Ok(t) = e.file_type() else { continue };
-            if t.is_dir() {
-                stack.push(e.path());
-            } else if t.is_file() {
-                total += e.metadata().map_or(0, |m| m.len());
-            }
-        }
-    }
-    total
-}
-
-/// `path` or its nearest ancestor that exists.
-fn nearest_existing(path: &Path) -> PathBuf {
-    let mut at = path;
-    while !at.exists() {
-        match at.parent() {
-            Some(p) => at = p,
-            None => break,
-        }
-    }
-    at.to_path_buf()
-}
-
-/// (bytes available to us, total bytes) of the filesystem holding `path`.
-fn free_space(path: &Path) -> Option<(u64, u64)> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: statvfs writes only into the struct it is given.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid NUL-terminated path and a valid out pointer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    let unit = st.f_frsize as u64;
-    Some((st.f_bavail as u64 * unit, st.f_blocks as u64 * unit))
 }
 
 #[cfg(test)]
@@ -204,6 +161,10 @@ mod tests {
         dir
     }
 
+    fn retention(root: &Path, max_disk: u64, min_free: MinFree) -> Retention {
+        Retention::new(Rc::new(OutputRoot::open(root).unwrap()), max_disk, min_free)
+    }
+
     #[test]
     fn the_oldest_snapshots_of_all_targets_go_first_never_the_newest() {
         let root = tempfile::tempdir().unwrap();
@@ -213,12 +174,12 @@ mod tests {
         let foreign = root.path().join("a").join("notes");
         std::fs::create_dir_all(&foreign).unwrap();
         std::fs::write(foreign.join("big"), vec![0u8; 5000]).unwrap();
-        let r = Retention::new(root.path(), 2500, MinFree::Percent(0.0));
+        let r = retention(root.path(), 2500, MinFree::Percent(0.0));
         let deleted = r.enforce(&c);
         assert_eq!(deleted.iter().map(|s| &s.dir).collect::<Vec<_>>(), [&a]);
         assert!(!a.exists() && b.exists() && c.exists() && foreign.exists());
         // A cap below the newest alone keeps the newest.
-        let r = Retention::new(root.path(), 10, MinFree::Percent(0.0));
+        let r = retention(root.path(), 10, MinFree::Percent(0.0));
         r.enforce(&c);
         assert!(!b.exists() && c.exists());
     }
@@ -230,7 +191,7 @@ mod tests {
         let open = snapshot(root.path(), "b", "20260101T000000.000Z-segment", 1000);
         let old = snapshot(root.path(), "a", "20260101T000001.000Z-segment", 1000);
         let new = snapshot(root.path(), "a", "20260101T000002.000Z-segment", 1000);
-        let r = Retention::new(root.path(), 10, MinFree::Percent(0.0));
+        let r = retention(root.path(), 10, MinFree::Percent(0.0));
         let writing = Writing::start(&open);
         let deleted = r.enforce(&new);
         assert_eq!(deleted.iter().map(|s| &s.dir).collect::<Vec<_>>(), [&old]);
@@ -246,10 +207,10 @@ mod tests {
     #[test]
     fn room_follows_min_free() {
         let root = tempfile::tempdir().unwrap();
-        assert!(Retention::new(root.path(), u64::MAX, MinFree::Percent(0.0))
+        assert!(retention(root.path(), u64::MAX, MinFree::Percent(0.0))
             .room()
             .is_ok());
-        let err = Retention::new(root.path(), u64::MAX, MinFree::Bytes(u64::MAX))
+        let err = retention(root.path(), u64::MAX, MinFree::Bytes(u64::MAX))
             .room()
             .unwrap_err();
         assert!(err.contains("min_free"), "{err}");

@@ -21,17 +21,19 @@ use crate::service::config::{Mode, ServiceConfig, TargetConfig};
 use crate::service::control;
 use crate::service::export::{BinaryExport, BinaryLabels, Exporter};
 use crate::service::libraries::{self, Libraries, TAG_SHIFT};
+use crate::service::output::OutputRoot;
 use crate::service::retention::{Retention, Writing};
 use crate::service::segments::{SegmentSpec, Segments};
 use crate::service::slow::{SlowCall, SlowCalls};
 use crate::session::flight::FlightRecorder;
 use crate::session::order::{Gap, Sequencer};
-use crate::session::output::OutputDir;
+use crate::session::output::{name_part, OutputDir};
 use crate::session::{Executable, IntakeLosses, Session};
 use anyhow::{bail, Context as _, Result};
 use fdr_analysis::symbolize::Symbolizer;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Duration;
 
 /// How often the ring buffers are drained (as a recording does).
@@ -58,6 +60,8 @@ struct Target {
 
 /// One binary of a target, attached.
 struct Watched {
+    /// The file, held open: its plan's `binary` is this descriptor (`/proc/self/fd/N`).
+    _file: std::fs::File,
     /// The path it was found at, and the name its snapshots and segments carry when the
     /// target has several binaries (a file replaced on disk: its name and inode).
     path: PathBuf,
@@ -75,6 +79,8 @@ struct Watched {
     slow: Option<SlowCalls>,
     /// When its last slow-call snapshot was written: one per window at most.
     last_slow: Option<std::time::Instant>,
+    /// Its crash snapshots, at most one per `crash_snapshot_interval`.
+    crashes: CrashSnapshots,
     /// Record mode: where its events are written instead of held.
     segments: Option<Segments>,
     /// The instrumented shared objects its processes map, probed per process.
@@ -121,10 +127,23 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
     // The kernel side's own loss accounts: threads whose end record found a full buffer, and
     // events of no thread (see `crate::kernel::bpf::KernelBooks`).
     let books = tracer.take_books()?;
+    // Resolved once through directories only root can change, and held from now on (see
+    // `service::output`).
+    let retention = Retention::new(
+        Rc::new(OutputRoot::open(&config.output)?),
+        config.max_disk,
+        config.min_free,
+    );
     let mut targets = Vec::new();
     let mut tags = Tags::default();
     for t in &config.targets {
-        targets.push(attach_target(&mut tracer, &config, t, &mut tags)?);
+        targets.push(attach_target(
+            &mut tracer,
+            &config,
+            &retention,
+            t,
+            &mut tags,
+        )?);
     }
     if targets.iter().all(|t| t.binaries.is_empty()) {
         bail!("no target's binary exists: nothing to trace");
@@ -159,6 +178,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         exporter,
         books,
         exited: Vec::new(),
+        retention,
     };
     let result = runtime.block_on(serve(&mut service, intake, listener));
     let _ = std::fs::remove_file(socket);
@@ -219,12 +239,16 @@ struct Service<'a> {
     /// Threads that ended with their buffer full (their end record lost), taken from the
     /// kernel's books and not ended yet: their last events may still be in the buffers.
     exited: Vec<(u32, profiler_common::ThreadState)>,
+    /// The output root held open, with the configuration's limits: where snapshots go, and
+    /// segments of targets attached from now on.
+    retention: Retention,
 }
 
 /// Plans and attaches every binary `config`'s pattern matches now.
 fn attach_target(
     tracer: &mut Tracer,
     service: &ServiceConfig,
+    retention: &Retention,
     config: &TargetConfig,
     tags: &mut Tags,
 ) -> Result<Target> {
@@ -244,12 +268,28 @@ fn attach_target(
         );
     }
     let mut binaries = Vec::new();
+    let mut attachments = Vec::new();
     let mut refused = std::collections::HashSet::new();
     for path in matching_files(&config.binary) {
-        match attach_binary(tracer, service, config, &path, tags)? {
-            Some(w) => binaries.push(w),
-            // Not looked at again until it changes.
-            None => refused.extend(FileState::of(&path)),
+        let attached = attach_binary(tracer, service, retention, config, &path, tags);
+        let attachment = tracer.take_attachment();
+        match attached {
+            Ok(Some(w)) => {
+                binaries.push(w);
+                attachments.push(attachment);
+            }
+            // A file that cannot be traced (anyone who can write to a glob's directory can
+            // put one there) is said once and left out, as when it appears later: the others
+            // are traced. Not looked at again until it changes.
+            Ok(None) => {
+                tracer.detach(attachment);
+                refused.extend(FileState::of(&path));
+            }
+            Err(err) => {
+                tracer.detach(attachment);
+                tracing::warn!(fdr_target = %config.name, "{err:#}: not traced");
+                refused.extend(FileState::of(&path));
+            }
         }
     }
     if binaries.is_empty() {
@@ -259,12 +299,11 @@ fn attach_target(
             config.binary
         );
     }
-    let attachment = tracer.take_attachment();
     let mut target = Target {
         config: config.clone(),
         removed: false,
         binaries,
-        attachments: vec![attachment],
+        attachments,
         unattached: HashMap::new(),
         refused,
     };
@@ -283,17 +322,33 @@ fn attach_target(
 fn attach_binary(
     tracer: &mut Tracer,
     service: &ServiceConfig,
+    retention: &Retention,
     config: &TargetConfig,
     path: &Path,
     tags: &mut Tags,
 ) -> Result<Option<Watched>> {
     let filter = FunctionFilter::new(&config.functions, &config.exclude)?;
-    // The file as it is before it is read: if it is replaced while it is planned and probed,
-    // the probes may be on either file, and the attachment is refused (the periodic look at
-    // the targets tries again).
-    let file = crate::traced::mappings::file_id(path);
-    let mut plan = AttachPlan::for_binary(path)
+    // Opened once, a link at the path refused, its type checked on the descriptor; then read,
+    // planned and probed through that descriptor (`/proc/self/fd/N`), never by its path again:
+    // the probes are on the very file that was checked, whatever is put at the path meanwhile.
+    let held = xray_object::elf::open_regular_file(path, xray_object::elf::Follow::NoLinks)
+        .with_context(|| format!("target {}", config.name))?;
+    let file = {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = held
+            .metadata()
+            .with_context(|| format!("target {}: {}", config.name, path.display()))?;
+        Some((meta.dev(), meta.ino()))
+    };
+    let through = {
+        use std::os::fd::AsRawFd as _;
+        PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()))
+    };
+    let mut plan = AttachPlan::for_binary(&through)
         .with_context(|| format!("target {}: {}", config.name, path.display()))?;
+    plan.binary = through;
+    plan.display_path = path.display().to_string();
+    plan.exe_name = crate::traced::file_name(&plan.display_path).to_owned();
     if filter.retain(&mut plan) == 0 {
         tracing::warn!(
             "target {}: {}: no function selected",
@@ -303,7 +358,11 @@ fn attach_binary(
         return Ok(None);
     }
     let tag = tags.take()?;
-    let (policy, choice) = exits::choose(config.exits, &exits::static_image(&plan.binary));
+    // The libraries it needs are found from its path ($ORIGIN); it is read through the
+    // descriptor.
+    let mut image = exits::static_image(path);
+    image[0] = plan.binary.clone();
+    let (policy, choice) = exits::choose(config.exits, &image);
     exits::decide(&mut plan, policy);
     let mut tagged = plan.clone();
     for probe in &mut tagged.probes {
@@ -320,7 +379,7 @@ fn attach_binary(
         }
         let name = format!("target {} ({})", config.name, plan.display_path);
         let probes = tagged.probes.len();
-        Repaired::new(tracer, name, path, tagged, tag).map(|r| (probes, Some(r)))
+        Repaired::new(tracer, name, &plan.binary, tagged, tag).map(|r| (probes, Some(r)))
     } else {
         tracer
             .attach(&tagged, Scope::AllProcesses)
@@ -333,14 +392,6 @@ fn attach_binary(
             return Err(err);
         }
     };
-    if crate::traced::mappings::file_id(path) != file {
-        tags.give_back(tag);
-        bail!(
-            "target {}: {} was replaced while it was being attached",
-            config.name,
-            path.display()
-        );
-    }
     for point in crate::plan::catches::catch_points(&plan.binary) {
         if repaired.is_some() {
             // Each process's own, once traced.
@@ -373,7 +424,7 @@ fn attach_binary(
     let segments = (config.mode == Mode::Record).then(|| {
         Segments::new(
             SegmentSpec {
-                root: service.output.join(&config.name),
+                target: config.name.clone(),
                 suffix: String::new(),
                 plan: plan.clone(),
                 probes,
@@ -384,7 +435,7 @@ fn attach_binary(
                 max_bytes: config.segment_bytes,
                 max_age: config.segment_age,
             },
-            Retention::new(&service.output, service.max_disk, service.min_free),
+            retention.clone(),
         )
     });
     let libraries = Libraries::new(
@@ -396,12 +447,14 @@ fn attach_binary(
     );
     Ok(Some(Watched {
         repaired,
+        _file: held,
         path: path.to_path_buf(),
         label: plan.exe_name.clone(),
         snapshots_not_written: std::cell::Cell::new(0),
         libraries,
         slow,
         last_slow: None,
+        crashes: CrashSnapshots::default(),
         segments,
         plan,
         probes,
@@ -422,7 +475,7 @@ impl Target {
         if self.binaries.len() > 1 {
             for w in &mut self.binaries {
                 if let Some(segments) = &mut w.segments {
-                    segments.set_suffix(format!("-{}", w.label));
+                    segments.set_suffix(format!("-{}", name_part(&w.label)));
                 }
             }
         }
@@ -519,7 +572,14 @@ fn look_at_targets(svc: &mut Service<'_>, router: &mut Router) {
                 unattached.insert(path, state);
                 continue;
             }
-            added |= target.add_binary(svc.tracer, svc.config, &path, state, svc.tags);
+            added |= target.add_binary(
+                svc.tracer,
+                svc.config,
+                &svc.retention,
+                &path,
+                state,
+                svc.tags,
+            );
         }
         target.unattached = unattached;
     }
@@ -536,12 +596,13 @@ impl Target {
         &mut self,
         tracer: &mut Tracer,
         service: &ServiceConfig,
+        retention: &Retention,
         path: &Path,
         state: FileState,
         tags: &mut Tags,
     ) -> bool {
         drop(tracer.take_attachment());
-        let attached = attach_binary(tracer, service, &self.config, path, tags);
+        let attached = attach_binary(tracer, service, retention, &self.config, path, tags);
         let attachment = tracer.take_attachment();
         let mut w = match attached {
             Ok(Some(w)) => w,
@@ -632,7 +693,9 @@ fn look_at_processes(svc: &mut Service<'_>, router: &mut Router, rescan: bool) {
 fn matching_files(pattern: &str) -> Vec<PathBuf> {
     let is_glob = pattern.contains(['*', '?', '[', '{']);
     if !is_glob {
-        return vec![PathBuf::from(pattern)]
+        // The path as configured may be a link (an alternatives link, say): resolved here,
+        // once, so that the file is then opened without following any.
+        return std::fs::canonicalize(pattern)
             .into_iter()
             .filter(|p| p.is_file())
             .collect();
@@ -714,10 +777,11 @@ async fn serve(
                 look_at_repaired(svc);
                 look_at_processes(svc, &mut router, false);
                 for crash in router.crashes_due() {
-                    snapshot_crash(svc.config, svc.targets, &crash);
+                    snapshot_crash(&svc.retention, svc.targets, &crash);
                 }
+                deferred_crash_snapshots(&svc.retention, svc.targets, false);
                 for (t, b, slow) in std::mem::take(&mut router.slow) {
-                    snapshot_slow(svc.config, svc.targets, t, b, &slow);
+                    snapshot_slow(&svc.retention, svc.targets, t, b, &slow);
                 }
             }
             woken = intake.wakeup() => {
@@ -737,14 +801,14 @@ async fn serve(
                 for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     w.recorder.expire();
                 }
-                last_snapshot = snapshot_all(svc.config, svc.targets, None, "sigusr1").pop().or(last_snapshot);
+                last_snapshot = snapshot_all(&svc.retention, svc.targets, None, "sigusr1").pop().or(last_snapshot);
             }
             accepted = listener.accept() => {
                 let Ok((mut stream, _)) = accepted else { continue };
                 let answer = match control::read_request(&mut stream).await {
                     Err(why) => serde_json::json!({ "error": why }),
                     Ok(control::Request::Status) => {
-                        status_json(svc.config, svc.targets, &router, svc.books.unattributed_lost(), rate, last_snapshot.as_deref(), svc.exporter.as_ref())
+                        status_json(svc, &router, rate, last_snapshot.as_deref())
                     }
                     Ok(control::Request::Snapshot(name)) => {
                         if name.as_ref().is_some_and(|n| !svc.targets.iter().any(|t| &t.config.name == n)) {
@@ -754,7 +818,7 @@ async fn serve(
                             for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                                 w.recorder.expire();
                             }
-                            let written = snapshot_all(svc.config, svc.targets, name.as_deref(), "request");
+                            let written = snapshot_all(&svc.retention, svc.targets, name.as_deref(), "request");
                             last_snapshot = written.last().cloned().or(last_snapshot);
                             serde_json::json!({ "snapshots": written })
                         }
@@ -803,10 +867,11 @@ async fn serve(
                 // What is due is written with the targets as they are.
                 intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
                 for crash in router.crashes_due_all() {
-                    snapshot_crash(svc.config, svc.targets, &crash);
+                    snapshot_crash(&svc.retention, svc.targets, &crash);
                 }
+                deferred_crash_snapshots(&svc.retention, svc.targets, true);
                 for (t, b, slow) in std::mem::take(&mut router.slow) {
-                    snapshot_slow(svc.config, svc.targets, t, b, &slow);
+                    snapshot_slow(&svc.retention, svc.targets, t, b, &slow);
                 }
                 // Removed targets stay in place (marked) until their last events are in, so
                 // that every tag still routes where it did; added ones come after them. While
@@ -885,6 +950,11 @@ fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, route
     order.finish(&svc.books.threads(), &mut |e, g| {
         router.route(svc.targets, e, g)
     });
+    // Crashes seen and not written yet: their snapshots are written now.
+    for crash in router.crashes_due_all() {
+        snapshot_crash(&svc.retention, svc.targets, &crash);
+    }
+    deferred_crash_snapshots(&svc.retention, svc.targets, true);
     // The last intervals' profiles (the current one cut short) are pushed while the rest is
     // finished, for at most a quarter of stop_timeout.
     export_tick(svc, true);
@@ -946,6 +1016,24 @@ fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target])) {
         }
     };
     let mut new = new;
+    // The output: a path that changed is resolved and held now (refused whole if it cannot
+    // be); the same path must still lead to the directory held (said if it does not).
+    let root = if new.output == svc.config.output {
+        let _ = svc.retention.root().verify();
+        svc.retention.root().clone()
+    } else {
+        match OutputRoot::open(&new.output) {
+            Ok(root) => Rc::new(root),
+            Err(err) => {
+                tracing::error!(
+                    fdr_config = %svc.path.display(),
+                    "reload refused, the running configuration stays: {err:#}"
+                );
+                return;
+            }
+        }
+    };
+    svc.retention = Retention::new(root, new.max_disk, new.min_free);
     if new.export != svc.config.export {
         tracing::warn!(
             fdr_config = %svc.path.display(),
@@ -982,7 +1070,7 @@ fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target])) {
         if svc.targets.iter().any(|k| !k.removed && &k.config == t) {
             continue;
         }
-        match attach_target(svc.tracer, &new, t, svc.tags) {
+        match attach_target(svc.tracer, &new, &svc.retention, t, svc.tags) {
             Ok(target) => {
                 svc.targets.push(target);
                 added += 1;
@@ -1248,7 +1336,7 @@ impl Router {
 /// Writes a snapshot of every target (or of the one named), saying where; returns the
 /// directories written.
 fn snapshot_all(
-    config: &ServiceConfig,
+    retention: &Retention,
     targets: &[Target],
     only: Option<&str>,
     trigger: &str,
@@ -1262,7 +1350,7 @@ fn snapshot_all(
                 .binaries
                 .iter()
                 .filter(|w| w.segments.is_none())
-                .filter_map(|w| snapshot_binary(config, target, w, &stamp, trigger))
+                .filter_map(|w| snapshot_binary(retention, target, w, &stamp, trigger))
                 .collect::<Vec<_>>()
         })
         .collect()
@@ -1271,21 +1359,21 @@ fn snapshot_all(
 /// The service's state for `fdr-profiled status`; `rate` is the events per second of the
 /// last status period.
 fn status_json(
-    config: &ServiceConfig,
-    targets: &[Target],
+    svc: &Service<'_>,
     router: &Router,
-    unattributed: u64,
     rate: f64,
     last_snapshot: Option<&Path>,
-    exporter: Option<&Exporter>,
 ) -> serde_json::Value {
+    let (config, retention, targets) = (&*svc.config, &svc.retention, &*svc.targets);
+    let unattributed = svc.books.unattributed_lost();
+    let exporter = svc.exporter.as_ref();
     let not_written = not_written(targets);
     let snapshots_not_written: u64 = targets
         .iter()
         .flat_map(|t| &t.binaries)
         .map(|w| w.snapshots_not_written.get())
         .sum();
-    let disk_used = Retention::new(&config.output, config.max_disk, config.min_free).disk_used();
+    let disk_used = retention.disk_used();
     let targets: Vec<serde_json::Value> = targets
         .iter()
         .map(|t| {
@@ -1311,6 +1399,8 @@ fn status_json(
                         "segments_closed": w.segments.as_ref().map_or(0, |g| g.closed),
                         "not_written": w.segments.as_ref().map_or(0, |g| g.not_written),
                         "snapshots_not_written": w.snapshots_not_written.get(),
+                        "crash_snapshots_coalesced": w.crashes.coalesced,
+                        "crash_snapshot_pending": w.crashes.pending.as_ref().map(|(_, n)| n),
                         "threads": s.threads,
                         "events": s.events,
                         "bytes": s.bytes,
@@ -1334,7 +1424,9 @@ fn status_json(
         })
         .collect();
     serde_json::json!({
-        "output": config.output,
+        "output": retention.root().path(),
+        "output_refused": retention.root().refused(),
+        "output_refusals": retention.root().refusals(),
         "events": router.events,
         "events_per_second": rate.round() as u64,
         "lost": router.lost + router.unrouted + unattributed,
@@ -1348,15 +1440,33 @@ fn status_json(
     })
 }
 
-/// Writes the snapshot of the binary whose process died of a signal; the trigger names the
-/// signal and the process.
-fn snapshot_crash(config: &ServiceConfig, targets: &mut [Target], crash: &Crash) {
-    let target = &mut targets[crash.target];
-    target.binaries[crash.binary].recorder.expire();
-    let name = CRASH_SIGNALS
+/// The crash snapshots of one binary: at most one per `crash_snapshot_interval`.
+#[derive(Debug, Default)]
+struct CrashSnapshots {
+    /// When the last one was written.
+    last: Option<std::time::Instant>,
+    /// The newest crash since, and how many crashes its snapshot is to cover: written once
+    /// the interval is over (by [`deferred_crash_snapshots`]).
+    pending: Option<(Crash, u64)>,
+    /// Crashes that got no snapshot of their own (covered by the next one).
+    coalesced: u64,
+}
+
+/// The name of a crash's signal in logs and snapshot names (`sigsegv`).
+fn signal_name(signal: u32) -> &'static str {
+    CRASH_SIGNALS
         .iter()
-        .find(|(s, _)| *s == crash.signal)
-        .map_or("signal", |(_, n)| n);
+        .find(|(s, _)| *s == signal)
+        .map_or("signal", |(_, n)| n)
+}
+
+/// A process of a binary died of a signal: its snapshot is written now, or, when the binary's
+/// last crash snapshot is more recent than `crash_snapshot_interval` (a crash loop: each
+/// restarted process dies again), once the interval is over, covering every crash since.
+fn snapshot_crash(retention: &Retention, targets: &mut [Target], crash: &Crash) {
+    let target = &mut targets[crash.target];
+    let interval = target.config.crash_snapshot_interval;
+    let name = signal_name(crash.signal);
     tracing::info!(
         fdr_target = %target.config.name,
         fdr_pid = crash.pid,
@@ -1366,20 +1476,75 @@ fn snapshot_crash(config: &ServiceConfig, targets: &mut [Target], crash: &Crash)
         crash.pid,
         name.to_uppercase()
     );
-    let w = &target.binaries[crash.binary];
+    let w = &mut target.binaries[crash.binary];
+    let crashes = &mut w.crashes;
+    if crashes.last.is_some_and(|at| at.elapsed() < interval) {
+        let covered = crashes.pending.as_ref().map_or(0, |(_, n)| *n) + 1;
+        if covered > 1 {
+            crashes.coalesced += 1;
+        }
+        if covered == 1 {
+            tracing::info!(
+                fdr_target = %target.config.name,
+                "target {}: the snapshot of this crash, and of those until then, is written {:.1} s from now (crash_snapshot_interval = {:?})",
+                target.config.name,
+                interval.saturating_sub(crashes.last.map_or(Duration::ZERO, |at| at.elapsed())).as_secs_f64(),
+                interval
+            );
+        }
+        crashes.pending = Some((crash.clone(), covered));
+        return;
+    }
+    write_crash_snapshot(retention, target, crash.binary, crash, 1);
+}
+
+/// Writes the crash snapshots deferred by [`snapshot_crash`] whose interval is over (all of
+/// them with `all`: before a reload or the end).
+fn deferred_crash_snapshots(retention: &Retention, targets: &mut [Target], all: bool) {
+    for target in targets.iter_mut() {
+        let interval = target.config.crash_snapshot_interval;
+        for b in 0..target.binaries.len() {
+            let crashes = &mut target.binaries[b].crashes;
+            let due = all || crashes.last.is_none_or(|at| at.elapsed() >= interval);
+            if !due {
+                continue;
+            }
+            if let Some((crash, covered)) = crashes.pending.take() {
+                write_crash_snapshot(retention, target, b, &crash, covered);
+            }
+        }
+    }
+}
+
+/// Writes binary `b`'s window for `crash`, the newest of `covered` crashes: named after its
+/// signal and process (`sigsegv-1234`), and how many crashes it covers when more than one.
+fn write_crash_snapshot(
+    retention: &Retention,
+    target: &mut Target,
+    b: usize,
+    crash: &Crash,
+    covered: u64,
+) {
+    let w = &mut target.binaries[b];
+    w.recorder.expire();
+    w.crashes.last = Some(std::time::Instant::now());
+    let mut trigger = format!("{}-{}", signal_name(crash.signal), crash.pid);
+    if covered > 1 {
+        trigger.push_str(&format!("-{covered}-crashes"));
+    }
     snapshot_binary(
-        config,
+        retention,
         target,
-        w,
+        &target.binaries[b],
         &utc_stamp(),
-        &format!("{name}-{}", crash.pid),
+        &trigger,
     );
 }
 
 /// Writes the snapshot a slow call triggered, unless one was written less than a window ago
 /// for the same binary (a storm of slow calls writes one snapshot per window, not thousands).
 fn snapshot_slow(
-    config: &ServiceConfig,
+    retention: &Retention,
     targets: &mut [Target],
     t: usize,
     b: usize,
@@ -1419,7 +1584,7 @@ fn snapshot_slow(
         .collect();
     let target = &targets[t];
     snapshot_binary(
-        config,
+        retention,
         target,
         &target.binaries[b],
         &utc_stamp(),
@@ -1437,7 +1602,7 @@ fn utc_stamp() -> String {
 /// Writes `w`'s window into `OUTPUT/<target>/<stamp>-<trigger>[-<binary>]/`, saying where;
 /// returns that directory when it was written.
 fn snapshot_binary(
-    config: &ServiceConfig,
+    retention: &Retention,
     target: &Target,
     w: &Watched,
     stamp: &str,
@@ -1445,10 +1610,13 @@ fn snapshot_binary(
 ) -> Option<PathBuf> {
     let mut name = format!("{stamp}-{trigger}");
     if target.binaries.len() > 1 {
-        name = format!("{name}-{}", w.label);
+        name = format!("{name}-{}", name_part(&w.label));
     }
-    let dir = config.output.join(&target.config.name).join(name);
-    let retention = Retention::new(&config.output, config.max_disk, config.min_free);
+    let shown = retention
+        .root()
+        .path()
+        .join(&target.config.name)
+        .join(&name);
     if let Err(why) = retention.room() {
         w.snapshots_not_written
             .set(w.snapshots_not_written.get() + 1);
@@ -1460,11 +1628,16 @@ fn snapshot_binary(
         );
         return None;
     }
-    let writing = Writing::start(&dir);
-    let written = snapshot(&dir, target, w);
-    drop(writing);
+    let written = retention
+        .root()
+        .create_session(&target.config.name, &name)
+        .and_then(|out| {
+            let dir = out.path().to_path_buf();
+            let _writing = Writing::start(&dir);
+            snapshot(out, target, w).map(|()| dir)
+        });
     match written {
-        Ok(()) => {
+        Ok(dir) => {
             // Retention first: the snapshot line says everything is done.
             for gone in retention.enforce(&dir) {
                 tracing::info!(
@@ -1490,19 +1663,19 @@ fn snapshot_binary(
                 .set(w.snapshots_not_written.get() + 1);
             tracing::error!(
                 fdr_target = %target.config.name,
-                fdr_snapshot = %dir.display(),
+                fdr_snapshot = %shown.display(),
                 "target {}: snapshot {} failed: {err:#}",
                 target.config.name,
-                dir.display()
+                shown.display()
             );
             None
         }
     }
 }
 
-/// Writes one binary's window as a session into `dir` (created; must not exist or be empty).
-fn snapshot(dir: &Path, target: &Target, w: &Watched) -> Result<()> {
-    let out = OutputDir::create_root(dir)?;
+/// Writes one binary's window as a session into `out` (new, empty), its report too.
+fn snapshot(out: OutputDir, target: &Target, w: &Watched) -> Result<()> {
+    let held = out.try_clone()?;
     let executable = Executable {
         name: w.plan.exe_name.clone(),
         path: w.plan.display_path.clone(),
@@ -1516,8 +1689,8 @@ fn snapshot(dir: &Path, target: &Target, w: &Watched) -> Result<()> {
     w.recorder.replay(|event, gap| session.record(event, gap));
     session.set_window(w.recorder.stats(), w.recorder.thread_windows());
     session.finish(IntakeLosses::default())?;
-    if let Err(err) = fdr_analysis::outputs::write_report(dir, &Symbolizer::default()) {
-        tracing::warn!("{}: no report: {err:#}", dir.display());
+    if let Err(err) = fdr_analysis::outputs::write_report_in(&held, &Symbolizer::default()) {
+        tracing::warn!("{}: no report: {err:#}", held.path().display());
     }
     Ok(())
 }

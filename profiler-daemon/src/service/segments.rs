@@ -13,20 +13,22 @@
 use crate::kernel::intake::Event;
 use crate::plan::exits::ExitsChoice;
 use crate::plan::AttachPlan;
+use crate::service::output::tree_bytes;
 use crate::service::retention::{Retention, Writing};
 use crate::session::order::Gap;
 use crate::session::output::OutputDir;
 use crate::session::{Executable, IntakeLosses, Session};
 use anyhow::Result;
 use fdr_analysis::symbolize::Symbolizer;
+use std::os::fd::AsFd as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use xray_fdr::FdrVersion;
 
 /// What one binary's segments are made of.
 pub struct SegmentSpec {
-    /// `OUTPUT/<target>`.
-    pub root: PathBuf,
+    /// The target's name: its segments are in `OUTPUT/<target>/`.
+    pub target: String,
     /// Appended to each segment's name (`-<binary>` when a target has several).
     pub suffix: String,
     pub plan: AttachPlan,
@@ -72,6 +74,8 @@ enum Stopped {
 struct Open {
     session: Session,
     dir: PathBuf,
+    /// The segment's directory, held: measured through it, its report written through it.
+    out: OutputDir,
     opened: Instant,
     /// Keeps every target's retention off it until it is closed.
     _writing: Writing,
@@ -109,7 +113,7 @@ impl Segments {
                     if std::mem::take(&mut self.retrying) {
                         tracing::info!(
                             "{}: writing again: segment {} opened ({} events not written so far)",
-                            self.spec.root.display(),
+                            self.shown_root().display(),
                             open.dir.display(),
                             self.not_written
                         );
@@ -146,7 +150,7 @@ impl Segments {
                     match why {
                         Stopped::NoRoom => tracing::info!(
                             "{}: writing again: above min_free ({} events not written so far)",
-                            self.spec.root.display(),
+                            self.shown_root().display(),
                             self.not_written
                         ),
                         Stopped::OpenFailed => self.retrying = true,
@@ -161,7 +165,7 @@ impl Segments {
             self.close();
             return;
         }
-        let full = tree_bytes(&open.dir) >= self.spec.max_bytes;
+        let full = tree_bytes(open.out.as_fd(), 0) >= self.spec.max_bytes;
         if full || open.opened.elapsed() >= self.spec.max_age {
             self.close();
         }
@@ -175,7 +179,7 @@ impl Segments {
         self.stopped = Some(why);
         tracing::error!(
             "{}: not writing: {message} ({} events not written so far)",
-            self.spec.root.display(),
+            self.shown_root().display(),
             self.not_written
         );
     }
@@ -204,7 +208,7 @@ impl Segments {
                         dir.display()
                     );
                 } else if let Err(err) =
-                    fdr_analysis::outputs::write_report(&dir, &Symbolizer::default())
+                    fdr_analysis::outputs::write_report_in(&open.out, &Symbolizer::default())
                 {
                     tracing::warn!("{}: no report: {err:#}", dir.display());
                 }
@@ -243,16 +247,22 @@ impl Segments {
         self.current.as_ref().map(|o| o.dir.as_path())
     }
 
+    /// `OUTPUT/<target>`, as messages show it.
+    fn shown_root(&self) -> PathBuf {
+        self.retention.root().path().join(&self.spec.target)
+    }
+
     fn open(&self) -> Result<Open> {
         let stamp = humantime::format_rfc3339_millis(std::time::SystemTime::now())
             .to_string()
             .replace([':', '-'], "");
-        let dir = self
-            .spec
-            .root
-            .join(format!("{stamp}-segment{}", self.spec.suffix));
+        let out = self.retention.root().create_session(
+            &self.spec.target,
+            &format!("{stamp}-segment{}", self.spec.suffix),
+        )?;
+        let dir = out.path().to_path_buf();
         let writing = Writing::start(&dir);
-        let out = OutputDir::create_root(&dir)?;
+        let held = out.try_clone()?;
         let plan = &self.spec.plan;
         let mut session = Session::new(
             out,
@@ -271,25 +281,9 @@ impl Segments {
         Ok(Open {
             session,
             dir,
+            out: held,
             opened: Instant::now(),
             _writing: writing,
         })
     }
-}
-
-/// Bytes of the regular files under `dir` (its process directories, one level down).
-fn tree_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    for e in entries.flatten() {
-        let Ok(t) = e.file_type() else { continue };
-        if t.is_dir() {
-            total += tree_bytes(&e.path());
-        } else if t.is_file() {
-            total += e.metadata().map_or(0, |m| m.len());
-        }
-    }
-    total
 }

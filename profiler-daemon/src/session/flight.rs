@@ -125,13 +125,16 @@ pub struct FlightStats {
     pub seen: u64,
     /// Events the kernel lost in the threads whose events were given (their gaps).
     pub lost: u64,
-    /// Threads none of whose events is held any more: the last of them aged out ...
+    /// Threads that ended and none of whose events is held any more: the last of them (the
+    /// thread's end) aged out ...
     pub threads_expired: u64,
     /// ... or was evicted.
     pub threads_evicted: u64,
 }
 
-/// One thread's events as held, and what it let go of before the first of them.
+/// One thread's events as held, and what it let go of before the first of them. A thread
+/// still running is remembered when it holds nothing (its counts go on); one that ended is
+/// forgotten with its last event.
 #[derive(Debug, Default)]
 struct Thread {
     held: VecDeque<Held>,
@@ -207,10 +210,12 @@ impl FlightRecorder {
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::btree_map::Entry::Vacant(v) => {
                 self.bytes += THREAD_BYTES;
-                self.oldest.insert((held.ts_ns, key));
                 v.insert(Thread::default())
             }
         };
+        if thread.held.is_empty() {
+            self.oldest.insert((held.ts_ns, key));
+        }
         thread.held.push_back(held);
         // Amortized: this thread's front, every push; all threads in `expire`.
         let horizon = self.newest_ns.saturating_sub(self.window_ns);
@@ -232,11 +237,13 @@ impl FlightRecorder {
             return 0;
         };
         let mut gone = 0;
+        let mut ended = false;
         while let Some(e) = thread.held.front() {
             if !go(e) {
                 break;
             }
             self.bytes -= e.bytes();
+            ended = e.kind == event_kind::THREAD_EXIT;
             thread.held.pop_front();
             gone += 1;
         }
@@ -264,7 +271,9 @@ impl FlightRecorder {
                     thread.held.shrink_to(len * 2);
                 }
             }
-            None => {
+            // A thread that ended is forgotten with its last event; one still running keeps
+            // its counts (and its bookkeeping's bytes) for the events it has yet to make.
+            None if ended => {
                 self.threads.remove(&key);
                 self.bytes -= THREAD_BYTES;
                 match why {
@@ -272,6 +281,7 @@ impl FlightRecorder {
                     Why::Evicted => self.stats.threads_evicted += 1,
                 }
             }
+            None => {}
         }
         gone
     }
@@ -319,7 +329,8 @@ impl FlightRecorder {
     pub fn stats(&self) -> FlightStats {
         FlightStats {
             window_ns: self.window_ns,
-            threads: self.threads.len(),
+            // One index entry per thread that holds events.
+            threads: self.oldest.len(),
             events: self.events,
             bytes: self.bytes,
             ..self.stats
@@ -341,6 +352,7 @@ impl FlightRecorder {
     pub fn thread_windows(&self) -> BTreeMap<u32, ThreadWindow> {
         self.threads
             .iter()
+            .filter(|(_, t)| !t.held.is_empty())
             .map(|(&(_, tid), t)| {
                 (
                     tid,

@@ -120,6 +120,8 @@ pub struct Session {
     repairs: Option<BTreeMap<u32, summary::RepairStats>>,
     /// `--kernel-stats`: the time the kernel spent in each recording program.
     kernel_programs: Vec<crate::kernel::bpf::ProgramCost>,
+    /// See [`SessionReport::notes`].
+    notes: Vec<String>,
 }
 
 impl Session {
@@ -154,6 +156,7 @@ impl Session {
             thread_windows: BTreeMap::new(),
             repairs: None,
             kernel_programs: Vec::new(),
+            notes: Vec::new(),
         }
     }
 
@@ -174,6 +177,12 @@ impl Session {
     pub fn note_exits(&mut self, note: &str) {
         self.exits.reason.push_str("; ");
         self.exits.reason.push_str(note);
+    }
+
+    /// Adds a sentence to the manifest's and the summary's notes (see
+    /// [`SessionReport::notes`]).
+    pub fn add_note(&mut self, note: String) {
+        self.notes.push(note);
     }
 
     /// `--kernel-stats`: the time the kernel spent in each recording program.
@@ -424,6 +433,7 @@ impl Session {
             }),
             repair_unrecorded_threads: None,
             kernel_programs: std::mem::take(&mut self.kernel_programs),
+            notes: std::mem::take(&mut self.notes),
             events: self.events,
             events_lost: 0,
             events_lost_unattributed: self.unattributed_lost + losses.unattributed_lost,
@@ -508,6 +518,11 @@ impl Session {
     pub fn out_dir(&self) -> &std::path::Path {
         self.out.path()
     }
+
+    /// The output directory, held (the end-of-session report is written through it).
+    pub fn out(&self) -> &OutputDir {
+        &self.out
+    }
 }
 
 /// Where the thread's trace is in `open`, creating its process directory and file on first
@@ -526,7 +541,7 @@ fn thread_of(
     let process = match processes.entry(pid) {
         std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::btree_map::Entry::Vacant(e) => {
-            let dir = out.create_subdir(&format!("{exe_name}-{}", pid))?;
+            let dir = out.create_subdir(&format!("{}-{pid}", output::name_part(exe_name)))?;
             let dir_name = dir
                 .path()
                 .file_name()

@@ -420,6 +420,10 @@ pub struct SessionReport {
     /// `--kernel-stats`: the time the kernel spent in each recording program.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kernel_programs: Vec<crate::kernel::bpf::ProgramCost>,
+    /// What happened to the traced processes that a reader of the trace must know (a process
+    /// let go before it ran a program that raised its privileges), one sentence each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// Traced processes.
     pub processes: Vec<ProcessReport>,
     /// Functions by total time, longest first.
@@ -463,6 +467,9 @@ impl SessionReport {
             threads
         );
         let _ = writeln!(s, "  exits: {} ({})", self.exits, self.exits_reason);
+        for note in &self.notes {
+            let _ = writeln!(s, "  note: {note}");
+        }
         if !self.kernel_programs.is_empty() {
             let costs: Vec<String> = self
                 .kernel_programs

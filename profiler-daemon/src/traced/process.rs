@@ -131,6 +131,55 @@ pub fn tracer_of(tid: u32) -> Option<u32> {
         .ok()
 }
 
+/// `AT_SECURE` in an auxiliary vector: the kernel's word that an exec changed the process's
+/// credentials (`<linux/auxvec.h>`).
+const AT_SECURE: u64 = 23;
+
+/// Whether the exec process `pid` just made (it is stopped at its exec event) gave it
+/// privileges it did not have: what changed, for the log, or `None`. The kernel's own verdict
+/// is `AT_SECURE` in the new image's auxiliary vector (a set-user-ID or set-group-ID file,
+/// file capabilities, a security module's transition), backed by effective or saved ids that
+/// differ from the real ones. Fails safe: what cannot be read counts as raised.
+pub fn exec_raised_privileges(pid: u32) -> Option<String> {
+    let program = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "a program".to_owned());
+    let Ok(auxv) = std::fs::read(format!("/proc/{pid}/auxv")) else {
+        return Some(format!("{program} (its credentials cannot be read)"));
+    };
+    let secure = auxv
+        .chunks_exact(16)
+        .map(|pair| {
+            let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().unwrap_or_default());
+            (word(&pair[..8]), word(&pair[8..]))
+        })
+        .take_while(|&(kind, _)| kind != 0)
+        .any(|(kind, value)| kind == AT_SECURE && value != 0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    // `Uid:` and `Gid:` list the real, effective, saved and filesystem ids.
+    let ids = |key: &str| -> Option<Vec<u32>> {
+        let line = status.lines().find_map(|l| l.strip_prefix(key))?;
+        line.split_whitespace().map(|v| v.parse().ok()).collect()
+    };
+    let changed = |ids: &Option<Vec<u32>>| match ids.as_deref() {
+        Some([real, effective, saved, ..]) => effective != real || saved != real,
+        _ => true,
+    };
+    let (uids, gids) = (ids("Uid:"), ids("Gid:"));
+    if !secure && !changed(&uids) && !changed(&gids) {
+        return None;
+    }
+    let shown = |ids: &Option<Vec<u32>>| match ids.as_deref() {
+        Some([real, effective, ..]) => format!("{effective} (real {real})"),
+        _ => "unknown".to_owned(),
+    };
+    Some(format!(
+        "{program}, which raised its privileges (effective uid {}, gid {})",
+        shown(&uids),
+        shown(&gids)
+    ))
+}
+
 /// A pidfd: becomes readable when the process exits (no polling of /proc, no pid reuse races).
 pub fn open_pidfd(pid: u32) -> Result<OwnedFd> {
     // SAFETY: plain syscall; a non-negative result is a new descriptor we own.

@@ -7,9 +7,9 @@
 //! module adds the policy (which files are acceptable at all) and the few questions the rest of
 //! the daemon asks about the file (where does an address live in the file, what is its build id).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use object::elf;
@@ -21,6 +21,63 @@ use object::LittleEndian;
 /// The largest file [`ElfImage::open`] accepts. The whole file is read into memory, so the limit
 /// bounds what a hostile path (a huge sparse file, say) can make the daemon allocate.
 pub const MAX_FILE_SIZE: u64 = 4 << 30;
+
+/// Whether [`open_regular_file`] follows a symbolic link at the path's last component.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Follow {
+    /// As any open does (`/proc/PID/map_files/...` are links of the kernel's to follow).
+    Links,
+    /// A link there is refused (`O_NOFOLLOW`): for paths found in directories other users
+    /// may write, where a link could be swapped in at any moment.
+    NoLinks,
+}
+
+/// Opens `path` for reading if it is a regular file, deciding on the descriptor, never on the
+/// path: the path is opened `O_PATH` (no device is opened, no FIFO waited for, whatever it
+/// names), that descriptor's type checked (`fstat`), then the same file opened for reading
+/// through it (`/proc/self/fd/N`, `O_NONBLOCK`). A file swapped in at the path between the two
+/// opens is not the one opened.
+pub fn open_regular_file(path: &Path, follow: Follow) -> Result<File, ElfError> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    let io = |source| ElfError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
+    let flags = libc::O_PATH
+        | libc::O_CLOEXEC
+        | match follow {
+            Follow::Links => 0,
+            Follow::NoLinks => libc::O_NOFOLLOW,
+        };
+    // SAFETY: a valid NUL-terminated path; the descriptor returned is owned from here on.
+    let raw = unsafe { libc::open(c.as_ptr(), flags) };
+    if raw < 0 {
+        return Err(io(std::io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor of ours.
+    let handle = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+    let checked = handle.metadata().map_err(io)?;
+    if !checked.is_file() {
+        // A symlink (with `NoLinks`) is refused here too: the descriptor is the link's own.
+        return Err(ElfError::NotRegularFile {
+            path: path.to_path_buf(),
+        });
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .map_err(io)?;
+    let opened = file.metadata().map_err(io)?;
+    if !opened.is_file() || (opened.dev(), opened.ino()) != (checked.dev(), checked.ino()) {
+        return Err(ElfError::NotRegularFile {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(file)
+}
 
 /// The ELF file header type of every file this module accepts (64-bit, little-endian).
 pub type FileHeader64 = elf::FileHeader64<LittleEndian>;
@@ -154,26 +211,8 @@ impl ElfImage {
             path: path.to_path_buf(),
             source,
         };
-        // Look before opening: opening a FIFO blocks and opening a device can have side
-        // effects, and neither can be an executable anyway.
-        if !fs::metadata(path).map_err(io)?.is_file() {
-            return Err(ElfError::NotRegularFile {
-                path: path.to_path_buf(),
-            });
-        }
-        // O_NONBLOCK in case the path was swapped for a FIFO since the check; the file type is
-        // checked again on the opened descriptor, which cannot change under us.
-        let file: File = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(path)
-            .map_err(io)?;
+        let file = open_regular_file(path, Follow::Links)?;
         let meta = file.metadata().map_err(io)?;
-        if !meta.is_file() {
-            return Err(ElfError::NotRegularFile {
-                path: path.to_path_buf(),
-            });
-        }
         if meta.len() > MAX_FILE_SIZE {
             return Err(ElfError::TooLarge {
                 path: path.to_path_buf(),

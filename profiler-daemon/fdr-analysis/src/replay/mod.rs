@@ -122,6 +122,13 @@ impl Session {
         })
     }
 
+    /// Names the session's directory `dir` in what is made of it (reports, timelines), when it
+    /// was opened by another path to the same directory (`/proc/self/fd/N`, see
+    /// [`crate::outputs::write_report_in`]): its files were found already.
+    pub fn show_as(&mut self, dir: &Path) {
+        self.layout.dir = dir.to_path_buf();
+    }
+
     /// Every thread, by pid then tid.
     pub fn threads(&self) -> Vec<ThreadRef<'_>> {
         let mut out = Vec::new();

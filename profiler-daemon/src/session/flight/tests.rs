@@ -172,14 +172,26 @@ fn every_event_is_held_aged_out_or_evicted_whole_threads_included() {
 }
 
 #[test]
-fn expiry_takes_the_oldest_threads_first_and_forgets_empty_ones() {
+fn expiry_takes_the_oldest_threads_first_and_forgets_the_ended_ones() {
     let mut rec = FlightRecorder::new(Duration::from_micros(100), u64::MAX);
-    calls(&mut rec, 1, 0, 10, 5);
+    let end = calls(&mut rec, 1, 0, 10, 5);
+    rec.push(&event(1, end + 1, event_kind::THREAD_EXIT, 0, 0), None);
     calls(&mut rec, 2, 50_000, 10, 5);
     calls(&mut rec, 3, 1_000_000, 10, 5);
     rec.expire();
     let s = rec.stats();
-    assert_eq!((s.threads, s.threads_expired), (1, 2), "{s:?}");
-    assert_eq!(s.expired, 22);
+    // Thread 1 ended: forgotten. Thread 2 runs on, holding nothing: its counts are kept.
+    assert_eq!((s.threads, s.threads_expired), (1, 1), "{s:?}");
+    assert_eq!(s.expired, 23);
     assert_eq!(s.events, 11);
+    calls(&mut rec, 2, 1_000_050, 10, 1);
+    let w = rec.thread_windows();
+    assert_eq!(
+        w[&2],
+        ThreadWindow {
+            expired: 11,
+            evicted: 0
+        }
+    );
+    assert!(!w.contains_key(&1));
 }
