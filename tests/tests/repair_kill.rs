@@ -23,10 +23,29 @@ use tests::scratch_dir;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 const KILLS: u32 = 50;
-/// Traced, 4000 iterations with a catching thread take about 1.3 s here: the kills are spread
-/// over the first second after the command is released.
+/// Traced, 4000 iterations with a catching thread take about a second: the kills are spread
+/// over the first 80% of a traced run as long as the one measured first.
 const ITERATIONS: &str = "4000";
 const DONE: &str = "exceptions: done caught=12000 rounds=24000";
+
+/// Launches the fixture under `--exits repair` into `out`; returns fdr-profiled once the
+/// keeper is said.
+fn launch(label: &str, out: &std::path::Path) -> Running {
+    let mut daemon = Running::spawn(
+        label,
+        Command::new(tests::fdr_profiled())
+            .args(["--exits", "repair", "--no-report", "--out"])
+            .arg(out)
+            .arg("--")
+            .arg(exceptions_fixture())
+            .args(["--iterations", ITERATIONS, "--catch-in-thread", "--escape"]),
+    );
+    daemon.wait_for_stderr_line(
+        "fdr-profiled: repair: the command's tracer is process",
+        TIMEOUT,
+    );
+    daemon
+}
 
 #[test]
 fn the_command_survives_sigkill_of_fdr_profiled_at_any_moment() {
@@ -34,6 +53,20 @@ fn the_command_survives_sigkill_of_fdr_profiled_at_any_moment() {
     let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     assert_eq!(rc, 0, "PR_SET_CHILD_SUBREAPER");
     let scratch = scratch_dir("repair-kill");
+    // How long a traced run takes on this machine now, from the command's start to
+    // fdr-profiled's end: the kills are spread over most of it.
+    let run = {
+        let daemon = launch(
+            "fdr-profiled (measured)",
+            &scratch.path().join("out-measured"),
+        );
+        launched_child(daemon.pid(), &exceptions_fixture(), TIMEOUT);
+        let started = Instant::now();
+        let done = daemon.finish(TIMEOUT);
+        assert!(done.status.success(), "{}", done.stderr);
+        started.elapsed()
+    };
+    let spread = u64::try_from(run.as_micros() * 8 / 10).unwrap_or(1).max(1);
     let (mut mid_run, mut statuses) = (0, 0);
     // A fixed sequence of delays (a linear congruential generator), so a failure repeats.
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
@@ -41,21 +74,9 @@ fn the_command_survives_sigkill_of_fdr_profiled_at_any_moment() {
         seed = seed
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
-        let delay = Duration::from_micros((seed >> 33) % 1_000_000);
+        let delay = Duration::from_micros((seed >> 33) % spread);
         let out = scratch.path().join(format!("out-{round}"));
-        let mut daemon = Running::spawn(
-            &format!("fdr-profiled (kill {round})"),
-            Command::new(tests::fdr_profiled())
-                .args(["--exits", "repair", "--no-report", "--out"])
-                .arg(&out)
-                .arg("--")
-                .arg(exceptions_fixture())
-                .args(["--iterations", ITERATIONS, "--catch-in-thread", "--escape"]),
-        );
-        daemon.wait_for_stderr_line(
-            "fdr-profiled: repair: the command's tracer is process",
-            TIMEOUT,
-        );
+        let mut daemon = launch(&format!("fdr-profiled (kill {round})"), &out);
         let (_, stderr) = daemon.output_so_far();
         let keeper: i32 = stderr
             .lines()
