@@ -151,6 +151,9 @@ pub mod event_flags {
     /// A thread's end whose `function_id` holds its exit code (see
     /// [`super::event_kind::THREAD_EXIT`]).
     pub const EXIT_CODE: u8 = 4;
+    /// An exit a return probe observed (not an exit sled): the summary counts calls by the
+    /// method that really observed their end.
+    pub const BY_RETURN_PROBE: u8 = 8;
 }
 
 /// The fixed part of every record the eBPF programs write into the per-CPU ring buffers.
@@ -485,6 +488,14 @@ pub mod globals {
     pub const TASK_MM_OFFSET: &str = "CFG_TASK_MM_OFFSET";
     pub const MM_XOL_AREA_OFFSET: &str = "CFG_MM_XOL_AREA_OFFSET";
     pub const XOL_VADDR_OFFSET: &str = "CFG_XOL_VADDR_OFFSET";
+    /// u32: where the kernel counts a thread's pending return probes (`task_struct.utask`,
+    /// `uprobe_task.depth`, `uprobe_task.return_instances`, `return_instance.stack`, from its
+    /// BTF): at an entry, the programs decide with the kernel's own count whether it hooks the
+    /// frame, and whether it is stuck at its limit. 0: their own count is used.
+    pub const DEPTH_UTASK_OFFSET: &str = "CFG_DEPTH_UTASK_OFFSET";
+    pub const DEPTH_OFFSET: &str = "CFG_DEPTH_OFFSET";
+    pub const DEPTH_LIST_OFFSET: &str = "CFG_DEPTH_LIST_OFFSET";
+    pub const DEPTH_RI_STACK_OFFSET: &str = "CFG_DEPTH_RI_STACK_OFFSET";
     /// u32: offsets in the kernel's structures that `unwind_stop` reads (from its BTF):
     /// `task_struct.utask`, `uprobe_task.return_instances`, `return_instance.stack`,
     /// `.orig_ret_vaddr`, `.next`, `task_struct.blocked`, `task_struct.sighand`,

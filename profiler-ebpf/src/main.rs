@@ -108,6 +108,19 @@ static CFG_MM_XOL_AREA_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static CFG_XOL_VADDR_OFFSET: u32 = 0;
 
+/// Where the kernel counts a thread's pending return probes (`task_struct.utask`,
+/// `uprobe_task.depth`, `uprobe_task.return_instances`, `return_instance.stack`, from its BTF):
+/// at an entry the programs read the kernel's own count, not only theirs, which misses the
+/// frames the kernel hooked before recording began. 0: unknown (their own count is used).
+#[unsafe(no_mangle)]
+static CFG_DEPTH_UTASK_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_DEPTH_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_DEPTH_LIST_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_DEPTH_RI_STACK_OFFSET: u32 = 0;
+
 /// `--exits repair`: offsets in the kernel's structures (from its BTF), and the stop signal.
 /// `CFG_UTASK_OFFSET` 0: repair is off.
 #[unsafe(no_mangle)]
@@ -293,25 +306,79 @@ fn chained(slot: u64) -> bool {
     }
 }
 
+/// The kernel's own account of the current thread's pending return probes, as an entry at
+/// `slot` finds it (before the kernel hooks this one): their number, and whether the newest is
+/// gone (its slot at or below `slot`: an exception or `longjmp` left it, the kernel's own
+/// test). `None` when its layout is unknown or the thread has none yet.
+#[inline(always)]
+fn kernel_returns(slot: u64) -> Option<(u32, bool)> {
+    let utask_at = setting(&CFG_DEPTH_UTASK_OFFSET);
+    if utask_at == 0 || utask_at >= 65536 {
+        return None;
+    }
+    // SAFETY: kernel reads are checked by the helper.
+    unsafe {
+        let task = bpf_get_current_task() as *const u8;
+        let utask = bpf_probe_read_kernel(task.add(utask_at as usize) as *const u64).ok()?;
+        if utask == 0 {
+            return None;
+        }
+        let depth_at = u64::from(setting(&CFG_DEPTH_OFFSET) & 0xffff);
+        let depth = bpf_probe_read_kernel((utask + depth_at) as *const u32).ok()?;
+        if depth < MAX_RETURN_PROBE_DEPTH {
+            return Some((depth, false));
+        }
+        let list_at = u64::from(setting(&CFG_DEPTH_LIST_OFFSET) & 0xffff);
+        let top = bpf_probe_read_kernel((utask + list_at) as *const u64).ok()?;
+        if top == 0 {
+            return Some((depth, false));
+        }
+        let stack_at = u64::from(setting(&CFG_DEPTH_RI_STACK_OFFSET) & 0xffff);
+        let stack = bpf_probe_read_kernel((top + stack_at) as *const u64).ok()?;
+        Some((depth, stack <= slot))
+    }
+}
+
 /// What one sled hit does to the thread's pending return probes (only for the sleds of
 /// functions whose exits a return probe observes: the kernel counts only their frames);
 /// returns the header's flags. `slot` is the frame's return-address slot.
 fn account_call(state: &mut ThreadState, cookie: &Cookie, slot: u64) -> u8 {
+    let kind = cookie.kind;
     if !cookie.return_probed() {
+        // An exit sled of a frame that also has a pending return probe (exit sleds placed
+        // instead of return probes, while the return probes still go): the sled reports the
+        // exit, and the return probe must not report it again.
+        if kind == SledKind::Exit as u8 && state.returns_pending > 0 {
+            let top = (state.returns_pending - 1) & 63;
+            // SAFETY: a plain read of a local (see `drop_dead_returns`).
+            let top = unsafe { core::ptr::read_volatile(&top) } & 63;
+            if state.return_slots[top as usize] == slot {
+                state.tail_exited[0] |= 1u64 << top;
+            }
+        }
         return 0;
     }
-    let kind = cookie.kind;
     if kind == SledKind::Entry as u8 || kind == SledKind::LogArgsEntry as u8 {
-        // The kernel checks its depth limit before it drops dead instances.
-        if state.returns_pending >= MAX_RETURN_PROBE_DEPTH {
+        // The kernel checks its depth limit before it drops dead instances. Its own count
+        // when it can be read (it knows the frames hooked before recording began), else ours.
+        let kernel = kernel_returns(slot);
+        let at_limit = match kernel {
+            Some((depth, _)) => depth >= MAX_RETURN_PROBE_DEPTH,
+            None => state.returns_pending >= MAX_RETURN_PROBE_DEPTH,
+        };
+        if at_limit {
             state.beyond_return_depth += 1;
             // Stuck, or only deep? In a deep recursion the innermost pending frame is live,
             // above the new one; after an exception or longjmp left it, the new frame's slot is
             // at or above its slot (the kernel's own test of a dead instance).
-            let top = (state.returns_pending - 1) & 63;
+            let top = state.returns_pending.wrapping_sub(1) & 63;
             // SAFETY: a plain read of a local (see `drop_dead_returns`).
             let top = unsafe { core::ptr::read_volatile(&top) } & 63;
-            if state.return_slots[top as usize] <= slot {
+            let dead = match kernel {
+                Some((_, dead)) => dead,
+                None => state.return_slots[top as usize] <= slot,
+            };
+            if dead {
                 state.stuck_calls += 1;
                 if state.stuck_calls == STUCK_BEYOND_RETURN_LIMIT + 1 {
                     count(counter::BEYOND_RETURN_LIMIT, 1);
@@ -320,6 +387,11 @@ fn account_call(state: &mut ThreadState, cookie: &Cookie, slot: u64) -> u8 {
             return event_flags::NO_RETURN;
         }
         drop_dead_returns::<true>(state, slot);
+        if state.returns_pending >= MAX_RETURN_PROBE_DEPTH {
+            // The kernel hooks this frame (its count is below the limit) while ours is full:
+            // ours kept frames the kernel dropped. Ours is made the kernel's size again.
+            state.returns_pending = MAX_RETURN_PROBE_DEPTH - 1;
+        }
         let at = state.returns_pending & 63;
         // SAFETY: a plain read of a local (see `drop_dead_returns`).
         let at = unsafe { core::ptr::read_volatile(&at) } & 63;
@@ -591,7 +663,8 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
         kind: SledKind::Exit as u8,
         ..cookie
     };
-    let h = header(state, &cookie, cpu, slot);
+    let mut h = header(state, &cookie, cpu, slot);
+    h.flags = event_flags::BY_RETURN_PROBE;
     let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));
     settle(state, written);
     0

@@ -554,3 +554,52 @@ fn repair_passes_signals_and_stops_on_unchanged() {
         "the handler's calls in the trace"
     );
 }
+
+/// A destructor run while an exception unwinds proves the frames the exception left gone
+/// before the catch does: ordinary C++, no sign of the kernel's limit of pending return
+/// probes. Launched with the defaults (repair), 30,000 rounds, a throw in three: no fall-back to
+/// exit sleds, every exit observed by a return probe, and every call's entry and exit in the
+/// file (llvm-xray 14 and 19) as the program counted them.
+#[test]
+fn destructors_during_unwinding_keep_the_return_probes() {
+    let run = launch(
+        "exits-cleanup",
+        &tests::fixtures::workloads::cleanup_fixture(),
+        &[],
+        &["--iterations", "30000"],
+        TIMEOUT,
+    );
+    let stdout = &run.done.stdout;
+    assert!(
+        stdout.contains("cleanup: done caught=10000 released=30000"),
+        "{stdout}"
+    );
+    assert!(
+        !run.done.stderr.contains("instead of return probes"),
+        "a fall-back to exit sleds: {}",
+        run.done.stderr
+    );
+    let methods = &run.session.json["exit_methods"];
+    assert_eq!(methods["exit_sled_calls"], 0, "{methods}");
+    assert!(
+        methods["return_probe_calls"].as_u64() >= Some(40_000),
+        "{methods}"
+    );
+    let calls = expected_calls(&parse_count_lines(stdout));
+    let pid = run.pid();
+    let converted = run.converted_both();
+    let c = &converted[&pid];
+    for (name, want) in &calls[&pid] {
+        let count = |exit: bool| {
+            c.records
+                .iter()
+                .filter(|r| r.function == *name && r.kind.is_exit() == exit)
+                .count() as u64
+        };
+        assert_eq!(
+            (count(false), count(true)),
+            (*want, *want),
+            "{name}: (entries, exits)"
+        );
+    }
+}

@@ -76,7 +76,7 @@ fn the_command_survives_sigkill_of_fdr_profiled_at_any_moment() {
             .wrapping_add(1_442_695_040_888_963_407);
         let delay = Duration::from_micros((seed >> 33) % spread);
         let out = scratch.path().join(format!("out-{round}"));
-        let mut daemon = launch(&format!("fdr-profiled (kill {round})"), &out);
+        let daemon = launch(&format!("fdr-profiled (kill {round})"), &out);
         let (_, stderr) = daemon.output_so_far();
         let keeper: i32 = stderr
             .lines()

@@ -72,6 +72,8 @@ pub struct Tracer {
     attachment: Attachment,
     /// The programs' anomaly reports (`LoadOptions::kernel_log`).
     kernel_log: Option<aya_log::EbpfLogger<KernelLog>>,
+    /// Whether the programs read the kernel's own count of pending return probes.
+    kernel_depth: bool,
 }
 
 /// A set of placed probes that can be removed again on their own (a service target that a
@@ -137,6 +139,7 @@ impl Tracer {
             )?;
         }
         let trampoline = crate::kernel::btf::trampoline_offsets().unwrap_or_default();
+        let depth = crate::kernel::btf::depth_offsets().unwrap_or_default();
         let kernel_log_level: u8 = if options.kernel_log {
             aya_log::Level::Warn as u8
         } else {
@@ -146,6 +149,10 @@ impl Tracer {
             .override_global(globals::TASK_MM_OFFSET, &trampoline.task_mm, true)
             .override_global(globals::MM_XOL_AREA_OFFSET, &trampoline.mm_xol_area, true)
             .override_global(globals::XOL_VADDR_OFFSET, &trampoline.xol_vaddr, true)
+            .override_global(globals::DEPTH_UTASK_OFFSET, &depth.utask, true)
+            .override_global(globals::DEPTH_OFFSET, &depth.depth, true)
+            .override_global(globals::DEPTH_LIST_OFFSET, &depth.return_instances, true)
+            .override_global(globals::DEPTH_RI_STACK_OFFSET, &depth.ri_stack, true)
             .override_global(globals::UTASK_OFFSET, &offsets.utask, true)
             .override_global(
                 globals::RETURN_INSTANCES_OFFSET,
@@ -290,6 +297,7 @@ impl Tracer {
             None
         };
         Ok(Tracer {
+            kernel_depth: depth.utask != 0,
             kernel_log,
             attachment: Attachment::default(),
             links: Vec::new(),
@@ -744,6 +752,7 @@ impl Tracer {
             .transpose()
             .context("duplicating the thread-books program's descriptor")?;
         Ok(KernelBooks {
+            kernel_depth: self.kernel_depth,
             counters: PerCpuArray::try_from(counters)?,
             exited: BpfHashMap::try_from(exited)?,
             live,
@@ -834,6 +843,9 @@ unsafe impl aya::Pod for PodRepairState {}
 /// The kernel side's own accounts: loss counters that belong to no thread, and the state of
 /// threads still alive (their trailing losses).
 pub struct KernelBooks {
+    /// Whether the programs read the kernel's own count of a thread's pending return probes
+    /// (then `ThreadState::stuck_calls` counts exactly the calls it did not hook).
+    kernel_depth: bool,
     counters: PerCpuArray<MapData, u64>,
     /// Threads whose exit record was lost, by thread id.
     exited: BpfHashMap<MapData, u32, PodThreadState>,
@@ -843,6 +855,11 @@ pub struct KernelBooks {
 }
 
 impl KernelBooks {
+    /// Whether the programs read the kernel's own count of a thread's pending return probes.
+    pub fn kernel_depth_known(&self) -> bool {
+        self.kernel_depth
+    }
+
     /// A counter (see `profiler_common::counter`), summed over CPUs.
     pub fn counter(&self, index: u32) -> u64 {
         self.counters

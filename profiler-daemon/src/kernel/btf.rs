@@ -76,6 +76,28 @@ pub fn repair_offsets() -> Result<RepairOffsets, String> {
     })
 }
 
+/// Where the kernel counts a thread's pending return probes: `task_struct.utask`, then
+/// `uprobe_task.depth` and `uprobe_task.return_instances`, and `return_instance.stack` (the
+/// newest one's slot). The eBPF programs read them at each entry of a return-probed function.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DepthOffsets {
+    pub utask: u32,
+    pub depth: u32,
+    pub return_instances: u32,
+    pub ri_stack: u32,
+}
+
+/// [`DepthOffsets`] from this kernel's BTF; `None` when one is missing.
+pub fn depth_offsets() -> Option<DepthOffsets> {
+    let btf = vmlinux().ok()?;
+    Some(DepthOffsets {
+        utask: member_offset(&btf, "task_struct", "utask")?,
+        depth: member_offset(&btf, "uprobe_task", "depth")?,
+        return_instances: member_offset(&btf, "uprobe_task", "return_instances")?,
+        ri_stack: member_offset(&btf, "return_instance", "stack")?,
+    })
+}
+
 /// Where a thread's return-probe trampoline is: `task_struct.mm`, then
 /// `mm_struct.uprobes_state.xol_area`, then `xol_area.vaddr`. The eBPF programs compare a
 /// frame's return-address slot with it to tell a tail call from a new call at the same slot,

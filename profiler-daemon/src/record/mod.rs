@@ -359,6 +359,7 @@ fn exit_sleds_if_stuck(books: &KernelBooks, probing: &mut Probing, session: &mut
         }
     }
     probing.policy = ExitPolicy::All(Exits::Sleds);
+    session.exit_sleds_instead();
     let note = stuck_note("", tid, calls);
     errln!("fdr-profiled: exits: {placed} exit sleds placed instead of return probes: {note}");
     session.note_exits(&note);

@@ -18,10 +18,10 @@ pub fn stuck_thread(
     session: &Session,
     process: Option<u32>,
 ) -> Option<(u32, u64)> {
-    // The programs know the kernel is at its limit when they counted every pending return
-    // probe; frames the kernel hooked before recording began (--pid) they do not know of, and
-    // then the frames it no longer hooks show as frames proven gone by a later call rather
-    // than by a catch (under repair every exception is seen caught).
+    // The programs read the kernel's own count of the thread's pending return probes (when its
+    // BTF says where it is) at each entry, and count the calls it does not hook while its
+    // newest pending one is gone: exact. A destructor run while an exception unwinds (it
+    // proves frames gone before the catch) is ordinary C++, no sign of the limit.
     let limit = u64::from(STUCK_BEYOND_RETURN_LIMIT);
     let of_process = |tid: u32| {
         process.is_none_or(|pid| std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists())
@@ -30,15 +30,19 @@ pub fn stuck_thread(
     // of the system) are read only once one has.
     let reached = books.counter(profiler_common::counter::BEYOND_RETURN_LIMIT) > 0;
     let threads = if reached { books.threads() } else { Vec::new() };
-    threads
+    let stuck = threads
         .into_iter()
         .find(|&(tid, s)| s.stuck_calls > STUCK_BEYOND_RETURN_LIMIT && of_process(tid))
-        .map(|(tid, s)| (tid, u64::from(s.stuck_calls)))
-        .or_else(|| {
-            session
-                .most_frames_closed_uncaught(|pid| process.is_none_or(|p| p == pid))
-                .filter(|&(_, n)| n > limit)
-        })
+        .map(|(tid, s)| (tid, u64::from(s.stuck_calls)));
+    if stuck.is_some() || books.kernel_depth_known() {
+        return stuck;
+    }
+    // Without the kernel's own count, the programs' misses the frames it hooked before
+    // recording began (--pid); the frames it then no longer hooks show as frames proven gone
+    // by a later call rather than by a catch.
+    session
+        .most_frames_closed_uncaught(|pid| process.is_none_or(|p| p == pid))
+        .filter(|&(_, n)| n > limit)
 }
 
 /// What the manifest says when `whose` (a process, or "" for the session's) exits are observed

@@ -184,6 +184,11 @@ impl RepairedProcesses {
             Ok(keeper) => keeper,
             Err(err) => {
                 tracer.detach(unwind_stops);
+                // A process that ended meanwhile is said so, not with the errno of the look at
+                // its threads that found it gone.
+                if !self.runs_it(pid) {
+                    bail!("it exited before it could be traced");
+                }
                 return Err(err);
             }
         };

@@ -202,7 +202,16 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
                 );
             }
             let processes = b["processes"].as_array().map_or(&[][..], Vec::as_slice);
-            if processes.is_empty() {
+            let repair = &b["repair"];
+            if repair.is_object() {
+                // Each process of a repaired target, traced by a keeper of its own.
+                outln!(
+                    "      repair: {} processes traced, {} running now, {} not traced",
+                    repair["processes_traced"],
+                    repair["processes_live"],
+                    repair["processes_not_traced"]
+                );
+            } else if processes.is_empty() {
                 outln!("      no process seen");
             }
             for p in processes {

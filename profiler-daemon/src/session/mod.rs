@@ -245,18 +245,22 @@ impl Session {
         let functions: usize = self.objects.iter().map(|o| o.functions).sum();
         let return_probe_functions: usize =
             self.objects.iter().map(|o| o.return_probe_functions).sum();
-        let mut methods = ExitMethods {
+        let (return_probe_calls, exit_sled_calls) = self.totals.observed_calls();
+        ExitMethods {
             return_probe_functions,
             exit_sled_functions: functions.saturating_sub(return_probe_functions),
-            ..ExitMethods::default()
-        };
-        for (id, t) in self.totals.iter() {
-            match self.return_probed.contains(&id) {
-                true => methods.return_probe_calls += t.calls,
-                false => methods.exit_sled_calls += t.calls,
-            }
+            return_probe_calls,
+            exit_sled_calls,
         }
-        methods
+    }
+
+    /// Every function's exits are observed by their sleds from now on (the kernel stuck at its
+    /// limit of pending return probes): the summary counts the functions so.
+    pub fn exit_sleds_instead(&mut self) {
+        self.return_probed.clear();
+        for o in &mut self.objects {
+            o.return_probe_functions = 0;
+        }
     }
 
     /// Records a thread's next event (in its program order, see [`crate::session::order`]); `gap` says

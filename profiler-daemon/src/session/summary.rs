@@ -24,9 +24,27 @@ pub struct Totals {
     /// Where each function's totals are in `list`.
     index: FxHashMap<u32, u32>,
     list: Vec<(u32, FunctionTotals)>,
+    /// Calls whose exit a return probe observed, and an exit sled (or a tail sled).
+    by_return_probe: u64,
+    by_exit_sled: u64,
 }
 
 impl Totals {
+    /// Counts one call's exit by the method that observed it (`event_flags::BY_RETURN_PROBE`).
+    #[inline]
+    pub fn observed(&mut self, by_return_probe: bool) {
+        if by_return_probe {
+            self.by_return_probe += 1;
+        } else {
+            self.by_exit_sled += 1;
+        }
+    }
+
+    /// Calls whose exit a return probe observed, and an exit or tail sled.
+    pub fn observed_calls(&self) -> (u64, u64) {
+        (self.by_return_probe, self.by_exit_sled)
+    }
+
     /// Where the totals of `function_id` are in the list, adding them if new.
     fn place(&mut self, function_id: u32) -> u32 {
         let list = &mut self.list;
@@ -273,9 +291,10 @@ pub struct ExitMethods {
     pub return_probe_functions: usize,
     /// Functions with probes on their exit sleds.
     pub exit_sled_functions: usize,
-    /// Completed calls of the functions with a return probe.
+    /// Calls whose exit a return probe observed.
     pub return_probe_calls: u64,
-    /// Completed calls of the functions with exit sleds.
+    /// Calls whose exit an exit sled (or a tail sled) observed. Calls closed where they were
+    /// proven gone (an exception, a `longjmp`, a lost exit) are in neither.
     pub exit_sled_calls: u64,
 }
 

@@ -369,6 +369,7 @@ impl ThreadTrace {
                         let r = writer.function(action, h.function_id, ts, cpu)?;
                         if matches!(r, Recorded::Written | Recorded::WrittenAfterUnwind { .. }) {
                             self.times.add(top.function_id, top.entered, ts, totals);
+                            totals.observed(h.flags & event_flags::BY_RETURN_PROBE != 0);
                         }
                         self.frames.pop();
                         Fate::of(r)
