@@ -261,8 +261,11 @@ pub struct ThreadState {
     /// the kernel holds the return probes of frames an exception or `longjmp` left, and is
     /// stuck at its limit. A deep recursion, whose pending frames are all live, adds none.
     pub stuck_calls: u32,
-    /// Unused (keeps the layout free of padding).
-    pub reserved: u32,
+    /// 1 from a catch that stopped the thread for its repair until its next entry or return
+    /// probe: the repair keeper may make it pass through the return trampoline once, to drop
+    /// the kernel's instances of the frames the exception left (see
+    /// [`repair_state::CLEANUP`]), and the return program then looks at its `RepairState`.
+    pub cleanup_pending: u32,
     /// The thread's id, set at its first event.
     pub tid: u32,
     /// Its process's id, set at its first event.
@@ -287,7 +290,7 @@ impl Default for ThreadState {
             beyond_return_depth: 0,
             exited: 0,
             stuck_calls: 0,
-            reserved: 0,
+            cleanup_pending: 0,
             tid: 0,
             pid: 0,
             tail_exited: [0; TAIL_BITS_WORDS],
@@ -446,6 +449,12 @@ pub mod repair_state {
     /// the original return address back into every live frame still hooked before it
     /// detaches (no frame is left for an exception to find hooked without a tracer).
     pub const RELEASE: u32 = 4;
+    /// At a catch, the kernel holding as many return probes for the thread as it allows, some
+    /// of frames the exception left: the tracer makes the thread pass once through the return
+    /// trampoline with its stack pointer just above the outermost of those (`sp` is that
+    /// frame's slot), so that the kernel drops them all. The kernel runs the return handler of
+    /// that outermost one: the return program stays silent for it.
+    pub const CLEANUP: u32 = 5;
 }
 
 /// Default size of each per-CPU ring buffer in bytes (a power of two, as the kernel requires).

@@ -359,6 +359,7 @@ fn account_call(state: &mut ThreadState, cookie: &Cookie, slot: u64) -> u8 {
         return 0;
     }
     if kind == SledKind::Entry as u8 || kind == SledKind::LogArgsEntry as u8 {
+        state.cleanup_pending = 0;
         // The kernel checks its depth limit before it drops dead instances. Its own count
         // when it can be read (it knows the frames hooked before recording began), else ours.
         let kernel = kernel_returns(slot);
@@ -642,6 +643,24 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
     };
     // The return probe fires after `ret` popped the frame's return-address slot.
     let slot = stack_pointer(ctx.as_ptr()).wrapping_sub(8);
+    if state.cleanup_pending != 0 {
+        state.cleanup_pending = 0;
+        if cleanup_return(slot) {
+            // The repair keeper made the thread pass through the trampoline to drop the
+            // kernel's instances of frames an exception left (`repair_state::CLEANUP`): the
+            // kernel dropped those below `slot` and this one. No frame returned.
+            drop_dead_returns::<false>(state, slot);
+            if state.returns_pending > 0 {
+                let top = (state.returns_pending - 1) & 63;
+                // SAFETY: a plain read of a local (see `drop_dead_returns`).
+                let top = unsafe { core::ptr::read_volatile(&top) } & 63;
+                if state.return_slots[top as usize] == slot {
+                    state.returns_pending -= 1;
+                }
+            }
+            return 0;
+        }
+    }
     // Frames entered beyond the kernel's return-probe depth have no return probe: any return
     // probe firing means they are gone.
     state.beyond_return_depth = 0;
@@ -799,6 +818,19 @@ pub fn thread_books(ctx: *mut c_void) -> i32 {
     0
 }
 
+/// Whether the return probe firing now at `slot` is the repair keeper's pass through the
+/// trampoline (see `repair_state::CLEANUP`), not a frame's return.
+#[inline(always)]
+fn cleanup_return(slot: u64) -> bool {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: a plain lookup; the value is read at once.
+    unsafe {
+        REPAIRS
+            .get(&tid)
+            .is_some_and(|r| r.state == repair_state::CLEANUP && r.sp == slot)
+    }
+}
+
 /// `--exits repair`, at a throw (cookie kind `THROW`): copies the thread's pending return-probe
 /// instances into `REPAIRS` and stops the thread; at a catch (kind `CATCH`): stops the thread
 /// again if the daemon restored frames of it. See `profiler_common::RepairState`.
@@ -820,7 +852,13 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
                 if (*r).state == repair_state::RESTORED {
                     (*r).state = repair_state::CATCHING;
                     (*r).sp = stack_pointer(ctx.as_ptr());
+                    // The kernel's instances now, for the keeper to drop those of the frames
+                    // the exception left when the kernel is at its limit.
+                    copy_return_instances(task, &mut *r);
                     (*r).signal = stop_signal(task);
+                    if let Some(state) = thread_state(false) {
+                        state.cleanup_pending = 1;
+                    }
                     send_signal((*r).signal);
                 }
             }

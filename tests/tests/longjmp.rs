@@ -186,3 +186,62 @@ fn longjmp_by_pid() {
         unmatched_allowed: 1,
     });
 }
+
+/// By pid, the main thread longjmps from 101 frames deep straight back to `main`, entered
+/// before tracing: the kernel keeps 64 dead return-probe instances that no traced caller will
+/// drop, and hooks no new frame of that thread. The programs see it in the kernel's own count,
+/// and the session observes exits by their sleds from then on (no keeper here to make the
+/// thread pass through the trampoline, as `--exits repair` does): every call's entry is in the
+/// file, the calls after the switch end with their sleds' exits, counted so in the summary.
+#[test]
+fn longjmp_past_the_limit_to_a_frame_before_tracing_turns_to_exit_sleds() {
+    let scratch = scratch_dir("longjmp-escape");
+    let bin = private_copy(&longjmp_fixture(), scratch.path());
+    let out = scratch.path().join("out");
+    let mut fixture = Running::spawn_piped(
+        "longjmp",
+        std::process::Command::new(&bin).args([
+            "--iterations",
+            "20000",
+            "--wait-stdin",
+            "--escape-depth",
+            "100",
+        ]),
+    );
+    let mut tracer = start_pid(fixture.pid(), &out, &[]);
+    tracer.wait_for_stderr_line(tests::RECORDING_PREFIX, Duration::from_secs(60));
+    fixture.send_line("go");
+    let fixture = fixture.finish(TIMEOUT);
+    assert_success("longjmp fixture", &fixture);
+    let tracer = tracer.finish(TIMEOUT);
+    assert_success("fdr-profiled --pid", &tracer);
+    assert!(
+        tracer
+            .stderr
+            .contains("exit sleds placed instead of return probes"),
+        "{}",
+        tracer.stderr
+    );
+    let session = read_session(&out);
+    assert_eq!(session.events_lost, 0, "{}", session.json);
+    tests::assert_every_event_accounted(&session);
+    let methods = &session.json["exit_methods"];
+    assert!(methods["exit_sled_calls"].as_u64() > Some(0), "{methods}");
+    // Every entry is in the files, as the fixture counted them.
+    let calls: ExpectedCalls = expected_calls(&parse_count_lines(&fixture.stdout));
+    for p in &session.processes {
+        for t in &p.threads {
+            let records = convert(19, &bin, &out.join(&t.file)).records;
+            let Some(want) = calls.get(&t.tid) else {
+                continue;
+            };
+            for (function, n) in want {
+                let entries = records
+                    .iter()
+                    .filter(|r| &r.function == function && !r.kind.is_exit())
+                    .count() as u64;
+                assert_eq!(entries, *n, "thread {}: {function}", t.tid);
+            }
+        }
+    }
+}

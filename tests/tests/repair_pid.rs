@@ -13,9 +13,10 @@
 //!   function, saying why.
 //! - The files are valid for llvm-xray 14 and 19, every event is accounted for, and the
 //!   repairs are in the summary and `session.json`.
-//! - A thread left stuck at the kernel's limit of 64 pending return probes (an exception
-//!   through a 100-deep recursion, caught in a frame entered before tracing) makes the process's
-//!   exits observed by their sleds from then on: its later calls are exact again.
+//! - A thread whose 64 hooked frames an exception left (through a 100-deep recursion, caught
+//!   in a frame entered before tracing) is made to pass once through the return trampoline at
+//!   the catch, so that the kernel drops their instances: its later calls keep their return
+//!   probes, each with its own exit, with no fall-back to exit sleds.
 //!
 //! - `--attach BIN --exits repair`: a server running before the session and one started during
 //!   it are each repaired by a keeper of their own, and let go the same way.
@@ -199,33 +200,33 @@ fn a_process_another_tracer_holds_gets_exits_per_function() {
     assert_server_totals(&last, 0, 3);
 }
 
+/// A thread whose outer frames were entered before tracing throws from 100 frames deep to its
+/// own loop: the kernel keeps the 64 hooked frames' instances (it drops them only when a hooked
+/// caller returns, and none will), and at its limit it would hook no new frame. The keeper
+/// makes the thread pass once through the return trampoline at the catch, and the kernel
+/// drops them: the 40,000 calls after it keep their return probes, each with its own exit,
+/// and nothing falls back to exit sleds.
 #[test]
-fn a_thread_stuck_at_the_return_probe_limit_turns_the_process_to_exit_sleds() {
-    let scratch = tests::scratch_dir("repair-pid-stuck");
+fn a_thread_whose_outer_frames_predate_tracing_keeps_its_return_probes_after_a_deep_throw() {
+    let scratch = tests::scratch_dir("repair-pid-deep");
     let mut server = Server::start(scratch.path());
     let out = scratch.path().join("out");
     let mut tracer = start_pid(server.pid(), &out, &["--exits", "repair", "--no-report"]);
     tracer.wait_for_stderr_line("fdr-profiled: repair:", TIMEOUT);
-    // A long request entered while return probes are placed; then one that throws from 100
-    // frames deep to the thread's loop (entered before tracing): the kernel keeps the 64
-    // hooked frames' instances, with no traced caller to drop them.
     server.command(b'r');
     std::thread::sleep(Duration::from_millis(200));
     server.command(b'd');
     std::thread::sleep(Duration::from_millis(200));
-    // 20,000 calls beyond the limit: the session turns to exit sleds.
     server.command(b'a');
-    let switched = tracer.wait_for_stderr_match("the switch to exit sleds", TIMEOUT, |l| {
-        l.contains("exit sleds placed instead of return probes")
-    });
-    assert!(
-        switched.contains("calls without a return probe, the kernel at its limit of 64"),
-        "{switched}"
-    );
     server.command(b'b');
     std::thread::sleep(Duration::from_millis(1500));
     let done = tests::run::interrupt_and_finish(tracer, TIMEOUT);
     tests::run::assert_success("fdr-profiled --pid --exits repair", &done);
+    assert!(
+        !done.stderr.contains("instead of return probes"),
+        "a fall-back to exit sleds: {}",
+        done.stderr
+    );
     assert_untraced(server.pid());
     server.command(b't');
     std::thread::sleep(Duration::from_millis(300));
@@ -235,24 +236,27 @@ fn a_thread_stuck_at_the_return_probe_limit_turns_the_process_to_exit_sleds() {
 
     let trace = tests::trace::check_trace_dir(&out, &server_fixture());
     tests::assert_every_event_accounted(&trace.session);
+    let json = &trace.session.json;
     assert!(
-        trace.session.json["exits_reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("exits observed by their sleds from")),
-        "{}",
-        trace.session.json
+        json["repair"]["trampoline_passes"].as_u64() >= Some(1),
+        "the deep throw's instances were dropped: {}",
+        json["repair"]
     );
+    assert_eq!(json["exit_methods"]["exit_sled_calls"], 0, "{json}");
     let long = trace
         .threads
         .iter()
         .find(|t| t.calls().contains_key("sv_leaf_a"))
         .expect("the long-request thread");
     let calls = long.calls();
-    // Before the switch, sv_leaf_a's calls had no exit of their own (each closed by the next
-    // entry that proved it gone); after it, sv_leaf_b's exits are its exit sleds'.
-    assert_eq!(calls["sv_leaf_a"].entries(), 20_000, "{calls:?}");
-    assert_eq!(calls["sv_leaf_b"].entries(), 20_000, "{calls:?}");
-    assert_eq!(calls["sv_leaf_b"].exits(), 20_000, "{calls:?}");
+    for leaf in ["sv_leaf_a", "sv_leaf_b"] {
+        assert_eq!(
+            (calls[leaf].entries(), calls[leaf].exits()),
+            (20_000, 20_000),
+            "{leaf}: {calls:?}"
+        );
+    }
+    // Their exits are their return probes' (the recorder closed none of them).
     let dump = tests::tools::run_output(
         Command::new(tests::tools::fdr_profiled())
             .arg("dump")
@@ -263,25 +267,13 @@ fn a_thread_stuck_at_the_return_probe_limit_turns_the_process_to_exit_sleds() {
     );
     assert!(dump.status.success(), "{dump:?}");
     let dump = String::from_utf8(dump.stdout).unwrap();
-    let count = |what: &str, function: &str| {
-        dump.lines()
-            .filter(|l| l.contains(what) && l.ends_with(&format!(" {function}")))
-            .count()
-    };
-    // The daemon looks for a stuck thread every 100 ms: the switch may land while 'a' still
-    // runs (about 15 ms), but not before 4,096 of its calls passed the limit. The calls
-    // before it were closed by the recorder (no exit record), those after have their exit
-    // sleds' exits.
-    let a_exits = count("<Function Exit", "sv_leaf_a");
-    assert!(
-        a_exits <= 20_000 - profiler_common::STUCK_BEYOND_RETURN_LIMIT as usize,
-        "{a_exits} of sv_leaf_a's exits not closed by the recorder"
-    );
-    assert_eq!(
-        count("<Function Exit", "sv_leaf_b"),
-        20_000,
-        "their own exits"
-    );
+    for leaf in ["sv_leaf_a", "sv_leaf_b"] {
+        let exits = dump
+            .lines()
+            .filter(|l| l.contains("<Function Exit") && l.ends_with(&format!(" {leaf}")))
+            .count();
+        assert_eq!(exits, 20_000, "{leaf}: exits of its own");
+    }
 }
 
 /// `--attach BIN --exits repair`: a server running before the session and one started during

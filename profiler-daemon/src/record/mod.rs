@@ -242,9 +242,11 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         .iter()
         .map(|p| p.undecodable_event_sleds)
         .sum();
-    // Under repair, the return probes are kept apart: a thread stuck at the kernel's limit of
-    // pending return probes makes the session observe exits by their sleds instead.
-    let mut return_probes = repairing.then(Vec::new);
+    // Wherever return probes are placed they are kept apart: a thread stuck at the kernel's
+    // limit of pending return probes makes the session observe exits by their sleds instead
+    // (under repair only where its keeper cannot make the thread pass through the trampoline;
+    // elsewhere, a `longjmp` from past the limit to a frame entered before tracing).
+    let mut return_probes = (policy != ExitPolicy::All(Exits::Sleds)).then(Vec::new);
     let mut repaired = None;
     let placed = if repairing && matches!(target, Target::Attach) {
         // Each process gets its probes once its keeper traces it (see `repaired`).
@@ -333,11 +335,13 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     })
 }
 
-/// Under repair, when a thread is stuck at the kernel's limit of pending return probes (see
-/// [`stuck::STUCK_BEYOND_RETURN_LIMIT`]), its calls would have no exit of their own for the rest of
-/// the session: the whole process's exits are observed by their sleds from then on (exact,
-/// at the cost of a single-stepped `ret` each), and the manifest says when and why. The
-/// frames hooked before still return through the trampoline and are still repaired.
+/// When a thread is stuck at the kernel's limit of pending return probes (see
+/// [`stuck::STUCK_BEYOND_RETURN_LIMIT`]: a `longjmp` from past it to a frame entered before
+/// tracing, or, under repair, an exception where the keeper cannot make the thread pass
+/// through the trampoline), its calls would have no exit of their own for the rest of the
+/// session: the whole process's exits are observed by their sleds from then on (exact, at the
+/// cost of a single-stepped `ret` each), and the manifest says when and why. The frames hooked
+/// before still return through the trampoline (and under repair are still repaired).
 fn exit_sleds_if_stuck(books: &KernelBooks, probing: &mut Probing, session: &mut Session) {
     let Some((tid, calls)) = stuck_thread(books, session, None) else {
         return;

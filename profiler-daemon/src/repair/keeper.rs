@@ -245,6 +245,8 @@ impl Keeper {
         ]);
         keep.extend(stops.objects.iter().map(|o| o.file.as_raw_fd()));
         let running = matches!(tracee, Tracee::Running(..));
+        // Known before the fork, the keeper inherits it.
+        kernel_has_syscall_trampoline();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         // SAFETY: no other thread exists (see above), so the child may run any code.
@@ -510,7 +512,12 @@ fn close_all_but(keep: &[RawFd]) {
 fn seize(pid: u32) -> Result<()> {
     // Threads, forked processes (see `Repairer::children`) and `exec` (a forked child that
     // runs another program is let go).
-    let options = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEEXEC;
+    // TRACESYSGOOD: the stops of a pass through the return trampoline (see
+    // `Repairer::drop_dead_instances`) are told from signals.
+    let options = libc::PTRACE_O_TRACECLONE
+        | libc::PTRACE_O_TRACEFORK
+        | libc::PTRACE_O_TRACEEXEC
+        | libc::PTRACE_O_TRACESYSGOOD;
     // SAFETY: plain system call.
     let r = unsafe {
         libc::ptrace(
@@ -995,6 +1002,8 @@ impl<'a> Repairer<'a> {
             return false;
         }
         let started = Instant::now();
+        // A signal for the program that came while the thread passed through the trampoline.
+        let mut deliver = 0;
         if let Some(state) = state {
             if state.state == repair_state::THROWN {
                 self.throw(tid, &state);
@@ -1003,6 +1012,7 @@ impl<'a> Repairer<'a> {
                 let _ = self.repairs.insert(tid, PodRepairState(done), 0);
             } else {
                 self.catch(tid, &state);
+                deliver = self.drop_dead_instances(tid, &state);
                 let _ = self.repairs.remove(&tid);
             }
         }
@@ -1010,8 +1020,87 @@ impl<'a> Repairer<'a> {
         let stats = self.stats.entry(tid).or_default();
         stats.repair_ns_total += took;
         stats.repair_ns_max = stats.repair_ns_max.max(took);
-        request(libc::PTRACE_CONT, tid, 0);
+        request(libc::PTRACE_CONT, tid, deliver);
         true
+    }
+
+    /// At a catch: when the kernel holds as many return-probe instances for the thread as it
+    /// allows (64) and some are of frames the exception left (their slot at or below the
+    /// catch's stack pointer), it hooks no new frame until a traced caller of those returns,
+    /// and in a thread whose outer frames were entered before tracing none ever does (it
+    /// cleans up only when a hooked frame returns, or at an entry below its limit). So the
+    /// thread, stopped at its catch, is made to pass once through the return trampoline with
+    /// its stack pointer just above the outermost dead frame's slot: the kernel drops every
+    /// instance below that point, as when a frame returns past frames a `longjmp` left (it runs
+    /// the return handler of that outermost one, which the return program is told to keep
+    /// silent: `repair_state::CLEANUP`). The thread is stopped at the trampoline's system call
+    /// (`PTRACE_SYSCALL`), then its registers and the three stack words the trampoline pushed
+    /// are put back, and it resumes at its catch: the program sees nothing of it. Returns a
+    /// signal for the program that came meanwhile (to deliver when it resumes), else 0.
+    fn drop_dead_instances(&mut self, tid: u32, state: &profiler_common::RepairState) -> i32 {
+        let frames = (state.frames as usize).min(state.slots.len());
+        if frames < profiler_common::MAX_RETURN_PROBE_DEPTH as usize {
+            // Below its limit the kernel drops them itself at the thread's next entry.
+            return 0;
+        }
+        let catch_sp = state.sp;
+        let Some(&outermost) = state.slots[..frames]
+            .iter()
+            .filter(|&&slot| slot != 0 && slot <= catch_sp)
+            .max()
+        else {
+            return 0;
+        };
+        let dead = state.slots[..frames]
+            .iter()
+            .filter(|&&slot| slot != 0 && slot <= catch_sp)
+            .count() as u64;
+        let (Some(trampoline), true) = (self.trampoline(), syscall_trampoline(self.pid)) else {
+            return 0;
+        };
+        let Some(saved) = ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid) else {
+            return 0;
+        };
+        // The trampoline pushes three words below the stack pointer it starts with.
+        let sp = outermost + 8;
+        let words: Vec<Option<u64>> = (1..=3).map(|i| read_word(tid, sp - 8 * i)).collect();
+        if words.iter().any(Option::is_none) {
+            return 0;
+        }
+        let mut cleanup = *state;
+        cleanup.state = repair_state::CLEANUP;
+        cleanup.sp = outermost;
+        if self
+            .repairs
+            .insert(tid, PodRepairState(cleanup), 0)
+            .is_err()
+        {
+            return 0;
+        }
+        let mut regs = saved;
+        regs.rip = trampoline;
+        regs.rsp = sp;
+        // Not in a system call: nothing is restarted when the registers are put back.
+        regs.orig_rax = u64::MAX;
+        let mut deliver = 0;
+        let passed = set_regs(tid, &regs) && {
+            let (passed, signal) = pass_through_trampoline(tid, trampoline);
+            deliver = signal;
+            passed
+        };
+        // Whatever happened, the thread goes on from its catch as it was.
+        let restored = set_regs(tid, &saved);
+        for (i, word) in words.into_iter().enumerate() {
+            if let Some(word) = word {
+                write_word(tid, sp - 8 * (i as u64 + 1), word);
+            }
+        }
+        if passed && restored {
+            let stats = self.stats.entry(tid).or_default();
+            stats.trampoline_passes += 1;
+            stats.instances_dropped += dead;
+        }
+        deliver
     }
 
     /// At a throw: the original return address back into every live slot that holds the
@@ -1160,6 +1249,99 @@ fn request(request: libc::c_uint, tid: u32, data: i32) {
             std::ptr::null_mut::<libc::c_void>(),
             data as usize as *mut libc::c_void,
         );
+    }
+}
+
+/// `__NR_uretprobe` (x86-64): the system call the return trampoline makes.
+const NR_URETPROBE: u64 = 335;
+
+/// Whether the return trampoline of process `pid` is the kernel's system-call one (`push`
+/// three registers, `uretprobe` system call: Linux 6.11+ on x86-64) and not a breakpoint
+/// (older kernels, and processes with shadow stacks): only the first can be stopped in before
+/// it returns anywhere.
+fn syscall_trampoline(pid: u32) -> bool {
+    let shadow_stack = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("x86_Thread_features:") && l.contains("shstk"))
+        })
+        .unwrap_or(true);
+    kernel_has_syscall_trampoline() && !shadow_stack
+}
+
+/// Whether this kernel gives 64-bit processes the system-call return trampoline: the
+/// `uretprobe` system call exists exactly where it does. Read once (`/proc/kallsyms` takes tens
+/// of milliseconds), by fdr-profiled before it forks a keeper, so that no thread waits for it.
+fn kernel_has_syscall_trampoline() -> bool {
+    static KERNEL_HAS_IT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KERNEL_HAS_IT.get_or_init(|| {
+        std::fs::read_to_string("/proc/kallsyms")
+            .is_ok_and(|syms| syms.lines().any(|l| l.ends_with(" __x64_sys_uretprobe")))
+    })
+}
+
+/// Runs the stopped thread `tid`, whose registers point at the return `trampoline`, up to the
+/// end of its `uretprobe` system call (stopped at its entry, then at its exit). Whether it
+/// got there, and a signal for the program that came meanwhile (0: none).
+fn pass_through_trampoline(tid: u32, trampoline: u64) -> (bool, i32) {
+    let mut deliver = 0;
+    let mut entered = false;
+    for _ in 0..16 {
+        request(libc::PTRACE_SYSCALL, tid, 0);
+        let mut status = 0;
+        // SAFETY: valid pointer to an int; `tid` is a thread we trace.
+        let r = unsafe { libc::waitpid(tid as libc::pid_t, &mut status, libc::__WALL) };
+        if r < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return (false, deliver);
+        }
+        if !libc::WIFSTOPPED(status) {
+            return (false, deliver);
+        }
+        let signal = libc::WSTOPSIG(status);
+        if signal == (libc::SIGTRAP | 0x80) && status >> 16 == 0 {
+            let Some(regs) = ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid) else {
+                return (false, deliver);
+            };
+            if !entered {
+                if regs.orig_rax != NR_URETPROBE
+                    || regs.rip < trampoline
+                    || regs.rip > trampoline + 64
+                {
+                    // Not the trampoline's system call: it is not made (the registers are
+                    // put back at its exit).
+                    let mut skip = regs;
+                    skip.orig_rax = u64::MAX;
+                    set_regs(tid, &skip);
+                    return (false, deliver);
+                }
+                entered = true;
+                continue;
+            }
+            return (true, deliver);
+        }
+        if status >> 16 == 0 && deliver == 0 && signal != libc::SIGTRAP {
+            // A signal for the program, suppressed now, delivered when it resumes.
+            deliver = signal;
+        }
+    }
+    (false, deliver)
+}
+
+/// Sets the stopped thread's registers; whether it could.
+fn set_regs(tid: u32, regs: &libc::user_regs_struct) -> bool {
+    // SAFETY: plain system call reading a `user_regs_struct` of ours.
+    unsafe {
+        libc::ptrace(
+            libc::PTRACE_SETREGS,
+            tid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            (regs as *const libc::user_regs_struct)
+                .cast_mut()
+                .cast::<libc::c_void>(),
+        ) == 0
     }
 }
 

@@ -321,6 +321,13 @@ pub struct RepairStats {
     /// their calls are not recorded).
     #[serde(default)]
     pub forks_followed: u64,
+    /// Catches after which the thread passed once through the kernel's return trampoline, the
+    /// kernel at its limit of pending return probes: it dropped `instances_dropped` instances
+    /// of frames the exception left, which it would otherwise have kept, hooking no new frame.
+    #[serde(default)]
+    pub trampoline_passes: u64,
+    #[serde(default)]
+    pub instances_dropped: u64,
     /// Time the program's thread stayed stopped for its repairs, in all and at worst
     /// (nanoseconds, from its stop being seen to its resumption).
     pub repair_ns_total: u64,
@@ -338,6 +345,8 @@ impl RepairStats {
         self.signals_passed_on += other.signals_passed_on;
         self.frames_released += other.frames_released;
         self.forks_followed += other.forks_followed;
+        self.trampoline_passes += other.trampoline_passes;
+        self.instances_dropped += other.instances_dropped;
         self.repair_ns_total += other.repair_ns_total;
         self.repair_ns_max = self.repair_ns_max.max(other.repair_ns_max);
     }
@@ -360,8 +369,16 @@ impl RepairStats {
         } else {
             String::new()
         };
+        let passes = if self.trampoline_passes > 0 {
+            format!(
+                "; {} passes through the return trampoline dropped {} instances of frames exceptions left",
+                self.trampoline_passes, self.instances_dropped
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again), {} slots left alone; stopped {:.3} ms for repairs, worst {:.1} us; {} signals passed on{}{}",
+            "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again), {} slots left alone; stopped {:.3} ms for repairs, worst {:.1} us; {} signals passed on{}{}{passes}",
             self.throws,
             self.frames_restored,
             self.catches,
