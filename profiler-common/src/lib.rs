@@ -151,8 +151,9 @@ pub mod event_flags {
     /// A thread's end whose `function_id` holds its exit code (see
     /// [`super::event_kind::THREAD_EXIT`]).
     pub const EXIT_CODE: u8 = 4;
-    /// An exit a return probe observed (not an exit sled): the summary counts calls by the
-    /// method that really observed their end.
+    /// An exit a return probe observed (or the tail sled of a function whose exits a return
+    /// probe observes), not an exit sled: the summary counts calls by the method that really
+    /// observed their end.
     pub const BY_RETURN_PROBE: u8 = 8;
 }
 

@@ -407,6 +407,8 @@ fn account_call(state: &mut ThreadState, cookie: &Cookie, slot: u64) -> u8 {
         } else if state.returns_pending > 0 {
             state.tail_exited[0] |= 1u64 << ((state.returns_pending - 1) & 63);
         }
+        // Its exit is counted with the return probes' (the summary's methods).
+        return event_flags::BY_RETURN_PROBE;
     }
     0
 }

@@ -381,3 +381,41 @@ fn attach_repairs_every_process_running_the_binary() {
         );
     }
 }
+
+/// `--pid` with the defaults on a C++ process: `auto` repairs its stack (return probes at
+/// their cost), keeps them after a deep throw caught in a frame entered before tracing, and
+/// lets the process go untraced at the end.
+#[test]
+fn pid_with_the_defaults_repairs_a_cpp_process() {
+    let scratch = tests::scratch_dir("repair-pid-defaults");
+    let mut server = Server::start(scratch.path());
+    let out = scratch.path().join("out");
+    let mut tracer = start_pid(server.pid(), &out, &["--no-report"]);
+    tracer.wait_for_stderr_line("fdr-profiled: repair:", TIMEOUT);
+    server.command(b'd');
+    server.command(b'a');
+    std::thread::sleep(Duration::from_millis(1000));
+    let done = tests::run::interrupt_and_finish(tracer, TIMEOUT);
+    tests::run::assert_success("fdr-profiled --pid", &done);
+    assert_untraced(server.pid());
+    let last = server.stop();
+    assert_eq!(total(&last, "deep_caught"), 1, "{last}");
+    let trace = tests::trace::check_trace_dir(&out, &server_fixture());
+    tests::assert_every_event_accounted(&trace.session);
+    let json = &trace.session.json;
+    assert_eq!(json["exits"], "repair", "{json}");
+    assert!(
+        json["exits_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("auto: ") && r.contains("__gxx_personality_v0")),
+        "{json}"
+    );
+    assert_eq!(json["exit_methods"]["exit_sled_calls"], 0, "{json}");
+    let long = trace
+        .threads
+        .iter()
+        .find(|t| t.calls().contains_key("sv_leaf_a"))
+        .expect("the long-request thread");
+    let a = long.calls()["sv_leaf_a"];
+    assert_eq!((a.entries(), a.exits()), (20_000, 20_000));
+}

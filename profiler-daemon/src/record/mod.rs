@@ -140,7 +140,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     if cli.follow_forks && cli.exits == ExitMode::Repair {
         bail!("--follow-forks cannot be used with --exits repair (the repair keeper traces one process)");
     }
-    let repair = repair_wanted(cli, program.is_some(), &planned.image)?;
+    let repair = repair_wanted(cli, cli.attach.is_some(), &planned.image)?;
     let (mut policy, mut exits_choice) = match &repair {
         Some(wanted) => wanted.choice(),
         None => crate::plan::exits::choose(cli.exits, &planned.image),
@@ -383,9 +383,8 @@ impl RepairWanted {
         let (policy, mut choice) = crate::plan::exits::choose(ExitMode::Repair, &[]);
         if let Some((path, symbol)) = &self.unwinder {
             choice.reason = format!(
-                "auto: {} has {symbol} and fdr-profiled launches the command: return probes \
-                 everywhere, the stack repaired at each throw (--exits per-function decides \
-                 each function instead, without a tracer)",
+                "auto: {} has {symbol}: return probes everywhere, the stack repaired at each \
+                 throw (--exits per-function decides each function instead, without a tracer)",
                 path.display()
             );
         }
@@ -393,12 +392,17 @@ impl RepairWanted {
     }
 }
 
-/// Whether the session repairs the stack (see `repair::keeper`): `--exits repair` (a launched
-/// command or `--pid`), or `auto` for a launched command whose image can unwind, where this
-/// kernel allows it (its BTF, `uprobe_multi` links).
+/// Whether the session repairs the stack (see `repair::keeper`): `--exits repair`, or `auto`
+/// for an image that can unwind, launched or by `--pid` (return probes at their cost, made safe
+/// for exceptions, where per-function would put exit sleds on every function an exception can
+/// leave), where this kernel allows it (its BTF, `uprobe_multi` links) and the session does
+/// not follow forks (one keeper per process). Not under `--attach`: there each process gets
+/// its keeper and its probes only once the daemon has seen it start (a few milliseconds in),
+/// so its first calls, and a process shorter than that whole, would not be recorded; exits
+/// per function record every process from its first instruction.
 fn repair_wanted(
     cli: &RecordArgs,
-    launched: bool,
+    attach: bool,
     image: &[PathBuf],
 ) -> Result<Option<RepairWanted>> {
     match cli.exits {
@@ -411,7 +415,7 @@ fn repair_wanted(
                 unwinder: None,
             }))
         }
-        ExitMode::Auto if launched && !cli.floor && !cli.no_uprobe_multi && !cli.follow_forks => {
+        ExitMode::Auto if !attach && !cli.floor && !cli.no_uprobe_multi && !cli.follow_forks => {
             let Some((path, symbol)) = crate::plan::exits::unwinder(image) else {
                 return Ok(None);
             };
