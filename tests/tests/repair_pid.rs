@@ -137,6 +137,47 @@ fn a_running_server_keeps_serving_under_repair_and_is_let_go() {
     assert!(sv_requests > 100, "requests were recorded: {sv_requests}");
 }
 
+/// 50 SIGKILLs of fdr-profiled (`--pid` with the defaults: repaired) at spread moments of its
+/// session, attach and detach included, on one C++ server whose worker threads throw and catch
+/// through traced frames all the time: after each, its keeper lets the server go (no tracer
+/// left), a long request entered during that session throws through its frames and is caught,
+/// and the server goes on serving; at the end its totals are exact and it exits 0.
+#[test]
+fn a_running_server_survives_fifty_kills_of_fdr_profiled() {
+    let scratch = tests::scratch_dir("repair-pid-kills");
+    let mut server = Server::start(scratch.path());
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    const KILLS: u64 = 50;
+    for round in 0..KILLS {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let delay = Duration::from_micros((seed >> 33) % 1_500_000);
+        let out = scratch.path().join(format!("out-{round}"));
+        let tracer = start_pid(server.pid(), &out, &["--no-report"]);
+        // A new long request, entered midway (hooked if the probes are in place by then).
+        std::thread::sleep(delay / 2);
+        server.command(b'r');
+        std::thread::sleep(delay / 2);
+        tracer.signal(libc::SIGKILL);
+        let done = tracer.finish(TIMEOUT);
+        assert!(
+            done.status.code().is_none() || done.status.success(),
+            "kill {round} after {delay:?}: {}",
+            done.stderr
+        );
+        wait_untraced(server.pid(), "fdr-profiled");
+        // That long request throws through its frames (the keeper put back the return
+        // addresses of those it hooked before it let the server go).
+        server.command(b't');
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let last = server.stop();
+    assert!(total(&last, "requests") > 0, "{last}");
+    assert_eq!(total(&last, "caught"), total(&last, "third"), "{last}");
+    assert_eq!(total(&last, "long_caught"), KILLS, "{last}");
+}
+
 #[test]
 fn a_running_server_is_let_go_when_fdr_profiled_is_killed() {
     let scratch = tests::scratch_dir("repair-pid-kill");
