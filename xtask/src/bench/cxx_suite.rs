@@ -30,7 +30,8 @@ const CXXFLAGS: &[&str] = &[
 ];
 /// The slice of the suite that runs: node and parser tests, where yaml-cpp throws for bad
 /// input and bad conversions (the whole suite takes minutes a run under exit sleds here).
-const FILTER: &str = "--gtest_filter=NodeTest.*:LoadNodeTest.*:ParserTest.*:NodeSpecTest.*";
+pub(super) const FILTER: &str =
+    "--gtest_filter=NodeTest.*:LoadNodeTest.*:ParserTest.*:NodeSpecTest.*";
 /// Untraced runs (median taken).
 const UNTRACED_RUNS: usize = 5;
 /// A traced run's time limit, in seconds.
@@ -147,7 +148,7 @@ fn timed(cmd: &mut Command) -> Result<(f64, String)> {
 }
 
 /// The instrumented test binary, built once into the cache.
-fn build() -> Result<PathBuf> {
+pub(super) fn build() -> Result<PathBuf> {
     let dir = crate::setup::cache_dir().join(format!("yaml-cpp-{VERSION}"));
     let binary = dir.join("yaml-cpp-tests");
     if binary.is_file() {

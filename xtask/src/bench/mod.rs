@@ -10,6 +10,7 @@
 //! one line to [`SECTIONS`]. Nothing else needs to change.
 mod attach;
 mod calls;
+mod cxx_pid;
 mod cxx_suite;
 mod daemon;
 mod report;
@@ -57,6 +58,10 @@ const SECTIONS: &[Section] = &[
     Section {
         name: "cxx_suite",
         run: cxx_suite::run,
+    },
+    Section {
+        name: "cxx_pid",
+        run: cxx_pid::run,
     },
 ];
 
