@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 /// Seconds each traced session lasts, and each untraced run.
 const TRACED_SECS: u64 = 20;
 
+/// A program to measure: its name, how to start it, the start of the lines that count its work.
+type Workload<'a> = (&'static str, Box<dyn Fn() -> Command + 'a>, &'static str);
+
 /// One measured run.
 struct Row {
     name: &'static str,
@@ -58,7 +61,7 @@ pub fn run() -> Result<String> {
             .arg(&server),
     )?;
     let suite = super::cxx_suite::build()?;
-    let workloads: [(&str, Box<dyn Fn() -> Command>, &str); 2] = [
+    let workloads: [Workload; 2] = [
         (
             "deep_server",
             Box::new(|| Command::new(&server)),
