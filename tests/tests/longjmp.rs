@@ -208,7 +208,8 @@ fn longjmp_past_the_limit_to_a_frame_before_tracing_turns_to_exit_sleds() {
             "100",
         ]),
     );
-    let mut tracer = start_pid(fixture.pid(), &out, &[]);
+    // Three threads flat out: rings large enough for a debug daemon to lose nothing.
+    let mut tracer = start_pid(fixture.pid(), &out, &["--buffer-size", "67108864"]);
     tracer.wait_for_stderr_line(tests::RECORDING_PREFIX, Duration::from_secs(60));
     fixture.send_line("go");
     let fixture = fixture.finish(TIMEOUT);
