@@ -20,7 +20,7 @@ pub mod repaired;
 pub mod retention;
 pub mod runtime;
 pub mod segments;
-pub mod slow;
+pub mod triggers;
 
 use anyhow::Result;
 use std::path::PathBuf;

@@ -24,7 +24,7 @@ use crate::service::libraries::{self, Libraries, TAG_SHIFT};
 use crate::service::output::OutputRoot;
 use crate::service::retention::{Retention, Writing};
 use crate::service::segments::{SegmentSpec, Segments};
-use crate::service::slow::{SlowCall, SlowCalls};
+use crate::service::triggers::{Due, Triggers, Watch};
 use crate::session::flight::FlightRecorder;
 use crate::session::order::{Gap, Sequencer};
 use crate::session::output::{name_part, OutputDir};
@@ -75,12 +75,6 @@ struct Watched {
     tag: u32,
     exits: ExitsChoice,
     recorder: FlightRecorder,
-    /// The slow-call trigger, when the target has one.
-    slow: Option<SlowCalls>,
-    /// When its last slow-call snapshot was written: one per window at most.
-    last_slow: Option<std::time::Instant>,
-    /// Its crash snapshots, at most one per `crash_snapshot_interval`.
-    crashes: CrashSnapshots,
     /// Record mode: where its events are written instead of held.
     segments: Option<Segments>,
     /// The instrumented shared objects its processes map, probed per process.
@@ -179,6 +173,8 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         books,
         exited: Vec::new(),
         retention,
+        triggers: Triggers::new(),
+        watched: HashMap::new(),
     };
     let result = runtime.block_on(serve(&mut service, intake, listener));
     let _ = std::fs::remove_file(socket);
@@ -242,6 +238,10 @@ struct Service<'a> {
     /// The output root held open, with the configuration's limits: where snapshots go, and
     /// segments of targets attached from now on.
     retention: Retention,
+    /// What makes snapshots due.
+    triggers: Triggers,
+    /// The binaries the triggers watch (by tag), with how many of their libraries they know.
+    watched: HashMap<u32, usize>,
 }
 
 /// Plans and attaches every binary `config`'s pattern matches now.
@@ -311,7 +311,7 @@ fn attach_target(
     // The processes already running: their libraries are probed now (later ones are looked
     // at when their first event arrives).
     for w in &mut target.binaries {
-        w.watch_running(config, tracer, tags);
+        w.watch_running(tracer, tags);
     }
     Ok(target)
 }
@@ -409,17 +409,6 @@ fn attach_binary(
         "target {}: attached {probes} probes to {} functions in {}",
         config.name, plan.functions, plan.display_path
     );
-    let slow = config.trigger_slower_than.map(|threshold| {
-        let chosen = FunctionFilter::new(&config.trigger_functions, &[])
-            .expect("patterns checked with the configuration");
-        let ids: std::collections::HashSet<u32> = plan
-            .probes
-            .iter()
-            .map(|p| p.cookie.function_id)
-            .filter(|&id| chosen.selects(&plan.names.name(id)))
-            .collect();
-        SlowCalls::new(u64::try_from(threshold.as_nanos()).unwrap_or(u64::MAX), ids)
-    });
     let attached_ns = crate::session::monotonic_ns();
     let segments = (config.mode == Mode::Record).then(|| {
         Segments::new(
@@ -452,9 +441,6 @@ fn attach_binary(
         label: plan.exe_name.clone(),
         snapshots_not_written: std::cell::Cell::new(0),
         libraries,
-        slow,
-        last_slow: None,
-        crashes: CrashSnapshots::default(),
         segments,
         plan,
         probes,
@@ -485,7 +471,7 @@ impl Target {
 impl Watched {
     /// Probes the libraries of the processes already running the binary (later ones are
     /// looked at when their first event arrives).
-    fn watch_running(&mut self, config: &TargetConfig, tracer: &mut Tracer, tags: &mut Tags) {
+    fn watch_running(&mut self, tracer: &mut Tracer, tags: &mut Tags) {
         if let Some(repaired) = &mut self.repaired {
             for pid in repaired.running() {
                 repaired.trace(pid, tracer);
@@ -496,27 +482,17 @@ impl Watched {
         };
         for pid in crate::traced::process::running(executable) {
             let changes = self.libraries.watch(pid, tracer, &mut || tags.next());
-            self.take_libraries(config, &changes);
+            self.take_libraries(&changes);
         }
     }
 
     /// Makes the libraries `changes` registered part of what this binary writes and watches.
-    fn take_libraries(&mut self, config: &TargetConfig, changes: &libraries::Changes) {
+    fn take_libraries(&mut self, changes: &libraries::Changes) {
         for &i in &changes.new_libraries {
             let library = &self.libraries.objects[i];
             let plan = &library.plan;
             if let Some(segments) = &mut self.segments {
                 segments.add_library(plan.clone(), library.probes, library.attached_ns);
-            }
-            if let Some(slow) = &mut self.slow {
-                let chosen = FunctionFilter::new(&config.trigger_functions, &[])
-                    .expect("patterns checked with the configuration");
-                slow.watch_more(
-                    plan.probes
-                        .iter()
-                        .map(|p| p.cookie.function_id)
-                        .filter(|&id| chosen.selects(&plan.names.name(id))),
-                );
             }
         }
     }
@@ -650,7 +626,7 @@ impl Target {
                 running.len()
             );
         }
-        w.watch_running(&self.config, tracer, tags);
+        w.watch_running(tracer, tags);
         self.binaries.push(w);
         self.name_binaries();
         true
@@ -681,7 +657,7 @@ fn look_at_processes(svc: &mut Service<'_>, router: &mut Router, rescan: bool) {
                 changes.new_libraries.extend(more.new_libraries);
             }
             found |= !changes.new_libraries.is_empty();
-            w.take_libraries(&target.config, &changes);
+            w.take_libraries(&changes);
         }
     }
     if found {
@@ -736,11 +712,105 @@ fn matching_files(pattern: &str) -> Vec<PathBuf> {
     found
 }
 
-/// The event loop: drain, route to the targets' recorders, snapshot on SIGUSR1, reload on
-/// SIGHUP.
+/// The path of events, from the kernel's rings to the targets: each thread's events put in
+/// program order and routed to their binary.
+struct Pipeline {
+    intake: Intake,
+    order: Sequencer,
+    router: Router,
+}
+
+impl Pipeline {
+    /// Drains at most `budget` records of each ring (every one with `u64::MAX`); whether
+    /// every ring was emptied.
+    fn drain(&mut self, targets: &mut [Target], triggers: &mut Triggers, budget: u64) -> bool {
+        let (order, router) = (&mut self.order, &mut self.router);
+        let (_, emptied) = self.intake.drain_some(budget, |event| {
+            order.push(event, &mut |e, g| router.route(targets, triggers, e, g))
+        });
+        emptied
+    }
+
+    /// Ends the threads whose kernel-side books are `books` (see `Sequencer::end_threads`).
+    fn end_threads(
+        &mut self,
+        books: &[(u32, profiler_common::ThreadState)],
+        targets: &mut [Target],
+        triggers: &mut Triggers,
+    ) {
+        let router = &mut self.router;
+        self.order
+            .end_threads(books, &mut |e, g| router.route(targets, triggers, e, g));
+    }
+}
+
+/// Writes the snapshots `due` (each binary's window as it is now); returns each one written,
+/// with the trigger that wanted it.
+fn write_due(svc: &mut Service<'_>, due: Vec<Due>) -> Vec<(&'static str, PathBuf)> {
+    if due.is_empty() {
+        return Vec::new();
+    }
+    let stamp = utc_stamp();
+    let mut written = Vec::new();
+    for d in due {
+        let Some((t, b)) = svc.targets.iter().enumerate().find_map(|(t, target)| {
+            let b = target.binaries.iter().position(|w| w.tag == d.tag)?;
+            Some((t, b))
+        }) else {
+            continue;
+        };
+        svc.targets[t].binaries[b].recorder.expire();
+        let target = &svc.targets[t];
+        if let Some(dir) =
+            snapshot_binary(&svc.retention, target, &target.binaries[b], &stamp, &d.name)
+        {
+            written.push((d.trigger, dir));
+        }
+    }
+    written
+}
+
+/// Makes the triggers watch every binary of the flight-recorder targets (and the libraries
+/// found in their processes), and forget those gone.
+fn sync_triggers(svc: &mut Service<'_>) {
+    let mut live = std::collections::HashSet::new();
+    for target in svc.targets.iter().filter(|t| !t.removed) {
+        for w in target.binaries.iter().filter(|w| w.segments.is_none()) {
+            live.insert(w.tag);
+            let known = match svc.watched.get(&w.tag) {
+                Some(&n) => n,
+                None => {
+                    svc.triggers.watch(&Watch {
+                        tag: w.tag,
+                        config: &target.config,
+                        plan: &w.plan,
+                    });
+                    0
+                }
+            };
+            for library in &w.libraries.objects[known..] {
+                svc.triggers.watch_object(w.tag, &library.plan);
+            }
+            svc.watched.insert(w.tag, w.libraries.objects.len());
+        }
+    }
+    let gone: Vec<u32> = svc
+        .watched
+        .keys()
+        .copied()
+        .filter(|tag| !live.contains(tag))
+        .collect();
+    for tag in gone {
+        svc.triggers.forget(tag);
+        svc.watched.remove(&tag);
+    }
+}
+
+/// The event loop: drain, route to the targets' recorders, write the snapshots the triggers
+/// want, answer the control socket, reload on SIGHUP.
 async fn serve(
     svc: &mut Service<'_>,
-    mut intake: Intake,
+    intake: Intake,
     listener: tokio::net::UnixListener,
 ) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -753,8 +823,12 @@ async fn serve(
     let mut expire = tokio::time::interval(EXPIRE_INTERVAL);
     let mut rescan = tokio::time::interval(libraries::RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut order = Sequencer::default();
-    let mut router = Router::new(svc.targets);
+    let mut events = Pipeline {
+        intake,
+        order: Sequencer::default(),
+        router: Router::new(svc.targets),
+    };
+    sync_triggers(svc);
     let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     // systemd's watchdog, when the unit sets WatchdogSec: a ping at half its period.
     let mut watchdog_usec = 0;
@@ -772,24 +846,21 @@ async fn serve(
     loop {
         tokio::select! {
             _ = drain.tick() => {
-                intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+                events.drain(svc.targets, &mut svc.triggers, DRAIN_BUDGET);
                 svc.tracer.show_kernel_log();
                 look_at_repaired(svc);
-                look_at_processes(svc, &mut router, false);
-                for crash in router.crashes_due() {
-                    snapshot_crash(&svc.retention, svc.targets, &crash);
-                }
-                deferred_crash_snapshots(&svc.retention, svc.targets, false);
-                for (t, b, slow) in std::mem::take(&mut router.slow) {
-                    snapshot_slow(&svc.retention, svc.targets, t, b, &slow);
+                look_at_processes(svc, &mut events.router, false);
+                let due = svc.triggers.due(false);
+                if let Some((_, dir)) = write_due(svc, due).pop() {
+                    last_snapshot = Some(dir);
                 }
             }
-            woken = intake.wakeup() => {
+            woken = events.intake.wakeup() => {
                 woken?;
-                intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
-                look_at_processes(svc, &mut router, false);
+                events.drain(svc.targets, &mut svc.triggers, DRAIN_BUDGET);
+                look_at_processes(svc, &mut events.router, false);
             }
-            _ = rescan.tick() => look_at_processes(svc, &mut router, true),
+            _ = rescan.tick() => look_at_processes(svc, &mut events.router, true),
             _ = expire.tick() => {
                 for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     w.recorder.expire();
@@ -797,28 +868,32 @@ async fn serve(
                 export_tick(svc, false);
             }
             _ = sigusr1.recv() => {
-                intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
-                for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
-                    w.recorder.expire();
+                events.drain(svc.targets, &mut svc.triggers, DRAIN_BUDGET);
+                svc.triggers.on_demand.fire(None, "sigusr1");
+                let due = svc.triggers.due(false);
+                if let Some((_, dir)) = write_due(svc, due).pop() {
+                    last_snapshot = Some(dir);
                 }
-                last_snapshot = snapshot_all(&svc.retention, svc.targets, None, "sigusr1").pop().or(last_snapshot);
             }
             accepted = listener.accept() => {
                 let Ok((mut stream, _)) = accepted else { continue };
                 let answer = match control::read_request(&mut stream).await {
                     Err(why) => serde_json::json!({ "error": why }),
                     Ok(control::Request::Status) => {
-                        status_json(svc, &router, rate, last_snapshot.as_deref())
+                        status_json(svc, &events.router, rate, last_snapshot.as_deref())
                     }
                     Ok(control::Request::Snapshot(name)) => {
                         if name.as_ref().is_some_and(|n| !svc.targets.iter().any(|t| &t.config.name == n)) {
                             serde_json::json!({ "error": format!("no target named {:?}", name.unwrap_or_default()) })
                         } else {
-                            intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
-                            for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
-                                w.recorder.expire();
-                            }
-                            let written = snapshot_all(&svc.retention, svc.targets, name.as_deref(), "request");
+                            events.drain(svc.targets, &mut svc.triggers, DRAIN_BUDGET);
+                            svc.triggers.on_demand.fire(name.as_deref(), "request");
+                            let due = svc.triggers.due(false);
+                            let written: Vec<PathBuf> = write_due(svc, due)
+                                .into_iter()
+                                .filter(|(trigger, _)| *trigger == "request")
+                                .map(|(_, dir)| dir)
+                                .collect();
                             last_snapshot = written.last().cloned().or(last_snapshot);
                             serde_json::json!({ "snapshots": written })
                         }
@@ -834,68 +909,64 @@ async fn serve(
                 // buffer (their last events are in them before their books are taken), so
                 // that their trailing losses are counted in them.
                 svc.exited.extend(svc.books.take_exited());
-                if !svc.exited.is_empty() {
-                    let (_, emptied) = intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
-                    if emptied {
-                        order.end_threads(&svc.exited, &mut |e, g| router.route(svc.targets, e, g));
-                        svc.exited.clear();
-                    }
+                if !svc.exited.is_empty()
+                    && events.drain(svc.targets, &mut svc.triggers, DRAIN_BUDGET)
+                {
+                    let exited = std::mem::take(&mut svc.exited);
+                    events.end_threads(&exited, svc.targets, &mut svc.triggers);
                 }
                 for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     if let Some(segments) = &mut w.segments {
                         segments.tick();
                     }
                 }
-                let (at, events) = last_status;
+                let (at, seen) = last_status;
                 // The first tick comes at once: events routed before the loop's first turn (a
                 // process traced as the service became ready) would be taken over a few
                 // milliseconds (64,465 events/s for 2,007 events, seen under load); they count
                 // in the next tick's period instead. Later ticks come a period apart or more.
                 if at.elapsed() >= STATUS_INTERVAL / 2 {
-                    rate = (router.events - events) as f64 / at.elapsed().as_secs_f64();
-                    last_status = (std::time::Instant::now(), router.events);
+                    rate = (events.router.events - seen) as f64 / at.elapsed().as_secs_f64();
+                    last_status = (std::time::Instant::now(), events.router.events);
                 }
-                let text = status_line(svc.targets, &router, svc.books.unattributed_lost(), rate);
+                let text = status_line(svc.targets, &events.router, svc.books.unattributed_lost(), rate);
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&text)]);
                 statuses = statuses.wrapping_add(1);
                 if statuses.is_multiple_of(LOOK_AT_TARGETS_EVERY) {
-                    look_at_targets(svc, &mut router);
+                    look_at_targets(svc, &mut events.router);
+                    sync_triggers(svc);
                 }
             }
             _ = sighup.recv() => {
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Reloading]);
                 // What is due is written with the targets as they are.
-                intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
-                for crash in router.crashes_due_all() {
-                    snapshot_crash(&svc.retention, svc.targets, &crash);
-                }
-                deferred_crash_snapshots(&svc.retention, svc.targets, true);
-                for (t, b, slow) in std::mem::take(&mut router.slow) {
-                    snapshot_slow(&svc.retention, svc.targets, t, b, &slow);
-                }
+                events.drain(svc.targets, &mut svc.triggers, u64::MAX);
+                let due = svc.triggers.due(true);
+                write_due(svc, due);
                 // Removed targets stay in place (marked) until their last events are in, so
                 // that every tag still routes where it did; added ones come after them. While
                 // probes are removed the rings are drained on (and the watchdog fed).
                 let mut fed = std::time::Instant::now();
-                reload(svc, &mut |targets| {
-                    intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| router.route(targets, e, g)));
+                reload(svc, &mut |targets, triggers| {
+                    events.drain(targets, triggers, DRAIN_BUDGET);
                     if watchdog && fed.elapsed() >= Duration::from_micros(watchdog_usec / 2) {
                         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
                         fed = std::time::Instant::now();
                     }
                 });
-                router.retarget(svc.targets);
-                intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
-                std::mem::take(&mut router.new_processes);
+                events.router.retarget(svc.targets);
+                events.drain(svc.targets, &mut svc.triggers, u64::MAX);
+                std::mem::take(&mut events.router.new_processes);
                 finish_removed(svc);
-                router.retarget(svc.targets);
+                events.router.retarget(svc.targets);
+                sync_triggers(svc);
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
             }
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
         }
     }
-    stop(svc, &mut intake, &mut order, &mut router);
+    stop(svc, &mut events);
     Ok(())
 }
 
@@ -935,7 +1006,7 @@ fn export_tick(svc: &mut Service<'_>, all: bool) {
 /// The end (SIGTERM, SIGINT): no event after now, every event before it into the open
 /// segments, and those closed within the configured `stop_timeout` (past it, without their
 /// reports), so that the service is done before systemd's `TimeoutStopSec` kills it.
-fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, router: &mut Router) {
+fn stop(svc: &mut Service<'_>, events: &mut Pipeline) {
     let started = std::time::Instant::now();
     let deadline = started + svc.config.stop_timeout;
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
@@ -943,18 +1014,18 @@ fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, route
     if let Err(err) = svc.tracer.set_armed(false) {
         tracing::warn!("{err:#}");
     }
-    intake.drain(|event| order.push(event, &mut |e, g| router.route(svc.targets, e, g)));
+    events.drain(svc.targets, &mut svc.triggers, u64::MAX);
     // Threads whose end record was lost, and the live threads' losses at their very end.
     svc.exited.extend(svc.books.take_exited());
-    order.end_threads(&svc.exited, &mut |e, g| router.route(svc.targets, e, g));
-    order.finish(&svc.books.threads(), &mut |e, g| {
-        router.route(svc.targets, e, g)
+    let exited = std::mem::take(&mut svc.exited);
+    events.end_threads(&exited, svc.targets, &mut svc.triggers);
+    let (router, triggers, targets) = (&mut events.router, &mut svc.triggers, &mut *svc.targets);
+    events.order.finish(&svc.books.threads(), &mut |e, g| {
+        router.route(targets, triggers, e, g)
     });
-    // Crashes seen and not written yet: their snapshots are written now.
-    for crash in router.crashes_due_all() {
-        snapshot_crash(&svc.retention, svc.targets, &crash);
-    }
-    deferred_crash_snapshots(&svc.retention, svc.targets, true);
+    // Snapshots due and not written yet (crashes seen), written now.
+    let due = svc.triggers.due(true);
+    write_due(svc, due);
     // The last intervals' profiles (the current one cut short) are pushed while the rest is
     // finished, for at most a quarter of stop_timeout.
     export_tick(svc, true);
@@ -1004,7 +1075,7 @@ fn stop(svc: &mut Service<'_>, intake: &mut Intake, order: &mut Sequencer, route
 /// traced functions (seen on 6.18; an idle one does not delay it): it is done on a thread of
 /// its own while `drain` is called here every [`DRAIN_INTERVAL`], so that the kept targets'
 /// events are read on and none is lost to a full ring.
-fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target])) {
+fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target], &mut Triggers)) {
     let new = match ServiceConfig::load(&svc.path) {
         Ok(new) => new,
         Err(err) => {
@@ -1058,7 +1129,9 @@ fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target])) {
     }
     if !attachments.is_empty() {
         let started = std::time::Instant::now();
-        detach_draining(svc.tracer, attachments, &mut || drain(svc.targets));
+        detach_draining(svc.tracer, attachments, &mut || {
+            drain(svc.targets, &mut svc.triggers)
+        });
         tracing::debug!(
             "reload: probes removed in {:.3} s",
             started.elapsed().as_secs_f64()
@@ -1196,44 +1269,10 @@ struct Router {
     /// Events routed, and events the kernel lost (the threads' gaps).
     events: u64,
     lost: u64,
-    /// Processes that died of a signal, waiting for their other threads' ends before their
-    /// snapshot is written.
-    crashes: Vec<Crash>,
-    /// Processes whose crash was seen (each gets one snapshot).
-    crashed: std::collections::HashSet<u32>,
-    /// Slow calls seen since the last drain.
-    slow: Vec<(usize, usize, SlowCall)>,
     /// (target, binary, pid) of the processes whose threads were seen for the first time
     /// since the last drain: their libraries are looked at (see [`look_at_processes`]).
     new_processes: Vec<(usize, usize, u32)>,
 }
-
-/// A traced process that died of a signal.
-#[derive(Clone, Debug)]
-struct Crash {
-    target: usize,
-    binary: usize,
-    pid: u32,
-    signal: u32,
-    seen: std::time::Instant,
-}
-
-/// Signals whose deaths trigger a snapshot: faults, aborts, and SIGKILL (the OOM killer's).
-/// SIGTERM and SIGINT are how services are stopped, not crashes.
-const CRASH_SIGNALS: &[(u32, &str)] = &[
-    (4, "sigill"),
-    (5, "sigtrap"),
-    (6, "sigabrt"),
-    (7, "sigbus"),
-    (8, "sigfpe"),
-    (9, "sigkill"),
-    (11, "sigsegv"),
-    (31, "sigsys"),
-];
-
-/// How long after a crash's first thread end its snapshot waits for the process's other
-/// threads' last events (they die together, but their events may sit in other CPUs' buffers).
-const CRASH_SETTLE: Duration = Duration::from_millis(100);
 
 impl Router {
     fn new(targets: &[Target]) -> Router {
@@ -1255,22 +1294,15 @@ impl Router {
         }
     }
 
-    /// Every pending crash, due or not (before a reload changes the targets' places).
-    fn crashes_due_all(&mut self) -> Vec<Crash> {
-        std::mem::take(&mut self.crashes)
-    }
-
-    /// The crashes whose snapshot is due.
-    fn crashes_due(&mut self) -> Vec<Crash> {
-        let (due, wait) = self
-            .crashes
-            .drain(..)
-            .partition(|c| c.seen.elapsed() >= CRASH_SETTLE);
-        self.crashes = wait;
-        due
-    }
-
-    fn route(&mut self, targets: &mut [Target], event: &mut Event, gap: Option<Gap>) {
+    /// Routes an event to its binary's recorder (or segment, or export), its function id
+    /// made the binary's own; the triggers of a flight-recorder binary see it too.
+    fn route(
+        &mut self,
+        targets: &mut [Target],
+        triggers: &mut Triggers,
+        event: &mut Event,
+        gap: Option<Gap>,
+    ) {
         self.lost += gap.map_or(0, |g| g.lost);
         let h = &mut event.header;
         let function_event = profiler_common::SledKind::from_u8(h.kind).is_some();
@@ -1300,20 +1332,6 @@ impl Router {
             }
             if h.kind == profiler_common::event_kind::THREAD_EXIT {
                 self.of_tid.remove(&h.tid);
-                let signal = h.function_id & 0x7f;
-                if h.flags & profiler_common::event_flags::EXIT_CODE != 0
-                    && targets[t].binaries[b].segments.is_none()
-                    && CRASH_SIGNALS.iter().any(|(s, _)| *s == signal)
-                    && self.crashed.insert(h.pid)
-                {
-                    self.crashes.push(Crash {
-                        target: t,
-                        binary: b,
-                        pid: h.pid,
-                        signal,
-                        seen: std::time::Instant::now(),
-                    });
-                }
             }
             (t, b)
         };
@@ -1326,34 +1344,9 @@ impl Router {
             segments.record(event, gap);
             return;
         }
-        if let Some(slow) = w.slow.as_mut().and_then(|s| s.observe(&event.header)) {
-            self.slow.push((t, b, slow));
-        }
+        triggers.observe(w.tag, &event.header);
         w.recorder.push(event, gap);
     }
-}
-
-/// Writes a snapshot of every target (or of the one named), saying where; returns the
-/// directories written.
-fn snapshot_all(
-    retention: &Retention,
-    targets: &[Target],
-    only: Option<&str>,
-    trigger: &str,
-) -> Vec<PathBuf> {
-    let stamp = utc_stamp();
-    targets
-        .iter()
-        .filter(|t| only.is_none_or(|n| n == t.config.name))
-        .flat_map(|target| {
-            target
-                .binaries
-                .iter()
-                .filter(|w| w.segments.is_none())
-                .filter_map(|w| snapshot_binary(retention, target, w, &stamp, trigger))
-                .collect::<Vec<_>>()
-        })
-        .collect()
 }
 
 /// The service's state for `fdr-profiled status`; `rate` is the events per second of the
@@ -1382,7 +1375,7 @@ fn status_json(
                 .iter()
                 .map(|w| {
                     let s = w.recorder.stats();
-                    serde_json::json!({
+                    let mut binary = serde_json::json!({
                         "path": w.plan.display_path,
                         "processes": w.libraries.processes().into_iter().map(|(pid, libraries)| serde_json::json!({
                             "pid": pid,
@@ -1399,8 +1392,7 @@ fn status_json(
                         "segments_closed": w.segments.as_ref().map_or(0, |g| g.closed),
                         "not_written": w.segments.as_ref().map_or(0, |g| g.not_written),
                         "snapshots_not_written": w.snapshots_not_written.get(),
-                        "crash_snapshots_coalesced": w.crashes.coalesced,
-                        "crash_snapshot_pending": w.crashes.pending.as_ref().map(|(_, n)| n),
+
                         "threads": s.threads,
                         "events": s.events,
                         "bytes": s.bytes,
@@ -1413,7 +1405,11 @@ fn status_json(
                         "window_ns": s.window_ns,
                         "repair": w.repaired.as_ref().map(Repaired::status),
                         "export_calls_not_kept": w.export.as_ref().map(|e| e.stacks.calls_not_kept),
-                    })
+                    });
+                    if let serde_json::Value::Object(map) = &mut binary {
+                        svc.triggers.status(w.tag, map);
+                    }
+                    binary
                 })
                 .collect();
             serde_json::json!({
@@ -1438,158 +1434,6 @@ fn status_json(
         "export": exporter.map(Exporter::status),
         "targets": targets,
     })
-}
-
-/// The crash snapshots of one binary: at most one per `crash_snapshot_interval`.
-#[derive(Debug, Default)]
-struct CrashSnapshots {
-    /// When the last one was written.
-    last: Option<std::time::Instant>,
-    /// The newest crash since, and how many crashes its snapshot is to cover: written once
-    /// the interval is over (by [`deferred_crash_snapshots`]).
-    pending: Option<(Crash, u64)>,
-    /// Crashes that got no snapshot of their own (covered by the next one).
-    coalesced: u64,
-}
-
-/// The name of a crash's signal in logs and snapshot names (`sigsegv`).
-fn signal_name(signal: u32) -> &'static str {
-    CRASH_SIGNALS
-        .iter()
-        .find(|(s, _)| *s == signal)
-        .map_or("signal", |(_, n)| n)
-}
-
-/// A process of a binary died of a signal: its snapshot is written now, or, when the binary's
-/// last crash snapshot is more recent than `crash_snapshot_interval` (a crash loop: each
-/// restarted process dies again), once the interval is over, covering every crash since.
-fn snapshot_crash(retention: &Retention, targets: &mut [Target], crash: &Crash) {
-    let target = &mut targets[crash.target];
-    let interval = target.config.crash_snapshot_interval;
-    let name = signal_name(crash.signal);
-    tracing::info!(
-        fdr_target = %target.config.name,
-        fdr_pid = crash.pid,
-        fdr_signal = name.to_uppercase(),
-        "target {}: process {} died of {}",
-        target.config.name,
-        crash.pid,
-        name.to_uppercase()
-    );
-    let w = &mut target.binaries[crash.binary];
-    let crashes = &mut w.crashes;
-    if crashes.last.is_some_and(|at| at.elapsed() < interval) {
-        let covered = crashes.pending.as_ref().map_or(0, |(_, n)| *n) + 1;
-        if covered > 1 {
-            crashes.coalesced += 1;
-        }
-        if covered == 1 {
-            tracing::info!(
-                fdr_target = %target.config.name,
-                "target {}: the snapshot of this crash, and of those until then, is written {:.1} s from now (crash_snapshot_interval = {:?})",
-                target.config.name,
-                interval.saturating_sub(crashes.last.map_or(Duration::ZERO, |at| at.elapsed())).as_secs_f64(),
-                interval
-            );
-        }
-        crashes.pending = Some((crash.clone(), covered));
-        return;
-    }
-    write_crash_snapshot(retention, target, crash.binary, crash, 1);
-}
-
-/// Writes the crash snapshots deferred by [`snapshot_crash`] whose interval is over (all of
-/// them with `all`: before a reload or the end).
-fn deferred_crash_snapshots(retention: &Retention, targets: &mut [Target], all: bool) {
-    for target in targets.iter_mut() {
-        let interval = target.config.crash_snapshot_interval;
-        for b in 0..target.binaries.len() {
-            let crashes = &mut target.binaries[b].crashes;
-            let due = all || crashes.last.is_none_or(|at| at.elapsed() >= interval);
-            if !due {
-                continue;
-            }
-            if let Some((crash, covered)) = crashes.pending.take() {
-                write_crash_snapshot(retention, target, b, &crash, covered);
-            }
-        }
-    }
-}
-
-/// Writes binary `b`'s window for `crash`, the newest of `covered` crashes: named after its
-/// signal and process (`sigsegv-1234`), and how many crashes it covers when more than one.
-fn write_crash_snapshot(
-    retention: &Retention,
-    target: &mut Target,
-    b: usize,
-    crash: &Crash,
-    covered: u64,
-) {
-    let w = &mut target.binaries[b];
-    w.recorder.expire();
-    w.crashes.last = Some(std::time::Instant::now());
-    let mut trigger = format!("{}-{}", signal_name(crash.signal), crash.pid);
-    if covered > 1 {
-        trigger.push_str(&format!("-{covered}-crashes"));
-    }
-    snapshot_binary(
-        retention,
-        target,
-        &target.binaries[b],
-        &utc_stamp(),
-        &trigger,
-    );
-}
-
-/// Writes the snapshot a slow call triggered, unless one was written less than a window ago
-/// for the same binary (a storm of slow calls writes one snapshot per window, not thousands).
-fn snapshot_slow(
-    retention: &Retention,
-    targets: &mut [Target],
-    t: usize,
-    b: usize,
-    slow: &SlowCall,
-) {
-    let target = &mut targets[t];
-    let window = target.config.window;
-    let w = &mut target.binaries[b];
-    let name = w.plan.names.name(slow.function_id);
-    tracing::info!(
-        fdr_target = %target.config.name,
-        fdr_function = %name,
-        fdr_duration_ns = slow.duration_ns,
-        fdr_pid = slow.pid,
-        fdr_tid = slow.tid,
-        "target {}: {name} took {:.3} ms in thread {} of process {}",
-        target.config.name,
-        slow.duration_ns as f64 / 1e6,
-        slow.tid,
-        slow.pid
-    );
-    if w.last_slow.is_some_and(|at| at.elapsed() < window) {
-        return;
-    }
-    w.last_slow = Some(std::time::Instant::now());
-    w.recorder.expire();
-    let short: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(48)
-        .collect();
-    let target = &targets[t];
-    snapshot_binary(
-        retention,
-        target,
-        &target.binaries[b],
-        &utc_stamp(),
-        &format!("slow-{short}"),
-    );
 }
 
 /// Now in UTC, for directory names: `20261124T132237.514Z`.
