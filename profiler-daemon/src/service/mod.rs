@@ -4,7 +4,7 @@
 //! loop ([`runtime`]) traces every process of every target, now or later, with the
 //! instrumented libraries of each ([`libraries`]); a flight-recorder target keeps the last
 //! `window` of each thread in memory and writes it as a snapshot on `SIGUSR1`, a request, a
-//! crash or a slow call ([`slow`]); a record-mode target writes every call into rotated
+//! crash or a slow call ([`triggers`]); a record-mode target writes every call into rotated
 //! segments ([`segments`]). [`retention`] keeps the output under `max_disk` and stops writing
 //! before `min_free`; [`control`] answers `fdr-profiled status` and `snapshot`; [`log`] goes
 //! to the journal under systemd; [`export`] pushes each interval's calls as profiles
@@ -18,8 +18,12 @@ pub mod log;
 pub mod output;
 pub mod repaired;
 pub mod retention;
+mod router;
 pub mod runtime;
 pub mod segments;
+mod snapshot;
+mod status;
+mod targets;
 pub mod triggers;
 
 use anyhow::Result;

@@ -3,7 +3,7 @@
 //! files end with its last calls. At most one per binary every `crash_snapshot_interval`: the
 //! crashes of a crash loop in between are logged and covered by one snapshot written when the
 //! interval is over (`<time>-<signal>-<pid>-<n>-crashes`), and counted.
-use super::{Due, Trigger, Watch};
+use super::trigger::{Due, Trigger, Watch};
 use profiler_common::{event_flags, event_kind, EventHeader};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

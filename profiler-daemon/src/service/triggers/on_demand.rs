@@ -1,6 +1,6 @@
 //! Snapshots asked for from outside: `SIGUSR1` (every flight-recorder binary) and
 //! `fdr-profiled snapshot [TARGET]` (every one, or the target's).
-use super::{Due, Trigger, Watch};
+use super::trigger::{Due, Trigger, Watch};
 
 /// The binaries watched, and the snapshots asked for since the last look.
 #[derive(Debug, Default)]

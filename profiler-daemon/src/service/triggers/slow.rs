@@ -3,7 +3,7 @@
 //! matches them, so that a call longer than the threshold is seen the moment it returns. Every
 //! slow call is logged; a binary gets at most one snapshot per window (a storm of slow calls
 //! writes one, not thousands), named `slow-<function>`.
-use super::{Due, Trigger, Watch};
+use super::trigger::{Due, Trigger, Watch};
 use crate::plan::select::FunctionFilter;
 use crate::plan::{AttachPlan, FunctionNames};
 use crate::session::{slot_at_or_below, slot_below};

@@ -1,0 +1,101 @@
+//! Where each event goes: the binary (and the object of it) its tag names, its function id made
+//! that object's own XRay id; a thread's end and its catches go where the thread's last event
+//! went. A flight-recorder binary's triggers see every event of it.
+use super::targets::Target;
+use crate::kernel::intake::Event;
+use crate::service::libraries::{self, TAG_SHIFT};
+use crate::service::triggers::Triggers;
+use crate::session::order::Gap;
+use std::collections::HashMap;
+
+/// Where each event goes.
+#[derive(Default)]
+pub(super) struct Router {
+    /// By tag: the (target, binary, object id) it marks.
+    pub(super) of_tag: HashMap<u32, (usize, usize, u32)>,
+    /// By thread: the tag of its last function event, and its pid.
+    pub(super) of_tid: HashMap<u32, (u32, u32)>,
+    /// Events of no known binary (never expected).
+    pub(super) unrouted: u64,
+    /// Events routed, and events the kernel lost (the threads' gaps).
+    pub(super) events: u64,
+    pub(super) lost: u64,
+    /// (target, binary, pid) of the processes whose threads were seen for the first time
+    /// since the last drain: their libraries are looked at (see [`look_at_processes`]).
+    pub(super) new_processes: Vec<(usize, usize, u32)>,
+}
+
+impl Router {
+    pub(super) fn new(targets: &[Target]) -> Router {
+        let mut router = Router::default();
+        router.retarget(targets);
+        router
+    }
+
+    /// Where each tag goes now (after a reload added or removed targets).
+    pub(super) fn retarget(&mut self, targets: &[Target]) {
+        self.of_tag.clear();
+        for (t, target) in targets.iter().enumerate() {
+            for (b, w) in target.binaries.iter().enumerate() {
+                self.of_tag.insert(w.tag, (t, b, 0));
+                for library in &w.libraries.objects {
+                    self.of_tag.insert(library.tag, (t, b, library.object_id));
+                }
+            }
+        }
+    }
+
+    /// Routes an event to its binary's recorder (or segment, or export), its function id
+    /// made the binary's own; the triggers of a flight-recorder binary see it too.
+    pub(super) fn route(
+        &mut self,
+        targets: &mut [Target],
+        triggers: &mut Triggers,
+        event: &mut Event,
+        gap: Option<Gap>,
+    ) {
+        self.lost += gap.map_or(0, |g| g.lost);
+        let h = &mut event.header;
+        let function_event = profiler_common::SledKind::from_u8(h.kind).is_some();
+        let (t, b) = if function_event {
+            let tag = h.function_id >> TAG_SHIFT;
+            let Some(&(t, b, object_id)) = self.of_tag.get(&tag) else {
+                self.unrouted += 1;
+                return;
+            };
+            h.function_id = crate::plan::packed_id(object_id, libraries::untagged(h.function_id));
+            if self.of_tid.insert(h.tid, (tag, h.pid)).is_none()
+                && !self.new_processes.contains(&(t, b, h.pid))
+            {
+                self.new_processes.push((t, b, h.pid));
+            }
+            (t, b)
+        } else {
+            let Some((t, b, pid)) = self.of_tid.get(&h.tid).and_then(|&(tag, pid)| {
+                let &(t, b, _) = self.of_tag.get(&tag)?;
+                Some((t, b, pid))
+            }) else {
+                self.unrouted += 1;
+                return;
+            };
+            if h.pid == 0 {
+                h.pid = pid;
+            }
+            if h.kind == profiler_common::event_kind::THREAD_EXIT {
+                self.of_tid.remove(&h.tid);
+            }
+            (t, b)
+        };
+        self.events += 1;
+        let w = &mut targets[t].binaries[b];
+        if let Some(export) = &mut w.export {
+            export.stacks.observe(&event.header);
+        }
+        if let Some(segments) = &mut w.segments {
+            segments.record(event, gap);
+            return;
+        }
+        triggers.observe(w.tag, &event.header);
+        w.recorder.push(event, gap);
+    }
+}

@@ -1,0 +1,156 @@
+//! What the service says of itself: the `STATUS=` line systemd shows, and the reply to
+//! `fdr-profiled status` (its JSON; the command renders it as text).
+use super::repaired::Repaired;
+use super::router::Router;
+use super::targets::Target;
+use crate::service::config::ServiceConfig;
+use crate::service::export::Exporter;
+use crate::service::retention::Retention;
+use crate::service::triggers::Triggers;
+use std::path::Path;
+
+/// What [`status_json`] reads.
+#[derive(Clone, Copy)]
+pub(super) struct View<'a> {
+    pub config: &'a ServiceConfig,
+    pub retention: &'a Retention,
+    pub targets: &'a [Target],
+    pub router: &'a Router,
+    pub triggers: &'a Triggers,
+    /// Events the kernel lost that belong to no thread.
+    pub unattributed: u64,
+    /// Events per second over the last status period.
+    pub rate: f64,
+    pub last_snapshot: Option<&'a Path>,
+    pub exporter: Option<&'a Exporter>,
+}
+
+/// The `STATUS=` line: targets, events, what the recorders hold, losses.
+pub(super) fn status_line(
+    targets: &[Target],
+    router: &Router,
+    unattributed: u64,
+    rate: f64,
+) -> String {
+    let binaries: usize = targets.iter().map(|t| t.binaries.len()).sum();
+    let (mut held, mut bytes, mut evicted) = (0, 0, 0);
+    for w in targets.iter().flat_map(|t| &t.binaries) {
+        let s = w.recorder.stats();
+        held += s.events;
+        bytes += s.bytes;
+        evicted += s.evicted;
+    }
+    format!(
+        "{} targets ({binaries} binaries); {} events, {rate:.0}/s; holding {held} events in {:.1} MiB; lost {}, evicted {evicted}, not written {}, snapshots not written {}",
+        targets.len(),
+        router.events,
+        bytes as f64 / f64::from(1 << 20),
+        router.lost + router.unrouted + unattributed,
+        not_written(targets),
+        targets
+            .iter()
+            .flat_map(|t| &t.binaries)
+            .map(|w| w.snapshots_not_written.get())
+            .sum::<u64>(),
+    )
+}
+
+/// Events of record-mode targets not written because writing had stopped (`min_free`).
+fn not_written(targets: &[Target]) -> u64 {
+    targets
+        .iter()
+        .flat_map(|t| &t.binaries)
+        .filter_map(|w| w.segments.as_ref())
+        .map(|g| g.not_written)
+        .sum()
+}
+
+/// The service's state for `fdr-profiled status`; `rate` is the events per second of the
+/// last status period.
+pub(super) fn status_json(view: &View<'_>) -> serde_json::Value {
+    let View {
+        config,
+        retention,
+        targets,
+        router,
+        triggers,
+        unattributed,
+        rate,
+        last_snapshot,
+        exporter,
+    } = *view;
+    let not_written = not_written(targets);
+    let snapshots_not_written: u64 = targets
+        .iter()
+        .flat_map(|t| &t.binaries)
+        .map(|w| w.snapshots_not_written.get())
+        .sum();
+    let disk_used = retention.disk_used();
+    let targets: Vec<serde_json::Value> = targets
+        .iter()
+        .map(|t| {
+            let binaries: Vec<serde_json::Value> = t
+                .binaries
+                .iter()
+                .map(|w| {
+                    let s = w.recorder.stats();
+                    let mut binary = serde_json::json!({
+                        "path": w.plan.display_path,
+                        "processes": w.libraries.processes().into_iter().map(|(pid, libraries)| serde_json::json!({
+                            "pid": pid,
+                            "libraries": libraries,
+                        })).collect::<Vec<_>>(),
+                        "libraries": w.libraries.objects.iter().map(|l| serde_json::json!({
+                            "object_id": l.object_id,
+                            "path": l.plan.display_path,
+                            "functions": l.plan.functions,
+                            "probes_per_process": l.probes,
+                        })).collect::<Vec<_>>(),
+                        "mode": if w.segments.is_some() { "record" } else { "flight-recorder" },
+                        "segment": w.segments.as_ref().and_then(|g| g.current()),
+                        "segments_closed": w.segments.as_ref().map_or(0, |g| g.closed),
+                        "not_written": w.segments.as_ref().map_or(0, |g| g.not_written),
+                        "snapshots_not_written": w.snapshots_not_written.get(),
+
+                        "threads": s.threads,
+                        "events": s.events,
+                        "bytes": s.bytes,
+                        "expired": s.expired,
+                        "evicted": s.evicted,
+                        "seen": s.seen,
+                        "lost": s.lost,
+                        "threads_expired": s.threads_expired,
+                        "threads_evicted": s.threads_evicted,
+                        "window_ns": s.window_ns,
+                        "repair": w.repaired.as_ref().map(Repaired::status),
+                        "export_calls_not_kept": w.export.as_ref().map(|e| e.stacks.calls_not_kept),
+                    });
+                    if let serde_json::Value::Object(map) = &mut binary {
+                        triggers.status(w.tag, map);
+                    }
+                    binary
+                })
+                .collect();
+            serde_json::json!({
+                "name": t.config.name,
+                "pattern": t.config.binary,
+                "binaries": binaries,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "output": retention.root().path(),
+        "output_refused": retention.root().refused(),
+        "output_refusals": retention.root().refusals(),
+        "events": router.events,
+        "events_per_second": rate.round() as u64,
+        "lost": router.lost + router.unrouted + unattributed,
+        "not_written": not_written,
+        "snapshots_not_written": snapshots_not_written,
+        "disk_used": disk_used,
+        "max_disk": (config.max_disk != u64::MAX).then_some(config.max_disk),
+        "last_snapshot": last_snapshot,
+        "export": exporter.map(Exporter::status),
+        "targets": targets,
+    })
+}
