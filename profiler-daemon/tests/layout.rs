@@ -445,3 +445,25 @@ fn the_reader_sees_imports() {
         ]
     );
 }
+
+/// Most lines a file of the daemon may have: past it, a file holds more than one job (the
+/// service's event loop once had 1,719 lines and six), and is split by job.
+const MAX_LINES: usize = 900;
+
+#[test]
+fn no_file_holds_more_than_one_jobs_worth_of_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(f).ok()?.lines().count();
+            (lines > MAX_LINES).then(|| format!("{} ({lines} lines)", f.display()))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "over {MAX_LINES} lines: split by job: {long:?}"
+    );
+}

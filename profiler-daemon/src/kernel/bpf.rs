@@ -1,5 +1,6 @@
 //! Loading the eBPF object, creating its per-CPU ring buffers, and placing the probes of an
 //! [`AttachPlan`].
+pub use crate::kernel::books::{KernelBooks, PodThreadState};
 use crate::kernel::uprobe_multi::{self, MultiLink, MultiProgram};
 use crate::plan::{AttachPlan, Probe};
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -8,11 +9,10 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
-    cookie_flags, counter, event_kind, globals, Cookie, RepairState, SledKind, ThreadState,
-    ARMED_MAP, COUNTERS_MAP, EXITED_THREADS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, FOLLOWED_MAP,
-    FOLLOW_FORK_PROGRAM, PROCESS_START_PROGRAM, REPAIRS_MAP, REPAIR_RELEASE_PROGRAM,
-    RETURN_PROGRAM, RINGS_MAP, SLED_PROGRAM, STARTED_MAP, THREAD_BOOKS_PROGRAM,
-    THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
+    cookie_flags, event_kind, globals, Cookie, RepairState, SledKind, ARMED_MAP, COUNTERS_MAP,
+    EXITED_THREADS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, FOLLOWED_MAP, FOLLOW_FORK_PROGRAM,
+    PROCESS_START_PROGRAM, REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, RETURN_PROGRAM, RINGS_MAP,
+    SLED_PROGRAM, STARTED_MAP, THREAD_BOOKS_PROGRAM, THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
 };
 use std::num::NonZeroU32;
 use std::path::Path;
@@ -751,12 +751,12 @@ impl Tracer {
             .map(|fd| fd.as_fd().try_clone_to_owned())
             .transpose()
             .context("duplicating the thread-books program's descriptor")?;
-        Ok(KernelBooks {
-            kernel_depth: self.kernel_depth,
-            counters: PerCpuArray::try_from(counters)?,
-            exited: BpfHashMap::try_from(exited)?,
+        Ok(KernelBooks::new(
+            self.kernel_depth,
+            PerCpuArray::try_from(counters)?,
+            BpfHashMap::try_from(exited)?,
             live,
-        })
+        ))
     }
 }
 
@@ -826,111 +826,12 @@ impl RunTimeStats {
     }
 }
 
-/// [`ThreadState`] as aya reads it from a map.
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-pub struct PodThreadState(pub ThreadState);
-// SAFETY: ThreadState is #[repr(C)] plain data without padding; any bit pattern is valid.
-unsafe impl aya::Pod for PodThreadState {}
-
 /// [`RepairState`] as aya reads and writes it in a map.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
 pub struct PodRepairState(pub RepairState);
 // SAFETY: RepairState is #[repr(C)] plain data without padding; any bit pattern is valid.
 unsafe impl aya::Pod for PodRepairState {}
-
-/// The kernel side's own accounts: loss counters that belong to no thread, and the state of
-/// threads still alive (their trailing losses).
-pub struct KernelBooks {
-    /// Whether the programs read the kernel's own count of a thread's pending return probes
-    /// (then `ThreadState::stuck_calls` counts exactly the calls it did not hook).
-    kernel_depth: bool,
-    counters: PerCpuArray<MapData, u64>,
-    /// Threads whose exit record was lost, by thread id.
-    exited: BpfHashMap<MapData, u32, PodThreadState>,
-    /// The loaded `thread_books` task iterator, which writes the state of every live thread
-    /// that has one; `None` for the floor.
-    live: Option<std::os::fd::OwnedFd>,
-}
-
-impl KernelBooks {
-    /// Whether the programs read the kernel's own count of a thread's pending return probes.
-    pub fn kernel_depth_known(&self) -> bool {
-        self.kernel_depth
-    }
-
-    /// A counter (see `profiler_common::counter`), summed over CPUs.
-    pub fn counter(&self, index: u32) -> u64 {
-        self.counters
-            .get(&index, 0)
-            .map(|v| v.iter().sum())
-            .unwrap_or(0)
-    }
-
-    /// Events lost that cannot be attributed to a thread.
-    pub fn unattributed_lost(&self) -> u64 {
-        self.counter(counter::NO_THREAD_STATE) + self.counter(counter::TRAILING_LOST_UNATTRIBUTED)
-    }
-
-    /// Every thread the kernel side still has state for: threads alive, and threads whose
-    /// exit record was lost and not yet collected.
-    pub fn threads(&self) -> Vec<(u32, ThreadState)> {
-        let mut threads = self.exited();
-        match self.live_threads() {
-            Ok(live) => threads.extend(live.into_iter().map(|s| (s.tid, s))),
-            Err(err) => {
-                errln!("fdr-profiled: warning: cannot read the live threads' books: {err:#}")
-            }
-        }
-        threads
-    }
-
-    /// The state of every live thread that has one, as the `thread_books` iterator writes it.
-    fn live_threads(&self) -> Result<Vec<ThreadState>> {
-        use std::io::Read as _;
-        use std::os::fd::AsFd as _;
-        let Some(program) = &self.live else {
-            return Ok(Vec::new());
-        };
-        let mut bytes = Vec::new();
-        crate::kernel::task_iter::for_every_task(program.as_fd())
-            .and_then(|mut iter| iter.read_to_end(&mut bytes))
-            .context("running the thread-books iterator")?;
-        Ok(thread_states(&bytes))
-    }
-
-    fn exited(&self) -> Vec<(u32, ThreadState)> {
-        self.exited
-            .iter()
-            .filter_map(|r| r.ok())
-            .map(|(tid, s)| (tid, s.0))
-            .collect()
-    }
-
-    /// Collects the state of threads that exited while their buffer was full (their exit
-    /// record was lost), removing it from the table.
-    pub fn take_exited(&mut self) -> Vec<(u32, ThreadState)> {
-        let exited = self.exited();
-        for (tid, _) in &exited {
-            let _ = self.exited.remove(tid);
-        }
-        exited
-    }
-}
-
-/// The [`ThreadState`]s in the bytes the `thread_books` iterator wrote, one after another (a
-/// trailing partial record, which the kernel never writes, is ignored).
-fn thread_states(bytes: &[u8]) -> Vec<ThreadState> {
-    bytes
-        .chunks_exact(std::mem::size_of::<ThreadState>())
-        .map(|record| {
-            // SAFETY: `record` holds size_of::<ThreadState>() bytes; ThreadState is plain data
-            // of integers, valid for any bit pattern; the read is unaligned.
-            unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<ThreadState>()) }
-        })
-        .collect()
-}
 
 /// Errors from aya and the verifier can span many lines; our errors are one line.
 fn one_line(err: &dyn std::error::Error) -> String {
@@ -958,45 +859,4 @@ fn raise_memlock_limit() {
     };
     // SAFETY: valid pointer to an initialised rlimit.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bytes_of(s: &ThreadState) -> &[u8] {
-        // SAFETY: ThreadState is plain data without padding.
-        unsafe {
-            std::slice::from_raw_parts(
-                (s as *const ThreadState).cast::<u8>(),
-                std::mem::size_of::<ThreadState>(),
-            )
-        }
-    }
-
-    /// The iterator's output is whole states one after another, at any alignment; a partial
-    /// one at the end (never written by the kernel) is not made up into a state.
-    #[test]
-    fn thread_states_reads_whole_records_only() {
-        let a = ThreadState {
-            seq: 7,
-            gap_lost: 2,
-            tid: 11,
-            pid: 10,
-            ..ThreadState::default()
-        };
-        let b = ThreadState {
-            seq: 9,
-            lost: 3,
-            tid: 12,
-            pid: 10,
-            ..ThreadState::default()
-        };
-        let mut bytes = vec![0u8]; // misaligned start
-        bytes.extend_from_slice(bytes_of(&a));
-        bytes.extend_from_slice(bytes_of(&b));
-        bytes.extend_from_slice(&bytes_of(&a)[..100]);
-        assert_eq!(thread_states(&bytes[1..]), vec![a, b]);
-        assert!(thread_states(&bytes[1..50]).is_empty());
-    }
 }
