@@ -500,12 +500,13 @@ impl Drop for PrivateSystemd {
 /// fields; `systemctl stop` ends it with success.
 #[test]
 fn the_unit_runs_under_a_real_systemd() {
-    let scratch = tests::scratch_dir("service-systemd");
+    let scratch = unit_scratch();
     let dir = scratch.path();
     let bin = private_copy(&calls_fixture(), dir);
     let output = dir.join("out");
     let config = example_config(dir, &bin, &output);
-    let daemon = tests::fdr_profiled();
+    // The daemon the unit runs, where the unit can see it.
+    let daemon = private_copy(&tests::fdr_profiled(), dir);
     let dropin = format!(
         "[Unit]\n# Started alone in an empty boot target: no sysinit.target to wait for.\nDefaultDependencies=no\n[Service]\nExecStartPre=\nExecStartPre={d} service --check-config {c}\nExecStart=\nExecStart={d} service --config {c}\nReadWritePaths={o}\n",
         d = daemon.display(),
@@ -577,4 +578,22 @@ fn the_unit_runs_under_a_real_systemd() {
     systemd.ok("systemctl stop fdr-profiled.service");
     assert_eq!(systemd.property("fdr-profiled", "Result"), "success");
     assert_eq!(systemd.property("fdr-profiled", "NRestarts"), "0");
+}
+
+/// Where the real-systemd test works: its own scratch directory, except under a checkout in
+/// `/tmp` or `/var/tmp`, which the unit's `PrivateTmp=yes` replaces with directories of its
+/// own (the daemon, the fixture and the configuration would be invisible to the service):
+/// there, a directory of `/var/lib/fdr-profiled-tests`, removed after.
+fn unit_scratch() -> tempfile::TempDir {
+    let target = tests::tools::target_dir();
+    let target = std::fs::canonicalize(&target).unwrap_or(target);
+    if !(target.starts_with("/tmp") || target.starts_with("/var/tmp")) {
+        return tests::scratch_dir("service-systemd");
+    }
+    let base = Path::new("/var/lib/fdr-profiled-tests");
+    std::fs::create_dir_all(base).unwrap_or_else(|e| panic!("mkdir {}: {e}", base.display()));
+    tempfile::Builder::new()
+        .prefix("service-systemd-")
+        .tempdir_in(base)
+        .unwrap_or_else(|e| panic!("tempdir in {}: {e}", base.display()))
 }
