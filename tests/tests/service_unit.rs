@@ -49,12 +49,14 @@ fn dist(file: &str) -> PathBuf {
 /// The example configuration, tracing `bin` and writing under `output`.
 fn example_config(dir: &Path, bin: &Path, output: &Path) -> PathBuf {
     let text = std::fs::read_to_string(dist("fdr-profiled.toml")).unwrap();
-    assert!(text.contains("/usr/local/bin/myserver") && text.contains("/var/lib/fdr-profiled"));
+    // The quoted values only: a scratch path may itself hold `/var/lib/fdr-profiled`.
+    let (binary, root) = ("\"/usr/local/bin/myserver\"", "\"/var/lib/fdr-profiled\"");
+    assert!(text.contains(binary) && text.contains(root));
     let path = dir.join("fdr-profiled.toml");
     std::fs::write(
         &path,
-        text.replace("/usr/local/bin/myserver", &bin.display().to_string())
-            .replace("/var/lib/fdr-profiled", &output.display().to_string()),
+        text.replace(root, &format!("{:?}", output.display().to_string()))
+            .replace(binary, &format!("{:?}", bin.display().to_string())),
     )
     .unwrap();
     path
