@@ -304,9 +304,15 @@ fn name(f: &SourceFile) -> String {
         .to_string()
 }
 
-/// The crates whose files must not import each other in a cycle: the daemon and the three
+/// The crates whose files must not import each other in a cycle: the daemon and the four
 /// nested under it.
-const CRATES: &[&str] = &["src", "xray-object/src", "xray-fdr/src", "fdr-analysis/src"];
+const CRATES: &[&str] = &[
+    "src",
+    "xray-object/src",
+    "xray-fdr/src",
+    "fdr-session/src",
+    "fdr-analysis/src",
+];
 
 fn source_tree_of(src: &str) -> (Vec<SourceFile>, BTreeMap<usize, BTreeSet<usize>>) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
@@ -415,6 +421,52 @@ fn only_main_uses_the_command_line() {
         main.contains("cli::"),
         "main.rs no longer parses the command line through cli"
     );
+}
+
+/// The recorder writes sessions with the schema the readers read them with (`fdr-session`),
+/// and takes nothing else from the readers' crate: a field cannot drift between a writer and
+/// a reader that declare it once.
+#[test]
+fn the_session_is_written_with_the_shared_schema_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src/session"), &mut files);
+    assert!(!files.is_empty());
+    let readers: Vec<String> = files
+        .iter()
+        .filter(|f| strip_comments(&std::fs::read_to_string(f).unwrap()).contains("fdr_analysis"))
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(
+        readers.is_empty(),
+        "session/ takes from fdr-analysis (use fdr_session): {readers:?}"
+    );
+    // The schema is declared in fdr-session alone, which depends on neither side.
+    let manifest = std::fs::read_to_string(root.join("fdr-session/Cargo.toml")).unwrap();
+    for side in ["fdr-analysis", "profiler-daemon"] {
+        assert!(
+            !manifest.contains(&format!("{side} =")),
+            "fdr-session depends on {side}"
+        );
+    }
+    for src in ["src", "fdr-analysis/src"] {
+        let mut files = Vec::new();
+        rust_files(&root.join(src), &mut files);
+        for f in files {
+            let code = strip_comments(&std::fs::read_to_string(&f).unwrap());
+            for declared in [
+                "struct SessionReport",
+                "struct ThreadReport",
+                "struct Manifest",
+            ] {
+                assert!(
+                    !code.contains(declared),
+                    "{}: declares {declared} again (it is fdr_session::schema's)",
+                    f.display()
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -1,11 +1,11 @@
 //! What a recording leaves next to its trace files by default: a text report (`report.txt`)
 //! and a Chrome/Perfetto timeline (`trace.json`), both with function names.
 use crate::convert::Format;
-use crate::output_dir::OutputDir;
 use crate::replay::Session;
 use crate::report::render;
 use crate::symbolize::Symbolizer;
 use anyhow::Result;
+use fdr_session::output_dir::OutputDir;
 use std::path::{Path, PathBuf};
 
 /// Name of the text report in a session directory.

@@ -8,6 +8,7 @@ use aya::maps::{ArrayOfMaps, HashMap as BpfHashMap, Map, MapData, PerCpuArray, R
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
+pub use fdr_session::schema::ProgramCost;
 use profiler_common::{
     cookie_flags, event_kind, globals, Cookie, RepairState, SledKind, ARMED_MAP, COUNTERS_MAP,
     EXITED_THREADS_MAP, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM, FOLLOWED_MAP, FOLLOW_FORK_PROGRAM,
@@ -787,24 +788,6 @@ impl log::Log for KernelLog {
     }
 
     fn flush(&self) {}
-}
-
-/// The time the kernel spent running one program (`--kernel-stats`).
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct ProgramCost {
-    /// The program's name in the eBPF object.
-    pub program: String,
-    /// Its runs.
-    pub runs: u64,
-    /// Nanoseconds they took in all.
-    pub run_ns: u64,
-}
-
-impl ProgramCost {
-    /// Nanoseconds per run.
-    pub fn ns_per_run(&self) -> f64 {
-        self.run_ns as f64 / self.runs.max(1) as f64
-    }
 }
 
 /// The kernel's run-time statistics of every BPF program, on while this lives

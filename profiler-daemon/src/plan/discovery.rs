@@ -3,10 +3,10 @@
 //!
 //! Every file the process maps is looked at once (by device and inode, so a library mapped
 //! again after `dlclose` is not probed twice: its uprobes follow the inode into the new
-//! mapping). The executable is XRay object 0; shared objects get ids 1, 2, ... in the order
-//! they are found, at most [`MAX_OBJECT_ID`] of them, since a trace's function ids carry only
-//! 4 bits of object id.
-use crate::plan::{AttachPlan, MAX_OBJECT_ID};
+//! mapping). The executable is XRay object 0; shared objects get the next ids in the order
+//! they are found ([`ObjectIds`]).
+use crate::plan::object_ids::{self, ObjectIds};
+use crate::plan::AttachPlan;
 use crate::traced::mappings::{self, FileId, MappedObject, MapsKey};
 use anyhow::Result;
 use std::collections::{HashMap, HashSet};
@@ -30,7 +30,7 @@ pub struct Discovery {
     known: HashSet<MapsKey>,
     /// Objects whose load address is known (probed from the mappings, or located since).
     located: HashSet<u32>,
-    next_id: u32,
+    ids: ObjectIds,
     guard_unwinding: bool,
 }
 
@@ -58,7 +58,7 @@ impl Discovery {
             seen: HashMap::new(),
             known: HashSet::new(),
             located: HashSet::new(),
-            next_id: 1,
+            ids: ObjectIds::default(),
             guard_unwinding: false,
         }
     }
@@ -73,7 +73,7 @@ impl Discovery {
     /// Records that `file` was already probed as `object_id` (planned from the command line).
     pub fn already_probed(&mut self, file: FileId, object_id: u32) {
         self.seen.insert(file, Seen::Object(object_id));
-        self.next_id = self.next_id.max(object_id + 1);
+        self.ids.used(object_id);
     }
 
     /// Reads the process's mappings and plans every instrumented object not seen before.
@@ -120,14 +120,19 @@ impl Discovery {
                 continue;
             }
             let is_executable = Some(m.file_id) == self.executable;
-            let object_id = if is_executable { 0 } else { self.next_id };
-            if object_id > MAX_OBJECT_ID {
-                found.warnings.push(format!(
-                    "{}: not traced: a trace holds at most {MAX_OBJECT_ID} instrumented shared objects per process (FDR function ids have 28 bits)",
-                    m.path
-                ));
-                continue;
-            }
+            let object_id = if is_executable {
+                object_ids::EXECUTABLE
+            } else {
+                match self.ids.next_shared() {
+                    Ok(id) => id,
+                    Err(why) => {
+                        found
+                            .warnings
+                            .push(format!("{}: not traced: {why}", m.path));
+                        continue;
+                    }
+                }
+            };
             let mut plan = match AttachPlan::for_object(&m.open_path, object_id) {
                 Ok(plan) => plan,
                 Err(err) => {
@@ -137,9 +142,7 @@ impl Discovery {
                     continue;
                 }
             };
-            if !is_executable {
-                self.next_id += 1;
-            }
+            self.ids.used(object_id);
             self.seen.insert(m.file_id, Seen::Object(object_id));
             self.located.insert(object_id);
             plan.display_path = m.path.clone();

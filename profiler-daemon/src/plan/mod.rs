@@ -13,6 +13,8 @@ pub mod catches;
 pub mod discovery;
 pub mod eventsled;
 pub mod exits;
+pub mod object_ids;
+pub mod objects;
 pub mod select;
 
 use anyhow::Result;

@@ -16,6 +16,7 @@ use crate::kernel::caps::Cap;
 use crate::kernel::intake::{Intake, DRAIN_BUDGET};
 use crate::plan::discovery::Discovery;
 use crate::plan::exits::{ExitMode, ExitPolicy, Exits};
+use crate::plan::objects as planned;
 use crate::plan::select::FunctionFilter;
 use crate::repair::keeper as repair;
 use crate::session::order::Sequencer;
@@ -130,9 +131,9 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         _ => None,
     };
     let mut planned = match (&process, &cli.attach, &program) {
-        (Some(process), _, _) => objects::for_process(process)?,
-        (None, Some(bin), _) => objects::for_binary(bin)?,
-        (None, None, Some(program)) => objects::for_command(program)?,
+        (Some(process), _, _) => planned::for_process(process)?,
+        (None, Some(bin), _) => planned::for_binary(bin)?,
+        (None, None, Some(program)) => planned::for_command(program)?,
         (None, None, None) => bail!("nothing to trace: give --attach BIN, --pid PID or -- COMMAND"),
     };
     let filter = crate::plan::select::FunctionFilter::new(&cli.functions, &cli.exclude)?;
@@ -439,7 +440,7 @@ fn repair_wanted(
 /// tracer of `target` (see `repair::keeper::Keeper`).
 fn start_keeper(
     tracer: &mut Tracer,
-    planned: &objects::Planned,
+    planned: &planned::Planned,
     scope: Scope,
     target: &mut Target,
 ) -> Result<()> {
@@ -710,7 +711,10 @@ async fn record(
     let out = session.out().try_clone();
     let object_files = session.take_object_files();
     let (report, manifest_error) = session.finish_keeping_report(losses)?;
-    err!("{}", report.render(&out_dir, cli.top));
+    err!(
+        "{}",
+        crate::session::summary::render(&report, &out_dir, cli.top)
+    );
     if let Some(err) = &manifest_error {
         errln!("fdr-profiled: error: {err:#}");
     }

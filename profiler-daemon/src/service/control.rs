@@ -5,7 +5,7 @@
 //! directory is made mode 0700 and the socket 0600, and the service also checks that the peer
 //! is root (`SO_PEERCRED`), so a permissive umask or a moved socket lets no one else in.
 use anyhow::{bail, Context as _, Result};
-use fdr_analysis::output_dir::OutputDir;
+use fdr_session::output_dir::OutputDir;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -52,7 +52,7 @@ impl Request {
 /// Binds the control socket at `path`: its directory created 0700 if missing (and refused if
 /// other users can write to it, unless sticky), a stale socket (and only a socket) replaced,
 /// the socket made 0600, all relative to the directory's descriptor (see
-/// [`fdr_analysis::output_dir`]).
+/// [`fdr_session::output_dir`]).
 pub fn bind(path: &Path) -> Result<tokio::net::UnixListener> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
         bail!("control socket {} has no file name", path.display());

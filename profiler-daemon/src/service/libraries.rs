@@ -9,16 +9,17 @@
 //! [`RESCAN_INTERVAL`] for objects it loads later (`dlopen`); its probes are removed when it is
 //! gone.
 //!
-//! Across all processes of one binary, a shared object file keeps one XRay object id (1 to
-//! [`MAX_OBJECT_ID`], as `--pid` numbers them) and one service tag, so that the snapshots and
+//! Across all processes of one binary, a shared object file keeps one XRay object id (handed
+//! out by [`ObjectIds`], as for `--pid`) and one service tag, so that the snapshots and
 //! segments of the binary, which hold all its processes, name each function once. The calls a
 //! process makes into a library before the service has looked at that process are not
 //! recorded: a library's coverage of a process starts when its probes are in place (at most
 //! one rescan after it is mapped, or after the process's first traced call).
 use crate::kernel::bpf::{Attachment, Scope, Tracer};
 use crate::plan::exits::{self, ExitPolicy};
+use crate::plan::object_ids::ObjectIds;
 use crate::plan::select::FunctionFilter;
-use crate::plan::{AttachPlan, MAX_OBJECT_ID, OBJECT_ID_SHIFT};
+use crate::plan::{AttachPlan, OBJECT_ID_SHIFT};
 use crate::traced::mappings::{self, FileId, MappedObject, MapsKey};
 use anyhow::{Context as _, Result};
 use std::collections::{HashMap, HashSet};
@@ -76,6 +77,7 @@ pub struct Libraries {
     guard_unwinding: bool,
     /// By object id - 1.
     pub objects: Vec<Library>,
+    ids: ObjectIds,
     by_file: HashMap<FileId, usize>,
     /// Files looked at and not probed (not instrumented, or refused with a warning).
     skipped: HashSet<FileId>,
@@ -107,6 +109,7 @@ impl Libraries {
             policy,
             guard_unwinding,
             objects: Vec::new(),
+            ids: ObjectIds::default(),
             by_file: HashMap::new(),
             skipped: HashSet::new(),
             processes: HashMap::new(),
@@ -316,11 +319,13 @@ impl Libraries {
             warn(format!("the target uses return probes and {path} (loaded with it) has {symbol}; an exception through a return-probed frame would kill the program (set exits = \"sleds\")"));
             return None;
         }
-        let object_id = u32::try_from(self.objects.len()).ok()? + 1;
-        if object_id > MAX_OBJECT_ID {
-            warn(format!("a trace holds at most {MAX_OBJECT_ID} instrumented shared objects per binary (FDR function ids have 28 bits)"));
-            return None;
-        }
+        let object_id = match self.ids.next_shared() {
+            Ok(id) => id,
+            Err(why) => {
+                warn(why);
+                return None;
+            }
+        };
         let (plan, file) = match self.plan(m, object_id) {
             Ok(planned) => planned,
             Err(err) => {
@@ -345,6 +350,7 @@ impl Libraries {
             plan.functions,
             plan.display_path
         );
+        self.ids.used(object_id);
         self.objects.push(Library {
             object_id,
             tag,

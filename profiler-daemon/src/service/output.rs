@@ -19,7 +19,7 @@
 //!   line when that starts and when it ends, and counted. Nothing is ever written where the
 //!   path leads then, and what is held keeps being measured.
 use anyhow::{bail, Context as _, Result};
-use fdr_analysis::output_dir::OutputDir;
+use fdr_session::output_dir::OutputDir;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, CWD};
 use std::cell::{Cell, RefCell};
 use std::ffi::OsString;

@@ -12,12 +12,13 @@
 //! starts again at the first tick that finds room. Each stop and each start is logged.
 use crate::kernel::intake::Event;
 use crate::plan::exits::ExitsChoice;
+use crate::plan::objects::Executable;
 use crate::plan::AttachPlan;
 use crate::service::output::tree_bytes;
 use crate::service::retention::{Retention, Writing};
 use crate::session::order::Gap;
 use crate::session::output::OutputDir;
-use crate::session::{Executable, IntakeLosses, Session};
+use crate::session::{IntakeLosses, Session};
 use anyhow::Result;
 use fdr_analysis::symbolize::Symbolizer;
 use std::os::fd::AsFd as _;

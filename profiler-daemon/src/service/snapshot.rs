@@ -2,9 +2,10 @@
 //! directory `OUTPUT/<target>/<UTC time>-<trigger>[-<binary>]/` created through the output
 //! root the service holds, with its `session.json` and `report.txt`; then retention.
 use super::targets::{Target, Watched};
+use crate::plan::objects::Executable;
 use crate::service::retention::{Retention, Writing};
 use crate::session::output::{name_part, OutputDir};
-use crate::session::{Executable, IntakeLosses, Session};
+use crate::session::{IntakeLosses, Session};
 use anyhow::Result;
 use fdr_analysis::symbolize::Symbolizer;
 use std::path::PathBuf;

@@ -13,6 +13,7 @@
 //! frames unwound inside the window are closed where they were.
 use crate::kernel::intake::{Event, EventData};
 use crate::session::order::Gap;
+pub use fdr_session::schema::{FlightStats, ThreadWindow};
 use profiler_common::{event_kind, EventHeader, MAX_ARGS};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -102,36 +103,6 @@ impl Held {
     }
 }
 
-/// What the recorder holds and has let go of. Every event it was given is held, aged out or
-/// evicted (`seen = events + expired + evicted`); `lost` counts the events the kernel
-/// numbered in these threads but could not deliver, so that `seen + lost` is everything the
-/// traced threads did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct FlightStats {
-    /// The window asked for, in nanoseconds.
-    pub window_ns: u64,
-    /// Threads with events held.
-    pub threads: usize,
-    /// Events held.
-    pub events: u64,
-    /// Bytes they take (with each held thread's own bookkeeping).
-    pub bytes: u64,
-    /// Events that aged out of the window (the normal course).
-    pub expired: u64,
-    /// Events dropped before they aged out, to stay under the memory cap: a snapshot covers
-    /// less than the window while this grows.
-    pub evicted: u64,
-    /// Events given to the recorder since it started.
-    pub seen: u64,
-    /// Events the kernel lost in the threads whose events were given (their gaps).
-    pub lost: u64,
-    /// Threads that ended and none of whose events is held any more: the last of them (the
-    /// thread's end) aged out ...
-    pub threads_expired: u64,
-    /// ... or was evicted.
-    pub threads_evicted: u64,
-}
-
 /// One thread's events as held, and what it let go of before the first of them. A thread
 /// still running is remembered when it holds nothing (its counts go on); one that ended is
 /// forgotten with its last event.
@@ -141,15 +112,6 @@ struct Thread {
     /// Its events that aged out, and that were evicted.
     expired: u64,
     evicted: u64,
-}
-
-/// What a thread let go of before the first event a snapshot holds of it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ThreadWindow {
-    /// Its events that aged out of the window.
-    pub expired: u64,
-    /// Its events evicted to stay under the memory cap.
-    pub evicted: u64,
 }
 
 /// Memory a held thread takes besides its events: its entry in the map and in the index of
@@ -202,10 +164,14 @@ impl FlightRecorder {
         let key = (h.pid, h.tid);
         let held = Held::of(event, gap);
         self.newest_ns = self.newest_ns.max(h.ts_ns);
-        self.stats.seen += 1;
+        // A thread's end is held (it closes the thread's file in a snapshot) but is not an
+        // event, as a session does not count it one: the recorder's counts and a snapshot's
+        // are of the same things.
+        let counted = u64::from(h.kind != event_kind::THREAD_EXIT);
+        self.stats.seen += counted;
         self.stats.lost += gap.map_or(0, |g| g.lost);
         self.bytes += held.bytes();
-        self.events += 1;
+        self.events += counted;
         let thread = match self.threads.entry(key) {
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::btree_map::Entry::Vacant(v) => {
@@ -236,6 +202,8 @@ impl FlightRecorder {
         let Some(front) = thread.held.front().map(|e| e.ts_ns) else {
             return 0;
         };
+        // Held entries let go, and the events among them (not a thread's end).
+        let mut let_go = 0;
         let mut gone = 0;
         let mut ended = false;
         while let Some(e) = thread.held.front() {
@@ -245,9 +213,10 @@ impl FlightRecorder {
             self.bytes -= e.bytes();
             ended = e.kind == event_kind::THREAD_EXIT;
             thread.held.pop_front();
-            gone += 1;
+            let_go += 1;
+            gone += u64::from(!ended);
         }
-        if gone == 0 {
+        if let_go == 0 {
             return 0;
         }
         self.events -= gone;

@@ -22,6 +22,7 @@ pub use thread::{slot_at_or_below, slot_below};
 
 use crate::kernel::intake::Event;
 use crate::plan::exits::ExitsChoice;
+use crate::plan::objects::Executable;
 use crate::plan::{AttachPlan, FunctionNames};
 use crate::session::order::Gap;
 use crate::session::output::OutputDir;
@@ -39,7 +40,7 @@ use xray_fdr::FdrVersion;
 /// Timestamps are `bpf_ktime_get_ns()`: nanoseconds, so the FDR tick rate is 1 GHz.
 pub const CYCLE_FREQUENCY: u64 = 1_000_000_000;
 
-use fdr_analysis::manifest::MANIFEST;
+use fdr_session::manifest::MANIFEST;
 
 struct Process {
     dir: OutputDir,
@@ -68,17 +69,6 @@ pub struct IntakeLosses {
     pub malformed: u64,
     /// Return probes of calls entered before recording began (no event).
     pub returns_before_tracing: u64,
-}
-
-/// The traced executable as the manifest names it.
-#[derive(Clone, Debug)]
-pub struct Executable {
-    /// File name, for the per-process directories (`<name>-<pid>`).
-    pub name: String,
-    /// Its path as users know it.
-    pub path: String,
-    /// The file was deleted or replaced on disk after the process started.
-    pub deleted: bool,
 }
 
 /// The state of one recording.
@@ -453,11 +443,7 @@ impl Session {
             custom_events_truncated: 0,
             typed_events: 0,
             processes: Vec::new(),
-            functions: SessionReport::rank_functions(
-                &self.totals,
-                &self.names,
-                &self.return_probed,
-            ),
+            functions: summary::rank_functions(&self.totals, &self.names, &self.return_probed),
         };
         let mut open: Vec<Option<ThreadTrace>> = std::mem::take(&mut self.open)
             .into_iter()

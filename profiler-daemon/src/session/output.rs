@@ -5,7 +5,7 @@
 //! guarantees (modes 0600/0700 whatever the umask, no symlink followed below the output
 //! directory, nothing overwritten, no directory others can write) are documented and tested
 //! there.
-pub use fdr_analysis::output_dir::OutputDir;
+pub use fdr_session::output_dir::OutputDir;
 
 /// Longest part of a directory name taken from a name fdr-profiled did not choose.
 pub const MAX_NAME_PART: usize = 64;

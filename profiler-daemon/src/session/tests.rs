@@ -1,4 +1,5 @@
 use super::*;
+use crate::plan::objects::Executable;
 use profiler_common::{event_flags, EventHeader, SledKind, MAX_ARGS};
 
 fn event(tid: u32, ts_ns: u64, kind: u8) -> Event {

@@ -169,9 +169,9 @@ pub fn closing_exits_from_session(dir: &Path, file: &Path) -> Result<ClosingExit
 
 /// `dir/session.json`, parsed.
 fn read_manifest(dir: &Path) -> Result<serde_json::Value> {
-    let manifest = dir.join(fdr_analysis::manifest::MANIFEST);
+    let manifest = dir.join(fdr_session::manifest::MANIFEST);
     // Read as every reader of a session reads it: no symbolic link, no FIFO, bounded.
-    let Some(bytes) = fdr_analysis::manifest::read(&manifest)? else {
+    let Some(bytes) = fdr_session::manifest::read(&manifest)? else {
         bail!(
             "cannot read {} (a session killed before its end has none; use --binary)",
             manifest.display()
@@ -313,7 +313,7 @@ fn recorded_path(bin: PathBuf, manifest: &Path) -> Result<PathBuf> {
 /// The binary `file` was recorded from, per `dir/session.json`: the process whose output
 /// directory holds `file`, or the only binary of the session.
 pub fn binary_from_session(dir: &Path, file: &Path) -> Result<PathBuf> {
-    let manifest = dir.join(fdr_analysis::manifest::MANIFEST);
+    let manifest = dir.join(fdr_session::manifest::MANIFEST);
     let json = read_manifest(dir)?;
     let processes = json["processes"]
         .as_array()

@@ -37,7 +37,7 @@ fn resolve(target: &str) -> Result<Vec<Listed>> {
             .parse()
             .with_context(|| format!("{target}: not a pid"))?;
         let process = TracedProcess::find(pid)?;
-        let planned = crate::record::objects::for_process(&process)?;
+        let planned = crate::plan::objects::for_process(&process)?;
         let (policy, _) = exits::choose(ExitMode::PerFunction, &planned.image);
         return Ok(planned
             .plans

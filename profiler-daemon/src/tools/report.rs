@@ -47,11 +47,11 @@ pub fn run(args: &ReportArgs) -> Result<u8> {
 }
 
 /// Writes `bytes` to `path`, a new file (`0600`, never over an existing one, see
-/// [`fdr_analysis::output_dir`]), or to standard output (a closed pipe is not an error).
+/// [`fdr_session::output_dir`]), or to standard output (a closed pipe is not an error).
 pub fn write_output(path: Option<&std::path::Path>, bytes: &[u8]) -> Result<()> {
     match path {
         Some(p) => {
-            let (dir, name) = fdr_analysis::output_dir::OutputDir::for_new_file(p)?;
+            let (dir, name) = fdr_session::output_dir::OutputDir::for_new_file(p)?;
             dir.write_new(&name, |f| f.write_all(bytes))
         }
         None => {

@@ -400,5 +400,4 @@ pub(crate) fn layout_v5(at: u64, pending: &Pending, out: &mut Vec<u8>) {
 }
 
 #[cfg(test)]
-#[path = "commit_tests.rs"]
 mod tests;

@@ -526,5 +526,4 @@ fn check_function_id(function_id: u32) -> io::Result<()> {
 }
 
 #[cfg(test)]
-#[path = "writer_tests.rs"]
 mod tests;

@@ -28,9 +28,9 @@ pub mod speedscope;
 
 pub use depth::{FOLDED_FRAME, MAX_SHOWN_DEPTH};
 
-use crate::output_dir::OutputDir;
 use crate::replay::Session;
 use anyhow::Result;
+use fdr_session::output_dir::OutputDir;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 

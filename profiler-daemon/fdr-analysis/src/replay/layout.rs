@@ -1,11 +1,13 @@
 //! What a session directory holds: processes, their instrumented objects (the executable and
 //! shared objects), their threads' FDR files.
 //!
-//! `session.json` is read leniently where that is safe: unknown fields are ignored and missing
-//! optional ones take defaults, so manifests of older and newer versions both load. What no
-//! manifest can lack (`processes`, each process's `pid`, each thread's `tid` and `file`) is
-//! required, and a manifest that is not valid JSON, lacks them, is a symbolic link or not a
-//! regular file, or is larger than [`MAX_MANIFEST_SIZE`](crate::manifest::MAX_MANIFEST_SIZE) is an error, not an empty session.
+//! `session.json` is read with the types the recorder writes it with ([`fdr_session::schema`]),
+//! leniently where that is safe: unknown fields are ignored and missing optional ones take
+//! defaults, so manifests of older and newer versions both load. What no manifest can lack
+//! (`processes`, each process's `pid`, each thread's `tid` and `file`) is required, and a
+//! manifest that is not valid JSON, lacks them, is a symbolic link or not a regular file, or is
+//! larger than [`MAX_MANIFEST_SIZE`](fdr_session::manifest::MAX_MANIFEST_SIZE) is an error, not
+//! an empty session.
 //!
 //! The manifest may have been written by anyone, and the reader may be root: it only names
 //! files, and those are refused unless safe to read. Thread files must be plain relative paths
@@ -23,56 +25,13 @@
 //! A single FDR file is a session too: compiler-rt's own runtime writes every thread of a
 //! process into one file. Its threads are found from its buffers (`NewBuffer`, `Pid`), each
 //! read from that file alone ([`ThreadEntry::shared_file`]).
-use serde::Deserialize;
+use fdr_session::schema::{ObjectReport, SessionReport};
 use std::path::{Component, Path, PathBuf};
 
-/// `session.json` as far as reading a session needs it.
-#[derive(Debug, Deserialize)]
-struct Manifest {
-    processes: Vec<ManifestProcess>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ManifestProcess {
-    pid: u32,
-    #[serde(default)]
-    binary: String,
-    #[serde(default)]
-    binary_deleted: bool,
-    #[serde(default)]
-    build_id: Option<String>,
-    #[serde(default)]
-    dir: String,
-    #[serde(default)]
-    threads: Vec<ManifestThread>,
-    /// Kept as raw values so that one malformed entry does not make the whole manifest
-    /// unreadable.
-    #[serde(default)]
-    objects: Option<Vec<serde_json::Value>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ManifestObject {
-    object_id: i64,
-    #[serde(default)]
-    path: String,
-    #[serde(default)]
-    deleted: bool,
-    #[serde(default)]
-    build_id: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ManifestThread {
-    tid: u32,
-    file: String,
-    #[serde(default)]
-    frames_unwound: u64,
-    #[serde(default)]
-    frames_closed_by_loss: u64,
-    #[serde(default)]
-    frames_beyond_return_limit: u64,
-}
+/// `session.json` as a reader takes it: the recorder's own types ([`fdr_session::schema`]),
+/// with each process's `objects` kept as raw values (absent in manifests of older versions),
+/// so that one malformed entry does not make the whole manifest unreadable.
+type Manifest = SessionReport<Option<Vec<serde_json::Value>>>;
 
 /// Highest XRay object id: FDR function records carry 28 bits, the top 4 of them the object.
 pub const MAX_OBJECT_ID: u8 = 15;
@@ -151,8 +110,8 @@ impl Layout {
             processes: Vec::new(),
             warnings: Vec::new(),
         };
-        let manifest_path = dir.join(crate::manifest::MANIFEST);
-        match crate::manifest::read(&manifest_path)? {
+        let manifest_path = dir.join(fdr_session::manifest::MANIFEST);
+        match fdr_session::manifest::read(&manifest_path)? {
             Some(bytes) => {
                 let m = parse_manifest(&manifest_path, &bytes)?;
                 layout.read_manifest(m)?;
@@ -161,7 +120,7 @@ impl Layout {
                 layout.warnings.push(format!(
                     "{} has no {} (a session stopped before its end writes none); reading the directory instead",
                     dir.display(),
-                    crate::manifest::MANIFEST
+                    fdr_session::manifest::MANIFEST
                 ));
                 layout.scan()?;
             }
@@ -174,7 +133,7 @@ impl Layout {
     /// what [`Layout::open`] does once it has read the manifest (thread files are looked for
     /// in `dir`). Errors as [`Layout::open`] for a manifest it refuses.
     pub fn from_manifest(dir: &Path, bytes: &[u8]) -> anyhow::Result<Layout> {
-        let manifest_path = dir.join(crate::manifest::MANIFEST);
+        let manifest_path = dir.join(fdr_session::manifest::MANIFEST);
         let mut layout = Layout {
             dir: dir.to_path_buf(),
             processes: Vec::new(),
@@ -264,7 +223,17 @@ impl Layout {
     ) -> anyhow::Result<Vec<ObjectEntry>> {
         let mut objects: Vec<ObjectEntry> = Vec::new();
         for (n, value) in list.into_iter().enumerate() {
-            let o = match serde_json::from_value::<ManifestObject>(value) {
+            // The id first, as any integer: one out of range is named as such, not as a type
+            // error.
+            if let Some(id) = value.get("object_id").and_then(serde_json::Value::as_i64) {
+                if !(0..=i64::from(MAX_OBJECT_ID)).contains(&id) {
+                    self.warnings.push(format!(
+                        "session.json: pid {pid}: objects[{n}] has object_id {id}, outside 0..={MAX_OBJECT_ID}; ignored"
+                    ));
+                    continue;
+                }
+            }
+            let o = match serde_json::from_value::<ObjectReport>(value) {
                 Ok(o) => o,
                 Err(e) => {
                     self.warnings.push(format!(
@@ -273,16 +242,7 @@ impl Layout {
                     continue;
                 }
             };
-            let Some(id) = u8::try_from(o.object_id)
-                .ok()
-                .filter(|&id| id <= MAX_OBJECT_ID)
-            else {
-                self.warnings.push(format!(
-                    "session.json: pid {pid}: objects[{n}] has object_id {}, outside 0..={MAX_OBJECT_ID}; ignored",
-                    o.object_id
-                ));
-                continue;
-            };
+            let id = o.object_id as u8; // in 0..=MAX_OBJECT_ID: checked above
             if objects.iter().any(|seen| seen.id == id) {
                 self.warnings.push(format!(
                     "session.json: pid {pid}: object {id} is listed twice; the second ({:?}) is ignored",
@@ -486,5 +446,4 @@ fn exe_name(binary: Option<&Path>, dir: &str, pid: u32) -> String {
 }
 
 #[cfg(test)]
-#[path = "layout_tests.rs"]
 mod tests;

@@ -1,6 +1,7 @@
 //! A [`Report`] as text for people, CSV for spreadsheets, JSON for programs. CSV and JSON give
 //! times in integer nanoseconds; text in units chosen per value.
 use super::{EventRow, FunctionRow, Report, ThreadKey};
+use fdr_session::units::human_ns;
 use serde_json::json;
 use std::fmt::Write as _;
 
@@ -296,30 +297,4 @@ pub fn to_json(report: &Report) -> serde_json::Value {
         "functions": functions,
         "events": events,
     })
-}
-
-/// Nanoseconds with a unit a person reads at a glance.
-pub fn human_ns(ns: u64) -> String {
-    let ns = ns as f64;
-    if ns >= 1e9 {
-        format!("{:.3} s", ns / 1e9)
-    } else if ns >= 1e6 {
-        format!("{:.3} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.3} us", ns / 1e3)
-    } else {
-        format!("{ns:.0} ns")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn human_units() {
-        assert_eq!(human_ns(999), "999 ns");
-        assert_eq!(human_ns(1_500), "1.500 us");
-        assert_eq!(human_ns(2_000_000_000), "2.000 s");
-    }
 }

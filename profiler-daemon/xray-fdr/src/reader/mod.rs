@@ -291,5 +291,4 @@ pub fn read(bytes: &[u8]) -> Result<Trace, ReadError> {
 }
 
 #[cfg(test)]
-#[path = "tests.rs"]
 mod tests;

@@ -1,14 +1,14 @@
 //! The manifest's `objects` as [`Layout::open`] reads them: old manifests, good lists, and
 //! hostile entries, each a one-line warning.
 use super::*;
-use crate::manifest::MAX_MANIFEST_SIZE;
+use fdr_session::manifest::MAX_MANIFEST_SIZE;
 use serde_json::json;
 
 fn open(process: serde_json::Value) -> Layout {
     let dir = tempfile::tempdir().unwrap();
     let manifest = json!({"processes": [process]});
     std::fs::write(
-        dir.path().join(crate::manifest::MANIFEST),
+        dir.path().join(fdr_session::manifest::MANIFEST),
         serde_json::to_vec(&manifest).unwrap(),
     )
     .unwrap();
@@ -162,7 +162,7 @@ fn a_path_that_is_no_session_gets_one_line() {
 /// `Layout::open`'s error for a session directory whose manifest is `bytes`.
 fn refused(bytes: &[u8]) -> String {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join(crate::manifest::MANIFEST), bytes).unwrap();
+    std::fs::write(dir.path().join(fdr_session::manifest::MANIFEST), bytes).unwrap();
     let e = Layout::open(dir.path()).unwrap_err().to_string();
     assert!(!e.contains('\n'), "one line: {e:?}");
     e.replace(&dir.path().display().to_string(), "DIR")
@@ -205,7 +205,7 @@ fn a_symlinked_manifest_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let real = dir.path().join("elsewhere.json");
     std::fs::write(&real, br#"{"processes": []}"#).unwrap();
-    std::os::unix::fs::symlink(&real, dir.path().join(crate::manifest::MANIFEST)).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join(fdr_session::manifest::MANIFEST)).unwrap();
     let e = Layout::open(dir.path()).unwrap_err().to_string();
     assert_eq!(
         e,
@@ -219,7 +219,7 @@ fn a_symlinked_manifest_is_refused() {
 #[test]
 fn a_huge_or_special_manifest_is_refused_unread() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = dir.path().join(crate::manifest::MANIFEST);
+    let manifest = dir.path().join(fdr_session::manifest::MANIFEST);
     // Sparse: no disk used, and nothing of it is read.
     std::fs::File::create(&manifest)
         .unwrap()

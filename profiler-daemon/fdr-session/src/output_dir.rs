@@ -526,5 +526,4 @@ fn check_component(name: &str) -> Result<()> {
 }
 
 #[cfg(test)]
-#[path = "output_dir_tests.rs"]
 mod tests;
