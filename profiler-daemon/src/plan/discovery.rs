@@ -124,8 +124,9 @@ impl Discovery {
                 object_ids::EXECUTABLE
             } else {
                 match self.ids.next_shared() {
-                    Ok(id) => id,
-                    Err(why) => {
+                    Some(id) => id,
+                    None => {
+                        let why = object_ids::too_many("process");
                         found
                             .warnings
                             .push(format!("{}: not traced: {why}", m.path));

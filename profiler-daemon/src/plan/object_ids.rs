@@ -21,15 +21,10 @@ impl Default for ObjectIds {
 
 impl ObjectIds {
     /// The id the next shared object traced gets (taken by [`ObjectIds::used`] once it is
-    /// traced: an object that turns out not to be traced leaves it to the next); an error
-    /// saying why when every id is used.
-    pub fn next_shared(&self) -> Result<u32, String> {
-        if self.next > MAX_OBJECT_ID {
-            return Err(format!(
-                "a trace holds at most {MAX_OBJECT_ID} instrumented shared objects (FDR function ids have 28 bits)"
-            ));
-        }
-        Ok(self.next)
+    /// traced: an object that turns out not to be traced leaves it to the next); `None` when
+    /// every id is used (see [`too_many`]).
+    pub fn next_shared(&self) -> Option<u32> {
+        (self.next <= MAX_OBJECT_ID).then_some(self.next)
     }
 
     /// `id` is taken (its object traced, or probed before this count began): shared objects
@@ -39,6 +34,14 @@ impl ObjectIds {
     }
 }
 
+/// Why a shared object is not traced when every id is used; `per`: what the ids number
+/// (`process`, `binary`).
+pub fn too_many(per: &str) -> String {
+    format!(
+        "a trace holds at most {MAX_OBJECT_ID} instrumented shared objects per {per} (FDR function ids have 28 bits)"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,15 +49,16 @@ mod tests {
     #[test]
     fn ids_run_from_one_to_the_limit_and_skip_what_was_taken() {
         let mut ids = ObjectIds::default();
-        assert_eq!(ids.next_shared(), Ok(1));
+        assert_eq!(ids.next_shared(), Some(1));
         // Not traced after all: the next one gets the same id.
-        assert_eq!(ids.next_shared(), Ok(1));
+        assert_eq!(ids.next_shared(), Some(1));
         ids.used(1);
         ids.used(EXECUTABLE);
-        assert_eq!(ids.next_shared(), Ok(2));
+        assert_eq!(ids.next_shared(), Some(2));
         ids.used(5);
-        assert_eq!(ids.next_shared(), Ok(6));
+        assert_eq!(ids.next_shared(), Some(6));
         ids.used(MAX_OBJECT_ID);
-        assert!(ids.next_shared().unwrap_err().contains("at most 15"));
+        assert_eq!(ids.next_shared(), None);
+        assert!(too_many("process").contains("at most 15 instrumented shared objects per process"));
     }
 }

@@ -91,9 +91,9 @@ pub fn for_command(program: &Path) -> Result<Planned> {
             object_ids::EXECUTABLE
         } else {
             match ids.next_shared() {
-                Ok(id) => id,
+                Some(id) => id,
                 // The rest is found (and refused, with the reason) by rescanning the process.
-                Err(_) => break,
+                None => break,
             }
         };
         let plan = AttachPlan::for_object(path, object_id)?;

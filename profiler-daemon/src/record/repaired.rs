@@ -141,15 +141,19 @@ impl AttachRepair {
             }
         }
         let mut note = format!("{} processes traced", self.processes.traced());
-        let not_traced = self.processes.not_traced();
-        if !not_traced.is_empty() {
-            let named: Vec<String> = not_traced
+        let (not_traced, latest) = self.processes.not_traced();
+        if not_traced > 0 {
+            let named: Vec<String> = latest
                 .iter()
                 .map(|(pid, why)| format!("{pid} ({why})"))
                 .collect();
+            let earlier = if not_traced > latest.len() as u64 {
+                "the latest: "
+            } else {
+                ""
+            };
             note.push_str(&format!(
-                "; {} not traced: {}",
-                not_traced.len(),
+                "; {not_traced} not traced: {earlier}{}",
                 named.join(", ")
             ));
         }

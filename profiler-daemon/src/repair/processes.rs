@@ -22,6 +22,7 @@ use crate::plan::AttachPlan;
 use crate::traced::mappings::{self, FileId};
 use anyhow::{bail, Context as _, Result};
 use profiler_common::event_kind;
+use std::collections::VecDeque;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
@@ -38,10 +39,17 @@ pub struct RepairedProcesses {
     tag: u32,
     plans: Vec<AttachPlan>,
     live: Vec<Process>,
-    /// Processes traced so far, and those that could not be, with why.
+    /// Processes traced so far; of them, those that ended (exited, or let go at an exec).
     traced: u64,
-    not_traced: Vec<(u32, String)>,
+    ended: u64,
+    /// Processes that could not be traced: how many, and the latest with why (at most
+    /// [`NOT_TRACED_KEPT`]: a service runs for months, and short processes come and go).
+    not_traced: u64,
+    not_traced_latest: VecDeque<(u32, String)>,
 }
+
+/// How many of the processes that could not be traced are remembered with why.
+pub const NOT_TRACED_KEPT: usize = 16;
 
 /// One traced process: its keeper and every probe placed for it.
 struct Process {
@@ -104,7 +112,9 @@ impl RepairedProcesses {
             plans,
             live: Vec::new(),
             traced: 0,
-            not_traced: Vec::new(),
+            ended: 0,
+            not_traced: 0,
+            not_traced_latest: VecDeque::new(),
         })
     }
 
@@ -140,9 +150,15 @@ impl RepairedProcesses {
         self.traced
     }
 
-    /// Processes that could not be traced, with why.
-    pub fn not_traced(&self) -> &[(u32, String)] {
-        &self.not_traced
+    /// Processes traced that ended since (exited, or let go at an exec).
+    pub fn ended_count(&self) -> u64 {
+        self.ended
+    }
+
+    /// Processes that could not be traced: how many, and the latest of them with why (at most
+    /// [`NOT_TRACED_KEPT`], oldest first).
+    pub fn not_traced(&self) -> (u64, &VecDeque<(u32, String)>) {
+        (self.not_traced, &self.not_traced_latest)
     }
 
     /// Traces `pid`: its keeper first, then the throw and catch stops, its return probes, its
@@ -153,7 +169,13 @@ impl RepairedProcesses {
         match &traced {
             Ok(Some(_)) => self.traced += 1,
             Ok(None) => {}
-            Err(err) => self.not_traced.push((pid, format!("{err:#}"))),
+            Err(err) => {
+                self.not_traced += 1;
+                if self.not_traced_latest.len() == NOT_TRACED_KEPT {
+                    self.not_traced_latest.pop_front();
+                }
+                self.not_traced_latest.push_back((pid, format!("{err:#}")));
+            }
         }
         traced
     }
@@ -241,6 +263,7 @@ impl RepairedProcesses {
             .into_iter()
             .partition(|p| p.keeper.has_ended());
         self.live = live;
+        self.ended += ended.len() as u64;
         ended
             .into_iter()
             .map(|mut process| {

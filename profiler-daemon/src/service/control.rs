@@ -204,13 +204,25 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
             let processes = b["processes"].as_array().map_or(&[][..], Vec::as_slice);
             let repair = &b["repair"];
             if repair.is_object() {
-                // Each process of a repaired target, traced by a keeper of its own.
+                // Each process of a repaired target, traced by a keeper of its own: what
+                // became of each, as the JSON says it.
                 outln!(
-                    "      repair: {} processes traced, {} running now, {} not traced",
+                    "      repair: {} processes traced ({} running now, {} ended), {} not traced",
                     repair["processes_traced"],
                     repair["processes_live"],
+                    repair["processes_ended"],
                     repair["processes_not_traced"]
                 );
+                for pid in repair["live"].as_array().into_iter().flatten() {
+                    outln!("      process {pid}: traced, stack repaired");
+                }
+                for p in repair["not_traced"].as_array().into_iter().flatten() {
+                    outln!(
+                        "      process {}: not traced: {}",
+                        p["pid"],
+                        p["why"].as_str().unwrap_or("?")
+                    );
+                }
             } else if processes.is_empty() {
                 outln!("      no process seen");
             }

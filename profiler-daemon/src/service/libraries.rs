@@ -319,12 +319,9 @@ impl Libraries {
             warn(format!("the target uses return probes and {path} (loaded with it) has {symbol}; an exception through a return-probed frame would kill the program (set exits = \"sleds\")"));
             return None;
         }
-        let object_id = match self.ids.next_shared() {
-            Ok(id) => id,
-            Err(why) => {
-                warn(why);
-                return None;
-            }
+        let Some(object_id) = self.ids.next_shared() else {
+            warn(crate::plan::object_ids::too_many("binary"));
+            return None;
         };
         let (plan, file) = match self.plan(m, object_id) {
             Ok(planned) => planned,

@@ -109,10 +109,17 @@ impl Repaired {
 
     /// The status's `repair` object.
     pub fn status(&self) -> serde_json::Value {
+        let (not_traced, latest) = self.processes.not_traced();
         serde_json::json!({
             "processes_traced": self.processes.traced(),
             "processes_live": self.processes.live().count(),
-            "processes_not_traced": self.processes.not_traced().len(),
+            "live": self.processes.live().collect::<Vec<u32>>(),
+            "processes_ended": self.processes.ended_count(),
+            "processes_not_traced": not_traced,
+            "not_traced": latest.iter().map(|(pid, why)| serde_json::json!({
+                "pid": pid,
+                "why": why,
+            })).collect::<Vec<_>>(),
             "of_processes_ended": self.repairs,
         })
     }
