@@ -5,14 +5,31 @@
 //! A trigger is a [`Trigger`]: it is told which binaries it watches (by their tag, with their
 //! target's configuration), sees every event of theirs in each thread's program order, and
 //! says which snapshots are due. The event loop writes them (`service::snapshot`) and knows
-//! nothing of why. A new trigger is one new file and one line in [`Triggers::new`].
+//! nothing of why. A new trigger is one new file and one line in `watching_triggers!` below.
 use crate::plan::AttachPlan;
 use profiler_common::EventHeader;
 
-pub mod crash;
 pub mod on_demand;
-pub mod slow;
 mod trigger;
+
+/// Declares the triggers that watch events, one line each: `module::Type`, the file
+/// `module.rs` of this folder holding `Type` (a [`Trigger`] and `Default`). The event loop
+/// gets one of each, in this order.
+macro_rules! watching_triggers {
+    ($($module:ident::$trigger:ident),* $(,)?) => {
+        $(pub mod $module;)*
+
+        /// One of each trigger that watches events.
+        fn watching() -> Vec<Box<dyn Trigger>> {
+            vec![$(Box::new($module::$trigger::default())),*]
+        }
+    };
+}
+
+watching_triggers! {
+    crash::Crashes,
+    slow::SlowCalls,
+}
 
 pub use trigger::{Due, Trigger, Watch};
 
@@ -35,10 +52,7 @@ impl Triggers {
     pub fn new() -> Triggers {
         Triggers {
             on_demand: on_demand::OnDemand::default(),
-            watching: vec![
-                Box::new(crash::Crashes::default()),
-                Box::new(slow::SlowCalls::default()),
-            ],
+            watching: watching(),
         }
     }
 
