@@ -1,0 +1,108 @@
+//! What `--exits repair` and `--follow-forks` ask of the loaded programs: the unwind stops,
+//! the per-thread repair state, the program that lets a process go, the processes followed.
+use super::{one_line, PodRepairState, Scope, Tracer};
+use crate::plan::Probe;
+use anyhow::{anyhow, bail, Context as _, Result};
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::programs::uprobe::UProbeScope;
+use profiler_common::{
+    Cookie, FOLLOWED_MAP, REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, UNWIND_STOP_PROGRAM,
+};
+use std::path::Path;
+
+impl Tracer {
+    /// `--exits repair`: places the `unwind_stop` probe at `file_offset` of `object`, as a throw
+    /// point (`event_kind::THROW`) or a catch point (`event_kind::CATCH`); returns its cookie.
+    pub fn attach_unwind_stop(
+        &mut self,
+        object: &Path,
+        file_offset: u64,
+        kind: u8,
+        scope: Scope,
+    ) -> Result<u64> {
+        let probe = Probe {
+            file_offset,
+            cookie: Cookie {
+                function_id: 0,
+                kind,
+                regs: [0; 3],
+                flags: 0,
+            },
+        };
+        self.place(
+            UNWIND_STOP_PROGRAM,
+            &[probe],
+            object,
+            UProbeScope::from(scope),
+        )?;
+        Ok(probe.cookie.encode())
+    }
+
+    /// `--exits repair`: the table of stopped threads' [`RepairState`], for a repair keeper
+    /// (each keeper gets its own handle on the one table), and its file descriptor.
+    pub fn take_repairs(
+        &mut self,
+    ) -> Result<(BpfHashMap<MapData, u32, PodRepairState>, std::os::fd::RawFd)> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        let map = self
+            .ebpf
+            .map(REPAIRS_MAP)
+            .context("the eBPF object has no repairs map")?;
+        let aya::maps::Map::HashMap(data) = map else {
+            bail!("the repairs map is not a hash map");
+        };
+        let fd = data
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .context("duplicating the repairs map's descriptor")?;
+        let data = MapData::from_fd(fd)?;
+        let raw = data.fd().as_fd().as_raw_fd();
+        Ok((BpfHashMap::try_from(aya::maps::Map::HashMap(data))?, raw))
+    }
+
+    /// `--exits repair`: the `repair_release` task iterator program (loaded at the first
+    /// call), for the repair keeper to run over the threads of each process it lets go (see
+    /// `kernel::task_iter` and `profiler_common::repair_state::RELEASE`).
+    pub fn release_program_fd(&mut self) -> Result<std::os::fd::RawFd> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        let program: &mut aya::programs::Iter = self
+            .ebpf
+            .program_mut(REPAIR_RELEASE_PROGRAM)
+            .with_context(|| format!("the eBPF object has no {REPAIR_RELEASE_PROGRAM} program"))?
+            .try_into()?;
+        if program.fd().is_err() {
+            let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+            program.load("task", &btf).map_err(|e| {
+                anyhow!(
+                    "the kernel refused the {REPAIR_RELEASE_PROGRAM} program: {}",
+                    one_line(&e)
+                )
+            })?;
+        }
+        Ok(program.fd()?.as_fd().as_raw_fd())
+    }
+
+    /// `--exits repair`: the `unwind_stop` program as loaded for `uprobe_multi` links, for the
+    /// repair keeper to place the throw and catch stops of the processes the traced one forks.
+    pub fn unwind_stop_program_fd(&self) -> Result<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd as _;
+        self.multi
+            .iter()
+            .find(|(name, _)| *name == UNWIND_STOP_PROGRAM)
+            .map(|(_, program)| program.fd().as_raw_fd())
+            .context("the unwind_stop program is not loaded for uprobe_multi links")
+    }
+
+    /// `--follow-forks`: records process `pid` (and, from now on, the processes it forks).
+    pub fn follow(&mut self, pid: u32) -> Result<()> {
+        let mut followed: BpfHashMap<_, u32, u32> = self
+            .ebpf
+            .map_mut(FOLLOWED_MAP)
+            .with_context(|| format!("the eBPF object has no {FOLLOWED_MAP} map"))?
+            .try_into()?;
+        followed
+            .insert(pid, 1, 0)
+            .with_context(|| format!("following process {pid}"))
+    }
+}
