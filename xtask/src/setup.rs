@@ -31,6 +31,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "xz-utils",
     // `go tool pprof`, the reference reader of `convert --format pprof`.
     "golang-go",
+    // nlohmann/json, a real C++ library's parser the exceptions tests trace
+    // (tests/fixtures/json_parse.cpp).
+    "nlohmann-json3-dev",
 ];
 
 /// bpf-linker release line that works with aya-ebpf 0.2 (platform.md).
