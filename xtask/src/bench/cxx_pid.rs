@@ -2,7 +2,7 @@
 //! entered long before the tracer came, throwing from deep recursion: what the defaults cost
 //! the program and record, against `--exits sleds` and untraced.
 //!
-//! Two workloads, each traced for [`TRACED_SECS`] by `fdr-profiled --pid PID --duration`,
+//! Two workloads, each traced for [`traced_secs`] by `fdr-profiled --pid PID --duration`,
 //! once with the defaults (`auto`: the stack repaired, for a process that can unwind) and once
 //! with `--exits sleds`, and run as long untraced:
 //! - `tests/fixtures/deep_server.cpp`: a serving loop in `main` that throws from 100 frames deep
@@ -24,8 +24,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Seconds each traced session lasts, and each untraced run.
-const TRACED_SECS: u64 = 20;
+/// Seconds each traced session lasts, and each untraced run: 20, or `FDR_BENCH_SECS` (the
+/// issue's minute-long check: `FDR_BENCH_SECS=60 cargo xtask bench cxx_pid`).
+fn traced_secs() -> u64 {
+    std::env::var("FDR_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&s| s > 0)
+        .unwrap_or(20)
+}
 
 /// A program to measure: its name, how to start it, the start of the lines that count its work.
 type Workload<'a> = (&'static str, Box<dyn Fn() -> Command + 'a>, &'static str);
@@ -85,11 +92,12 @@ pub fn run() -> Result<String> {
     let _ = writeln!(
         s,
         "Each program started untraced, then traced by `fdr-profiled --pid PID --duration \
-         {TRACED_SECS}` (its outer frames entered long before): `deep_server` \
+         {}` (its outer frames entered long before): `deep_server` \
          (tests/fixtures/deep_server.cpp, a throw from 100 frames deep every fifth request, \
          caught in `main`) and yaml-cpp's gtest suite repeated forever (the `cxx_suite` \
          build, `{}`). Throughput: the program's requests (or passes through the suite) a \
          second while traced; calls: calls a second whose exit a probe observed.\n",
+        traced_secs(),
         super::cxx_suite::FILTER
     );
     let _ = writeln!(s, "{machine}\n");
@@ -132,7 +140,7 @@ pub fn run() -> Result<String> {
 
 /// Runs `program`, counting its units of work (lines of stdout starting with `unit`, or, for
 /// the server, its closing `rounds=` line); with `traced`, attaches fdr-profiled by pid with
-/// those options for [`TRACED_SECS`] after a second, else runs it as long untraced.
+/// those options for [`traced_secs`] after a second, else runs it as long untraced.
 fn measure(
     daemon: &Path,
     work: &Path,
@@ -186,14 +194,14 @@ fn measure(
         fell_back: false,
     };
     match traced {
-        None => std::thread::sleep(Duration::from_secs(TRACED_SECS)),
+        None => std::thread::sleep(Duration::from_secs(traced_secs())),
         Some(options) => {
             let status = Command::new(daemon)
                 .arg("--pid")
                 .arg(pid.to_string())
                 .args([
                     "--duration",
-                    &TRACED_SECS.to_string(),
+                    &traced_secs().to_string(),
                     "--no-report",
                     "--out",
                 ])
@@ -240,7 +248,7 @@ fn measure(
         let m = &session["exit_methods"];
         let calls = m["return_probe_calls"].as_u64().unwrap_or(0)
             + m["exit_sled_calls"].as_u64().unwrap_or(0);
-        row.calls = calls as f64 / TRACED_SECS as f64;
+        row.calls = calls as f64 / traced_secs() as f64;
         row.lost = session["events_lost"].as_u64().unwrap_or(0);
         row.exits = session["exits"].as_str().unwrap_or_default().to_owned();
         row.fell_back = session["exits_reason"]
