@@ -19,11 +19,16 @@
 //!   (a NewCPUId at every change of CPU, time never going back).
 //! - [`durations`]: every call within its caller, in a session's Chrome timeline and in its
 //!   per-thread report.
+//! - [`fdr_agree`]: our FDR reader against llvm-xray 14 and 19 on the same file, record for
+//!   record or by counts (also `xray-fdr`'s `tests/roundtrip.rs`, which includes it by path).
 //! - [`pprof`]: pprof profiles read by `go tool pprof`.
 //! - [`receiver`]: a local HTTP receiver standing in for Pyroscope or a Collector.
 //! - [`run`]: running the daemon and fixtures as children with timeouts.
 //! - [`scenario`]: the `--attach` and `-- CMD` end-to-end runs shared by the
 //!   C++ and Rust tests.
+//! - [`objects`]: what a traced process's shared objects leave (per-object lines, build-ids,
+//!   load addresses, `session.json`'s objects, records resolved per object), for the tests of
+//!   the dso fixture.
 //! - [`launched`]: `-- CMD` runs the exit-mode, loss, migration and event
 //!   tests inspect themselves (session fields, our reader, llvm-xray).
 //! - [`structure`]: per-thread call structure compared with a native XRay
@@ -38,8 +43,10 @@
 pub mod counts;
 pub mod cpu_records;
 pub mod durations;
+pub mod fdr_agree;
 pub mod fixtures;
 pub mod launched;
+pub mod objects;
 pub mod pprof;
 pub mod receiver;
 pub mod run;

@@ -1,5 +1,5 @@
-//! The two ways of tracing a fixture end to end, shared by
-//! `tests/trace_cpp.rs` and `tests/trace_rust.rs`.
+//! The two ways of tracing a fixture end to end, shared by recording's
+//! `trace_cpp` and `trace_rust` (`tests/tests/recording/`).
 //!
 //! - [`trace_attached`]: `fdr-profiled --attach BIN`: one fixture instance is
 //!   already running (parked in its `--wait-file` loop, inside `main`) when

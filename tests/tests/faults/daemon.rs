@@ -14,13 +14,12 @@
 //!
 //! Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon.
 
-mod fdr_support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use tests::fdr_agree;
 use tests::fixtures::workloads::{calls_fixture, many_fixture};
 use tests::run::{Running, RECORDING_PREFIX};
 use tests::{fdr_profiled, private_copy, scratch_dir};
@@ -143,8 +142,8 @@ fn assert_valid_files(dir: &Path) -> usize {
         let bytes = std::fs::read(f).unwrap();
         let trace = xray_fdr::reader::read(&bytes)
             .unwrap_or_else(|e| panic!("our reader rejects {}: {e}", f.display()));
-        records += fdr_support::ours(&trace).len();
-        fdr_support::agree_on_counts(f, &trace).unwrap_or_else(|e| panic!("{e}"));
+        records += fdr_agree::ours(&trace).len();
+        fdr_agree::agree_on_counts(f, &trace).unwrap_or_else(|e| panic!("{e}"));
     }
     records
 }

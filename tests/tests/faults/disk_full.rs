@@ -14,8 +14,6 @@
 //!
 //! Needs root (mount), BPF, clang-19, llvm-xray 14/19 and a built daemon.
 
-mod fdr_support;
-
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt as _;
@@ -23,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use tests::fdr_agree;
 use tests::fixtures::workloads::calls_fixture;
 use tests::run::Running;
 use tests::{fdr_profiled, parse_count_lines, private_copy, scratch_dir};
@@ -140,9 +139,9 @@ fn a_full_disk_keeps_the_files_valid_and_counts_what_was_not_stored() {
         let bytes = std::fs::read(f).unwrap();
         let trace = xray_fdr::reader::read(&bytes)
             .unwrap_or_else(|e| panic!("our reader rejects {}: {e}", f.display()));
-        let records = fdr_support::ours(&trace).len() as u64;
+        let records = fdr_agree::ours(&trace).len() as u64;
         assert!(records > 0, "{}: the first writes made it", f.display());
-        fdr_support::agree_on_counts(f, &trace).unwrap_or_else(|e| panic!("{e}"));
+        fdr_agree::agree_on_counts(f, &trace).unwrap_or_else(|e| panic!("{e}"));
         tests::xray_reference::both::account(f, Some(&bin));
         on_disk.insert(
             f.file_name().unwrap().to_string_lossy().into_owned(),

@@ -8,7 +8,11 @@
 //!
 //! Needs llvm-xray 14 and 19 (`cargo xtask setup` installs them); no root.
 
-mod fdr_support;
+// Our reader against llvm-xray, shared with the end-to-end tests (it uses only this crate and
+// xray-reference).
+#[allow(dead_code)]
+#[path = "../../../tests/src/fdr_agree.rs"]
+mod fdr_agree;
 
 use std::io::Cursor;
 
@@ -253,7 +257,10 @@ fn reader_returns_exactly_what_was_written() {
 #[test]
 fn llvm_xray_agrees_on_every_file() {
     const FILES: usize = 300;
-    let dir = tests::scratch_dir("fdr-roundtrip");
+    let dir = tempfile::Builder::new()
+        .prefix("fdr-roundtrip-")
+        .tempdir()
+        .unwrap();
     let mut runner = TestRunner::deterministic();
     let strategy = stream();
     let mut files = Vec::new();
@@ -265,8 +272,7 @@ fn llvm_xray_agrees_on_every_file() {
         std::fs::write(&path, &bytes).unwrap();
         files.push((path, trace));
     }
-    let failures =
-        fdr_support::parallel(&files, 2, |(path, trace)| fdr_support::agree(path, trace));
+    let failures = fdr_agree::parallel(&files, 2, |(path, trace)| fdr_agree::agree(path, trace));
     assert!(
         failures.is_empty(),
         "{} of {FILES} files:\n{}",

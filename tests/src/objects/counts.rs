@@ -3,10 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tests::counts::{expected_calls, parse_count_lines, ExpectedCalls};
-use tests::extract_sleds;
-use tests::fixtures::dso::{thread_kinds, MARKER_BEGIN, MARKER_END};
-use tests::trace::TraceDir;
+use crate::counts::{expected_calls, parse_count_lines, ExpectedCalls};
+use crate::extract_sleds;
+use crate::fixtures::dso::{thread_kinds, MARKER_BEGIN, MARKER_END};
+use crate::trace::TraceDir;
 
 use super::Object;
 

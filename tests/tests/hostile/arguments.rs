@@ -243,7 +243,7 @@ fn pid_as_non_root() {
         .gid(65534));
     let _ = sleeper.kill();
     let _ = sleeper.wait();
-    // Capabilities are checked before anything is read (tests/tests/privileges.rs has the
+    // Capabilities are checked before anything is read (hostile/privileges.rs has the
     // exact lines).
     assert_one_line_error(&f, &["missing cap_bpf, cap_perfmon, cap_sys_ptrace"]);
 }

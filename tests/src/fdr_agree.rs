@@ -1,15 +1,17 @@
-//! Shared by the `fdr_*` tests: what llvm-xray 14 and 19 say about a file, in a form that can be
-//! compared with the daemon's own reader.
-#![allow(dead_code)]
+//! What llvm-xray 14 and 19 say about an FDR file, in a form that can be compared with our own
+//! reader (`xray_fdr::reader`): [`agree`] record for record, [`agree_on_counts`] for big files.
+//!
+//! Used by the end-to-end tests that check the files the daemon left (killed, disk full, a
+//! native trace) and, included by path, by `xray-fdr`'s own `tests/roundtrip.rs`: it uses only
+//! `xray-fdr` and `xray-reference`, never another module of this crate, so that the format's
+//! tests build without the daemon and its eBPF programs.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use tests::xray_reference::try_convert_text;
-use tests::xray_yaml::parse_convert_yaml;
-use tests::LLVM_XRAY_VERSIONS;
 use xray_fdr::reader::{Record, RecordKind, Trace};
 use xray_fdr::FunctionAction;
+use xray_reference::{parse_convert_yaml, try_convert_text, LLVM_XRAY_VERSIONS};
 
 /// A function record as both readers can report it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -101,10 +103,10 @@ pub fn llvm(major: u32, file: &Path) -> Result<(Vec<FnRec>, usize), String> {
                 cpu: r.cpu,
                 func_id: u32::try_from(r.func_id).map_err(|e| e.to_string())?,
                 kind: kind_static(match &r.kind {
-                    tests::RecordKind::Enter => "function-enter",
-                    tests::RecordKind::Exit => "function-exit",
-                    tests::RecordKind::TailExit => "function-tail-exit",
-                    tests::RecordKind::EnterArg => "function-enter-arg",
+                    xray_reference::RecordKind::Enter => "function-enter",
+                    xray_reference::RecordKind::Exit => "function-exit",
+                    xray_reference::RecordKind::TailExit => "function-tail-exit",
+                    xray_reference::RecordKind::EnterArg => "function-enter-arg",
                     other => return Err(format!("unexpected kind {other:?}")),
                 })
                 .unwrap(),

@@ -1,7 +1,7 @@
 //! Hostile input (issue 18, item 5): malformed ELF files given as the binary, and hostile
 //! session manifests, each refused with one exact line on stderr and a non-zero exit status,
-//! never a panic, a hang or unbounded memory. bad_input.rs covers the plainer cases (a missing
-//! file, text, an ELF file without a map); fdr_bad_input.rs the FDR reader.
+//! never a panic, a hang or unbounded memory. `arguments` covers the plainer cases (a missing
+//! file, text, an ELF file without a map); `xray-fdr`'s `tests/bad_input.rs` the FDR reader.
 //!
 //! The malformed files are copies of the C++ fixture with one thing changed; where to change
 //! it is found with the `object` crate, not with the code under test. Each is given to

@@ -4,7 +4,7 @@
 //! it): every call below the 64 hooked frames has no return probe, but those frames are all
 //! live, and the session must keep its return probes (not turn to exit sleds, 10 to 30 times
 //! slower per call) with every call in the trace. The stuck case itself (frames an exception
-//! left) is `repair_pid`'s `a_thread_stuck_at_the_return_probe_limit_...`.
+//! left) is `repair::pid`'s `a_thread_stuck_at_the_return_probe_limit_...`.
 //!
 //! Needs root, BPF, clang-19 and a built daemon.
 

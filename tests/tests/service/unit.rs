@@ -23,17 +23,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-#[allow(dead_code)] // Shared with trace_dso.rs and the others, which use the rest.
-mod dso_support;
-
-use dso_support::counts::resolve_calls;
-use dso_support::{assert_counts, load_trace, Object};
 use tests::fixtures::dso::{
     dso_fixture, run_section, DsoProcess, LINKED_FUNCTIONS, MAIN_FUNCTIONS, MARKER_BEGIN,
     MARKER_END,
 };
 use tests::fixtures::private_copy;
 use tests::fixtures::workloads::calls_fixture;
+use tests::objects::counts::resolve_calls;
+use tests::objects::{assert_counts, load_trace, Object};
 use tests::run::Running;
 use tests::tools::run_output;
 

@@ -1,9 +1,11 @@
-//! What `trace_dso.rs` and `objects_launch.rs` read and compare besides the fixture: the
-//! daemon's per-object `attached` lines, build-ids (llvm-readelf), load addresses
-//! (/proc/PID/maps), session.json's objects ([`check_listed_objects`]), the output directory
-//! loaded with llvm-xray 14 and 19 without an instrumentation map (the executable may have none,
-//! and ids of other objects are packed `(object << 24) | function` anyway), and the records'
-//! packed ids resolved per object and counted against the fixture ([`counts`]).
+//! What the tests of traced shared objects (the dso fixture of [`crate::fixtures::dso`]:
+//! recording's `trace_dso` and `objects_launch`, the service's `objects` and `unit`) read and
+//! compare besides the fixture: the daemon's per-object `attached` lines, build-ids
+//! (llvm-readelf), load addresses (/proc/PID/maps), session.json's objects
+//! ([`check_listed_objects`]), the output directory loaded with llvm-xray 14 and 19 without an
+//! instrumentation map (the executable may have none, and ids of other objects are packed
+//! `(object << 24) | function` anyway), and the records' packed ids resolved per object and
+//! counted against the fixture ([`counts`]).
 
 pub mod counts;
 
@@ -12,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::run::{Running, ATTACHED_PREFIX};
+use crate::tools::run_output;
+use crate::trace::{read_session, ThreadTrace, TraceDir};
+use crate::xray_reference::both;
 pub use counts::assert_counts;
-use tests::run::{Running, ATTACHED_PREFIX};
-use tests::tools::run_output;
-use tests::trace::{read_session, ThreadTrace, TraceDir};
-use tests::xray_reference::both;
 
 /// `fdr-profiled: attached N probes to M functions in PATH[ (object K)]` (no suffix: object 0).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! End to end, the shared-object cases `trace_dso.rs` (a running process, by pid) leaves out:
+//! End to end, the shared-object cases `trace_dso` (a running process, by pid) leaves out:
 //!
 //! - `fdr-profiled -- dso-main`: the instrumented library the program links (DT_NEEDED through
 //!   its RUNPATH) is probed by path before the program starts, so a `run` queued on stdin
@@ -13,22 +13,18 @@
 //!
 //! Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon.
 
-// trace_dso.rs's entry point into the counts, not needed here.
-#[allow(dead_code, unused_imports)]
-mod dso_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use dso_support::counts::{assert_runs_counts, resolve_calls};
-use dso_support::{check_listed_objects, load_addresses, load_trace, Object, ObjectLine};
 use tests::fixtures::dso::{
     call_counts, dso_fixture, extra_copies, private_dso_copy, run_section, DsoProcess,
     LINKED_FUNCTIONS, LOADED_FUNCTIONS, MAIN_FUNCTIONS, MARKER_BEGIN, MARKER_END,
 };
 use tests::launched::EXITS_PREFIX;
+use tests::objects::counts::{assert_runs_counts, resolve_calls};
+use tests::objects::{check_listed_objects, load_addresses, load_trace, Object, ObjectLine};
 use tests::run::{assert_success, interrupt_and_finish, start_pid, Running};
 use tests::trace::{assert_session_totals, check_trace_dir, summary_events_lost};
 use tests::{fdr_profiled, scratch_dir};

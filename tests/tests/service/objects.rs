@@ -16,21 +16,18 @@
 //!
 //! Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon.
 
-#[allow(dead_code)] // Shared with trace_dso.rs and objects_launch.rs, which use the rest.
-mod dso_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use dso_support::counts::resolve_calls;
-use dso_support::{assert_counts, load_trace, Object};
 use tests::counts::{expected_calls, parse_count_lines};
 use tests::fixtures::dso::{
     dso_fixture, run_section, DsoProcess, LINKED_FUNCTIONS, LOADED_FUNCTIONS, MAIN_FUNCTIONS,
     MARKER_BEGIN, MARKER_END,
 };
 use tests::fixtures::private_copy;
+use tests::objects::counts::resolve_calls;
+use tests::objects::{assert_counts, load_trace, Object};
 use tests::run::service_status;
 
 const TIMEOUT: Duration = Duration::from_secs(60);

@@ -7,12 +7,11 @@
 //! Needs root, BPF, llvm-xray 14/19, clang-19 and a built daemon (`cargo xtask test` builds it).
 //! The kill moments come from a seed printed on stderr; set FDR_CRASH_SEED to replay one.
 
-mod fdr_support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
+use tests::fdr_agree;
 use tests::run::{Running, RECORDING_PREFIX};
 use tests::{cpp_fixture, fdr_profiled, private_copy, scratch_dir};
 use xray_fdr::reader::read;
@@ -93,16 +92,16 @@ fn kill_run(bin: &Path, out: &Path, delay: Duration) -> (Vec<PathBuf>, usize) {
     fdr_files(out, &mut files);
     files.sort();
     let records = std::sync::atomic::AtomicUsize::new(0);
-    let failures = fdr_support::parallel(&files, 2, |f| {
+    let failures = fdr_agree::parallel(&files, 2, |f| {
         let bytes = std::fs::read(f).unwrap();
         let trace = read(&bytes).map_err(|e| format!("{}: {e}", f.display()))?;
-        let n = fdr_support::ours(&trace).len();
+        let n = fdr_agree::ours(&trace).len();
         records.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         // Record by record for small files; big ones (millions of records) by counts.
         if n < 100_000 {
-            fdr_support::agree(f, &trace)
+            fdr_agree::agree(f, &trace)
         } else {
-            fdr_support::agree_on_counts(f, &trace)
+            fdr_agree::agree_on_counts(f, &trace)
         }
     });
     assert!(

@@ -7,16 +7,15 @@
 //!
 //! Typed events are not covered here: compiler-rt 19's FDR mode crashes on them on x86_64
 //! (SIGSEGV in `FDRLogWriter::writeTypedEvent`), so they are checked against llvm-xray with the
-//! writer's own version 5 files (`fdr_roundtrip.rs`).
+//! writer's own version 5 files (`xray-fdr`'s `tests/roundtrip.rs`).
 //!
 //! Needs clang-19 and llvm-xray 14 and 19; no root.
-
-mod fdr_support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use tests::fdr_agree;
 use tests::tools::clangxx;
 use tests::{native_fdr_trace, scratch_dir};
 use xray_fdr::reader::{read, RecordKind};
@@ -31,7 +30,7 @@ fn fixture_trace_reads_like_llvm_xray() {
     let threads: std::collections::BTreeSet<u32> = trace.blocks.iter().map(|b| b.tid).collect();
     assert_eq!(threads.len(), 4, "main + 3 threads");
     assert!(trace.records.len() > 1000, "{}", trace.records.len());
-    fdr_support::agree(&file, &trace).unwrap();
+    fdr_agree::agree(&file, &trace).unwrap();
 }
 
 /// A C++ program that logs custom events between instrumented calls, in compiler-rt's FDR mode
@@ -134,7 +133,7 @@ fn events_trace_reads_like_llvm_xray() {
     let bytes = std::fs::read(&files[0]).unwrap();
     let trace = read(&bytes).unwrap_or_else(|e| panic!("{}: {e}", files[0].display()));
     assert_eq!(trace.header.version, 5);
-    fdr_support::agree(&files[0], &trace).unwrap();
+    fdr_agree::agree(&files[0], &trace).unwrap();
 
     // Several buffers per thread, and every payload as the program wrote it, in order.
     let mut blocks: BTreeMap<u32, usize> = BTreeMap::new();

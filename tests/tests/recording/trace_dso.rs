@@ -16,21 +16,19 @@
 //!   markers equal the fixture's counts, and nothing lies outside them; `events lost: 0`;
 //!   report.txt names the shared objects' functions.
 //!
-//! `tests/bad_input.rs` (`pid_of_a_process_without_instrumentation`) covers a process with no
+//! `hostile/arguments.rs` (`pid_of_a_process_without_instrumentation`) covers a process with no
 //! instrumented object at all. Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon.
-
-mod dso_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use dso_support::{
-    assert_counts, check_listed_objects, load_addresses, load_trace, Object, ObjectLine,
-};
 use tests::fixtures::dso::{
     dso_fixture, private_dso_copy, run_section, DsoProcess, LINKED_FUNCTIONS, LOADED_FUNCTIONS,
     MAIN_FUNCTIONS, MARKER_BEGIN, MARKER_END,
+};
+use tests::objects::{
+    assert_counts, check_listed_objects, load_addresses, load_trace, Object, ObjectLine,
 };
 use tests::run::{assert_success, interrupt_and_finish, start_pid, Finished};
 use tests::scratch_dir;

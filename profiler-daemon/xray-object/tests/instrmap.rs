@@ -22,10 +22,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use profiler_common::SledKind;
-use tests::xray_reference::{Sled, SledKind as LlvmKind};
 use xray_object::elf::ElfImage;
 use xray_object::instrmap::InstrMap;
 use xray_object::symbols::SymbolTable;
+use xray_reference::{Sled, SledKind as LlvmKind};
 
 const CLANG: &str = "clang++-19";
 const INSTALL_LLVM: &str = "apt-get install clang-19 llvm-19 llvm";
@@ -300,7 +300,7 @@ fn absolutize_asm(asm: &str) -> (String, usize) {
 /// `llvm-xray extract --symbolize` of `bin` with LLVM `major` (the reference crate's reader),
 /// or its error output.
 fn llvm_extract(major: u32, bin: &Path) -> Result<Vec<Sled>, String> {
-    tests::xray_reference::try_extract_sleds(major, bin)
+    xray_reference::try_extract_sleds(major, bin)
 }
 
 /// The kind llvm-xray prints for ours (`function-enter`, `tail-exit`, `log-args-enter`, ...).
