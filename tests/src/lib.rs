@@ -24,6 +24,8 @@
 //! - [`pprof`]: pprof profiles read by `go tool pprof`.
 //! - [`receiver`]: a local HTTP receiver standing in for Pyroscope or a Collector.
 //! - [`run`]: running the daemon and fixtures as children with timeouts.
+//! - [`service`]: [`service::ServiceStart`], the one way the tests start `fdr-profiled
+//!   service`, and its status.
 //! - [`scenario`]: the `--attach` and `-- CMD` end-to-end runs shared by the
 //!   C++ and Rust tests.
 //! - [`objects`]: what a traced process's shared objects leave (per-object lines, build-ids,
@@ -52,6 +54,7 @@ pub mod receiver;
 pub mod run;
 pub mod scenario;
 pub mod server;
+pub mod service;
 pub mod structure;
 #[cfg(test)]
 mod synthetic;

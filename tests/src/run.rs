@@ -263,36 +263,6 @@ fn reader(
     })
 }
 
-/// Starts `fdr-profiled service --config CONFIG --socket SOCKET`; returns it once it says it is
-/// ready (panics after 60 s).
-pub fn start_service(config: &Path, socket: &Path) -> Running {
-    let mut service = Running::spawn(
-        "fdr-profiled service",
-        Command::new(crate::fdr_profiled())
-            .args(["service", "--config"])
-            .arg(config)
-            .arg("--socket")
-            .arg(socket),
-    );
-    service.wait_for_stderr_line("fdr-profiled: service: ready", Duration::from_secs(60));
-    service
-}
-
-/// `fdr-profiled status --json` of the service listening on `socket`; panics unless it answers.
-pub fn service_status(socket: &Path) -> serde_json::Value {
-    let out = crate::tools::run_output(
-        Command::new(crate::fdr_profiled())
-            .args(["status", "--json", "--socket"])
-            .arg(socket),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("status --json is JSON")
-}
-
 /// `cmd.spawn()`, tried again for up to a second while the program is busy (ETXTBSY): a
 /// fixture copied moments ago can still be open for writing in a child that another test
 /// thread forked before the file was closed; that child execs (and drops the descriptor)

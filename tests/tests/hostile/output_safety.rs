@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tests::fixtures::workloads::calls_fixture;
+use tests::service::ServiceStart;
 use tests::{fdr_profiled, private_copy, scratch_dir, Running};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -363,17 +364,12 @@ fn the_services_snapshots_and_socket_are_private_under_umask_000() {
         .spawn()
         .expect("start the fixture");
     let socket = scratch.path().join("run/control.sock");
-    let mut service = Running::spawn(
-        "fdr-profiled service under umask 000",
-        with_umask_000(
-            Command::new(fdr_profiled())
-                .args(["service", "--config"])
-                .arg(&config)
-                .arg("--socket")
-                .arg(&socket),
-        ),
-    );
-    service.wait_for_stderr_line("fdr-profiled: service: ready", TIMEOUT);
+    let mut service = ServiceStart::config(&config)
+        .socket(&socket)
+        .adjusted(|cmd| {
+            with_umask_000(cmd);
+        })
+        .start_within(TIMEOUT);
     std::thread::sleep(Duration::from_millis(300));
     service.signal(libc::SIGUSR1);
     let line = service.wait_for_stderr_match("a snapshot", TIMEOUT, |l| {

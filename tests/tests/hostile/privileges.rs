@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 use tests::fixtures::workloads::calls_fixture;
+use tests::service::ServiceStart;
 use tests::{fdr_profiled, private_copy, scratch_dir, Finished, Running};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -115,16 +116,12 @@ fn nobody_is_told_which_capabilities_are_missing() {
         ),
     )
     .unwrap();
-    let f = run_as(
-        NOBODY,
-        &[
-            os("service").as_ref(),
-            os("--config").as_ref(),
-            config.as_os_str(),
-            os("--socket").as_ref(),
-            scratch.path().join("s.sock").as_os_str(),
-        ],
-    );
+    let setpriv: Vec<&str> = [&["setpriv"][..], NOBODY, &["--"]].concat();
+    let f = ServiceStart::config(&config)
+        .socket(&scratch.path().join("s.sock"))
+        .wrapped(&setpriv)
+        .spawn()
+        .finish(TIMEOUT);
     assert_refused(
         &f,
         "missing CAP_BPF, CAP_PERFMON: the service needs CAP_BPF, CAP_PERFMON (run it as root)",

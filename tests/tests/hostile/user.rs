@@ -23,19 +23,11 @@ use std::time::Duration;
 use tests::counts::parse_count_lines;
 use tests::fixtures::private_copy;
 use tests::fixtures::workloads::calls_fixture;
-use tests::run::{service_status, start_service, Running};
+use tests::run::Running;
+use tests::service::{service_status, ServiceStart};
 use tests::tools::{run_output, scratch_dir};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Writes the configuration `text` to `scratch/fdr-profiled.toml` and starts the service on
-/// it; returns it ready, and its socket.
-fn service(scratch: &Path, text: &str) -> (Running, std::path::PathBuf) {
-    let config = scratch.join("fdr-profiled.toml");
-    std::fs::write(&config, text).unwrap();
-    let socket = scratch.join("control.sock");
-    (start_service(&config, &socket), socket)
-}
 
 /// Polls the service's status until `done` holds for it (or panics after [`TIMEOUT`]).
 fn status_when(socket: &Path, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
@@ -54,7 +46,7 @@ fn status_when(socket: &Path, done: impl Fn(&serde_json::Value) -> bool) -> serd
 fn thread_churn_under_a_small_window_accounts_for_every_event() {
     let scratch = scratch_dir("hostile-churn");
     let bin = private_copy(&calls_fixture(), scratch.path());
-    let (service, socket) = service(
+    let start = ServiceStart::written(
         scratch.path(),
         &format!(
             "output = \"{}\"\n[[target]]\nname = \"churn\"\nbinary = \"{}\"\nwindow = \"10s\"\nmax_memory = \"32MiB\"\n",
@@ -62,6 +54,7 @@ fn thread_churn_under_a_small_window_accounts_for_every_event() {
             bin.display()
         ),
     );
+    let (service, socket) = (start.start(), start.socket_path().to_path_buf());
     // 30,000 threads one batch of 100 after another, 51 calls each (cx_short, 50 cx_tiny).
     let out = run_output(Command::new(&bin).args([
         "--iterations",
@@ -192,7 +185,7 @@ fn a_swapped_output_directory_is_refused_never_followed() {
     let output = home.join("fdr-out");
     let victim = scratch.path().join("victim");
     std::fs::create_dir(&victim).unwrap();
-    let (mut service, socket) = service(
+    let start = ServiceStart::written(
         scratch.path(),
         &format!(
             "output = \"{}\"\n\
@@ -203,6 +196,7 @@ fn a_swapped_output_directory_is_refused_never_followed() {
             crash.display()
         ),
     );
+    let (mut service, socket) = (start.start(), start.socket_path().to_path_buf());
     // A first segment, written where the output really is.
     let run = |seconds: &str| {
         let out = run_output(Command::new(&calls).args(["--seconds", seconds, "--per-second"]));
@@ -290,15 +284,13 @@ fn an_output_other_users_can_change_is_refused_at_start() {
             ),
         )
         .unwrap();
-        for args in [&["--check-config"][..], &["--config"][..]] {
-            let out = run_output(
-                Command::new(tests::tools::fdr_profiled())
-                    .arg("service")
-                    .args(args)
-                    .arg(&config)
-                    .arg("--socket")
-                    .arg(scratch.path().join(format!("{name}.sock"))),
-            );
+        let service =
+            ServiceStart::config(&config).socket(&scratch.path().join(format!("{name}.sock")));
+        for (args, mut cmd) in [
+            (["--check-config"], service.check_command()),
+            (["--config"], service.command()),
+        ] {
+            let out = run_output(&mut cmd);
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(1), "{name} {args:?}: {stderr}");
             let want = if owner == NOBODY {
@@ -326,7 +318,7 @@ fn hostile_files_in_a_glob_directory_neither_stop_nor_forge_nor_flood() {
     std::fs::copy(&calls, &forged).unwrap();
     let long = dir.join("c".repeat(250));
     std::fs::copy(tests::fixtures::workloads::crash_fixture(), &long).unwrap();
-    let (service, socket) = service(
+    let start = ServiceStart::written(
         scratch.path(),
         &format!(
             "output = \"{}\"\n[[target]]\nname = \"g\"\nbinary = \"{}/*\"\nwindow = \"30s\"\ncrash_snapshot_interval = \"3s\"\n",
@@ -334,6 +326,7 @@ fn hostile_files_in_a_glob_directory_neither_stop_nor_forge_nor_flood() {
             dir.display()
         ),
     );
+    let (service, socket) = (start.start(), start.socket_path().to_path_buf());
     // 15 crashes in a row: one snapshot at once, one 3 s later covering the 14 others.
     let mut pids = Vec::new();
     for _ in 0..15 {

@@ -1,6 +1,7 @@
 //! `fdr-profiled service --check-config FILE`: a configuration the service would accept exits
-//! 0 and lists its targets; a bad one exits non-zero with one line naming file, line and column.
-use std::process::Command;
+//! 0 and lists its targets; a bad one exits non-zero with one line naming file, line and column,
+//! and the service refuses to start on it the same way.
+use tests::service::ServiceStart;
 use tests::tools::run_output;
 
 fn check(text: &str) -> (bool, String, String) {
@@ -11,11 +12,7 @@ fn check(text: &str) -> (bool, String, String) {
         text.replace("@OUT@", &dir.path().join("out").display().to_string()),
     )
     .unwrap();
-    let out = run_output(
-        Command::new(tests::fdr_profiled())
-            .args(["service", "--check-config"])
-            .arg(&path),
-    );
+    let out = run_output(&mut ServiceStart::config(&path).check_command());
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).replace(&path.display().to_string(), "FILE"),
@@ -65,4 +62,26 @@ fn a_bad_configuration_is_refused_in_one_line_naming_where() {
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(stderr.starts_with(want), "{stderr:?}, want {want:?}");
     }
+}
+
+#[test]
+fn a_bad_configuration_refuses_to_start() {
+    let scratch = tests::scratch_dir("service-bad-config");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        "output = \"/tmp\"\n[[target]]\nbinary = \"/bin/x\"\nwindow = \"soon\"\n",
+    )
+    .unwrap();
+    let out = run_output(&mut ServiceStart::config(&config).command());
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "fdr-profiled: error: {}:4:10: \"soon\" is not a duration",
+            config.display()
+        )),
+        "{stderr}"
+    );
 }

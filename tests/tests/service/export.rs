@@ -25,7 +25,8 @@ use tests::fixtures::private_copy;
 use tests::fixtures::workloads::calls_fixture;
 use tests::pprof::{go_pprof, top};
 use tests::receiver::{Receiver, Request};
-use tests::run::{service_status, start_service, Running};
+use tests::run::Running;
+use tests::service::{service_status, ServiceStart};
 use tests::synthetic_session::build_id;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -226,18 +227,15 @@ fn calls_of(pushes: &[Push], pid: u32, bin: &Path, ran: (u64, u64)) -> BTreeMap<
 /// Starts the service on the calls fixture `bin` as target `calls`, with `export` as its
 /// `[export]` section; returns it ready, and its control socket.
 fn start_exporting(scratch: &Path, bin: &Path, export: &str) -> (Running, std::path::PathBuf) {
-    let config = scratch.join("fdr-profiled.toml");
-    let socket = scratch.join("control.sock");
-    std::fs::write(
-        &config,
-        format!(
+    let start = ServiceStart::written(
+        scratch,
+        &format!(
             "output = \"{}\"\n[[target]]\nname = \"calls\"\nbinary = \"{}\"\n[export]\n{export}",
             scratch.join("out").display(),
             bin.display()
         ),
-    )
-    .unwrap();
-    (start_service(&config, &socket), socket)
+    );
+    (start.start(), start.socket_path().to_path_buf())
 }
 
 #[test]

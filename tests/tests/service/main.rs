@@ -1,10 +1,25 @@
-//! The service, `fdr-profiled service --config FILE`, with real BPF and real processes.
+//! The service, `fdr-profiled service --config FILE`, with real BPF and real processes: each
+//! module's first lines say what it proves. Every test starts the service the one way the tests
+//! have, `tests::service::ServiceStart`.
 //!
 //! Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon; `export` needs golang-go,
-//! `unit` systemd and cargo-deb.
+//! `unit` systemd, unshare, nsenter and cargo-deb.
 
+mod common;
+
+// Modes: the flight recorder's snapshots, record mode's segments.
+mod flight_recorder;
+mod record_mode;
+// What it keeps on disk.
+mod retention;
+// How it is driven: configuration, control socket, systemd, targets that change, its unit.
 mod config;
-mod export;
-mod objects;
-mod service;
+mod control;
+mod systemd;
+mod targets;
 mod unit;
+// What it traces besides an executable: shared objects; C++ processes with their stack repaired.
+mod objects;
+mod repair;
+// Where it sends profiles.
+mod export;

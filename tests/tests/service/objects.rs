@@ -28,7 +28,7 @@ use tests::fixtures::dso::{
 use tests::fixtures::private_copy;
 use tests::objects::counts::resolve_calls;
 use tests::objects::{assert_counts, load_trace, Object};
-use tests::run::service_status;
+use tests::service::{service_status, ServiceStart};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// `run N`: thread `index` does N + index rounds.
@@ -87,18 +87,16 @@ fn the_libraries_of_every_process_of_a_target_are_traced() {
 
     let mut a = DsoProcess::start("process A", &exe);
     let output = dir.join("out");
-    let config = dir.join("fdr-profiled.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let start = ServiceStart::written(
+        dir,
+        &format!(
             "output = \"{}\"\n[[target]]\nname = \"dso\"\nbinary = \"{}\"\nwindow = \"120s\"\n",
             output.display(),
             exe.display()
         ),
-    )
-    .unwrap();
-    let socket = dir.join("control.sock");
-    let mut service = tests::run::start_service(&config, &socket);
+    );
+    let socket = start.socket_path().to_path_buf();
+    let mut service = start.start();
     // A was running: its linked library was probed before the service said it is ready.
     assert_eq!(libraries_probed(&service_status(&socket), a.pid()), Some(1));
 

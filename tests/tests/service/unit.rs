@@ -32,6 +32,7 @@ use tests::fixtures::workloads::calls_fixture;
 use tests::objects::counts::resolve_calls;
 use tests::objects::{assert_counts, load_trace, Object};
 use tests::run::Running;
+use tests::service::ServiceStart;
 use tests::tools::run_output;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -95,11 +96,7 @@ fn the_example_configuration_is_valid() {
     let scratch = tests::scratch_dir("service-unit-example");
     let bin = private_copy(&calls_fixture(), scratch.path());
     let config = example_config(scratch.path(), &bin, &scratch.path().join("out"));
-    let out = run_output(
-        Command::new(tests::fdr_profiled())
-            .args(["service", "--check-config"])
-            .arg(&config),
-    );
+    let out = run_output(&mut ServiceStart::config(&config).check_command());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -182,18 +179,15 @@ fn run_with(caps: &[String], label: &str) -> CapsRun {
         });
     assert_eq!(uid.as_deref(), Some("65534"), "the fixture runs as nobody");
     let set: Vec<String> = caps.iter().map(|c| format!("+{c}")).collect();
-    let mut service = Running::spawn(
-        "fdr-profiled service",
-        Command::new("setpriv")
-            .arg(format!("--bounding-set=-all,{}", set.join(",")))
-            .arg("--inh-caps=-all")
-            .arg("--")
-            .arg(tests::fdr_profiled())
-            .args(["service", "--config"])
-            .arg(&config)
-            .arg("--socket")
-            .arg(scratch.path().join("control.sock")),
-    );
+    let mut service = ServiceStart::config(&config)
+        .socket(&scratch.path().join("control.sock"))
+        .wrapped(&[
+            "setpriv".to_owned(),
+            format!("--bounding-set=-all,{}", set.join(",")),
+            "--inh-caps=-all".to_owned(),
+            "--".to_owned(),
+        ])
+        .spawn();
     let ready = service.wait_for_stderr_match("ready or an error", TIMEOUT, |l| {
         l.starts_with("fdr-profiled: service: ready") || l.starts_with("fdr-profiled: error")
     });
