@@ -1,7 +1,7 @@
 //! Output safety (issue 18, item 6), end to end: what the daemon and its subcommands create is
 //! private whatever the umask, and symlinks planted at the names it will create, while it
 //! records, are never followed. The module's own guarantees are unit-tested in
-//! profiler-daemon/fdr-analysis/src/output_dir_tests.rs.
+//! profiler-daemon/fdr-session/src/output_dir/tests.rs.
 //!
 //! Needs root and BPF (the recordings are real); built fixtures (clang-19).
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
