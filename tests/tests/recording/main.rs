@@ -17,10 +17,12 @@ mod events;
 mod migration;
 mod migration_threads;
 mod tsc_wrap;
-// How calls end: exit modes, exceptions, panics, longjmp, deep recursion.
+// How calls end: exit modes, exceptions (also through a real library's parser), panics,
+// longjmp, deep recursion.
 mod deep_recursion;
 mod exits;
 mod exits_per_function;
+mod json_parser;
 mod longjmp;
 mod panics;
 // What is probed: `--functions`/`--exclude`, and the kernel's uprobe_multi links themselves.
