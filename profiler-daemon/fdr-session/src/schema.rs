@@ -387,19 +387,25 @@ pub struct FlightStats {
     pub window_ns: u64,
     /// Threads with events held.
     pub threads: usize,
-    /// Events held, counted as a session counts them: a thread's end, held to close its file,
-    /// is not one (so a snapshot of the window has as many `events`).
+    /// Events held, counted as a session counts them: a snapshot of the window has as many
+    /// `events`.
     pub events: u64,
+    /// Threads' ends held: not events (they close the threads' files in a snapshot), but
+    /// numbered by the kernel with them, so `seen`, `expired`, `evicted` and `lost`, which
+    /// count what the kernel numbered, count them too: `seen = events + thread_ends +
+    /// expired + evicted`.
+    pub thread_ends: u64,
     /// Bytes they take (with each held thread's own bookkeeping).
     pub bytes: u64,
-    /// Events that aged out of the window (the normal course).
+    /// Events (and threads' ends) that aged out of the window (the normal course).
     pub expired: u64,
-    /// Events dropped before they aged out, to stay under the memory cap: a snapshot covers
-    /// less than the window while this grows.
+    /// Events (and threads' ends) dropped before they aged out, to stay under the memory cap:
+    /// a snapshot covers less than the window while this grows.
     pub evicted: u64,
-    /// Events given to the recorder since it started.
+    /// Events (and threads' ends) given to the recorder since it started.
     pub seen: u64,
-    /// Events the kernel lost in the threads whose events were given (their gaps).
+    /// Events (and threads' ends) the kernel lost in the threads whose events were given
+    /// (their gaps).
     pub lost: u64,
     /// Threads that ended and none of whose events is held any more: the last of them (the
     /// thread's end) aged out ...
@@ -412,9 +418,9 @@ pub struct FlightStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ThreadWindow {
-    /// Its events that aged out of the window.
+    /// Its events (and its end) that aged out of the window.
     pub expired: u64,
-    /// Its events evicted to stay under the memory cap.
+    /// Its events (and its end) evicted to stay under the memory cap.
     pub evicted: u64,
 }
 

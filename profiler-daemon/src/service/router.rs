@@ -86,7 +86,8 @@ impl Router {
             }
             (t, b)
         };
-        self.events += 1;
+        // A thread's end is not an event (the recorders and sessions count it as none).
+        self.events += u64::from(event.header.kind != profiler_common::event_kind::THREAD_EXIT);
         let w = &mut targets[t].binaries[b];
         if let Some(export) = &mut w.export {
             export.stacks.observe(&event.header);

@@ -114,6 +114,7 @@ pub(super) fn status_json(view: &View<'_>) -> serde_json::Value {
 
                         "threads": s.threads,
                         "events": s.events,
+                        "thread_ends": s.thread_ends,
                         "bytes": s.bytes,
                         "expired": s.expired,
                         "evicted": s.evicted,

@@ -136,7 +136,9 @@ pub struct FlightRecorder {
     /// per evicted event slow enough for the kernel's buffers to overflow).
     oldest: BTreeSet<(u64, (u32, u32))>,
     bytes: u64,
+    /// Events held, and threads' ends held (not events: see [`FlightStats::events`]).
     events: u64,
+    thread_ends: u64,
     newest_ns: u64,
     stats: FlightStats,
 }
@@ -151,6 +153,7 @@ impl FlightRecorder {
             oldest: BTreeSet::new(),
             bytes: 0,
             events: 0,
+            thread_ends: 0,
             newest_ns: 0,
             stats: FlightStats::default(),
         }
@@ -164,14 +167,16 @@ impl FlightRecorder {
         let key = (h.pid, h.tid);
         let held = Held::of(event, gap);
         self.newest_ns = self.newest_ns.max(h.ts_ns);
-        // A thread's end is held (it closes the thread's file in a snapshot) but is not an
-        // event, as a session does not count it one: the recorder's counts and a snapshot's
-        // are of the same things.
-        let counted = u64::from(h.kind != event_kind::THREAD_EXIT);
-        self.stats.seen += counted;
+        self.stats.seen += 1;
         self.stats.lost += gap.map_or(0, |g| g.lost);
         self.bytes += held.bytes();
-        self.events += counted;
+        // A thread's end is held (it closes the thread's file in a snapshot) but is not an
+        // event, as a session does not count it one: the events held are a snapshot's events.
+        if h.kind == event_kind::THREAD_EXIT {
+            self.thread_ends += 1;
+        } else {
+            self.events += 1;
+        }
         let thread = match self.threads.entry(key) {
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::btree_map::Entry::Vacant(v) => {
@@ -202,8 +207,7 @@ impl FlightRecorder {
         let Some(front) = thread.held.front().map(|e| e.ts_ns) else {
             return 0;
         };
-        // Held entries let go, and the events among them (not a thread's end).
-        let mut let_go = 0;
+        // What is let go, and the thread's end among it.
         let mut gone = 0;
         let mut ended = false;
         while let Some(e) = thread.held.front() {
@@ -213,13 +217,13 @@ impl FlightRecorder {
             self.bytes -= e.bytes();
             ended = e.kind == event_kind::THREAD_EXIT;
             thread.held.pop_front();
-            let_go += 1;
-            gone += u64::from(!ended);
+            gone += 1;
         }
-        if let_go == 0 {
+        if gone == 0 {
             return 0;
         }
-        self.events -= gone;
+        self.events -= gone - u64::from(ended);
+        self.thread_ends -= u64::from(ended);
         match why {
             Why::Expired => {
                 thread.expired += gone;
@@ -301,6 +305,7 @@ impl FlightRecorder {
             // One index entry per thread that holds events.
             threads: self.oldest.len(),
             events: self.events,
+            thread_ends: self.thread_ends,
             bytes: self.bytes,
             ..self.stats
         }

@@ -69,13 +69,14 @@ fn thread_churn_under_a_small_window_accounts_for_every_event() {
     let lines = parse_count_lines(&stdout);
     let threads: std::collections::BTreeSet<u32> = lines.iter().map(|l| l.tid).collect();
     assert_eq!(threads.len(), 30_001, "30,000 short threads and main");
-    // Every call is an entry and an exit; every thread ends (one end event each); main's own
-    // entry and exit are not in its counts.
+    // Every call is an entry and an exit; every thread ends (one end record each, numbered
+    // by the kernel with its events: held apart from them, `thread_ends`); main's own entry
+    // and exit are not in its counts.
     let made: u64 = lines.iter().map(|l| 2 * l.calls).sum::<u64>() + threads.len() as u64 + 2;
     let accounted = |s: &serde_json::Value| {
         let b = &s["targets"][0]["binaries"][0];
         let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
-        n(&b["events"]) + n(&b["expired"]) + n(&b["evicted"]) + n(&s["lost"])
+        n(&b["events"]) + n(&b["thread_ends"]) + n(&b["expired"]) + n(&b["evicted"]) + n(&s["lost"])
     };
     // Events still in the kernel's buffers are drained within a few ticks.
     let status = status_when(&socket, |s| accounted(s) >= made);
@@ -85,6 +86,7 @@ fn thread_churn_under_a_small_window_accounts_for_every_event() {
     assert_eq!(
         b["seen"].as_u64().unwrap(),
         b["events"].as_u64().unwrap()
+            + b["thread_ends"].as_u64().unwrap()
             + b["expired"].as_u64().unwrap()
             + b["evicted"].as_u64().unwrap(),
         "{b}"

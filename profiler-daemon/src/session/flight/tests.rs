@@ -101,8 +101,11 @@ fn a_snapshot_is_a_session_whose_files_hold_the_window() {
     );
     rec.replay(|e, g| session.record(e, g));
     let report = session.finish(IntakeLosses::default()).unwrap();
-    // The recorder's count of what it holds is the snapshot's, a thread that ended included.
-    assert_eq!(report.events, rec.stats().events);
+    // The recorder's count of the events it holds is the snapshot's; thread 8's end, held
+    // too, is not an event.
+    let stats = rec.stats();
+    assert_eq!(report.events, stats.events);
+    assert_eq!(stats.thread_ends, 1);
     let threads: Vec<_> = report.processes.iter().flat_map(|p| &p.threads).collect();
     assert_eq!(threads.len(), 2);
     for t in threads {
@@ -130,7 +133,6 @@ fn a_snapshot_is_a_session_whose_files_hold_the_window() {
 fn every_event_is_held_aged_out_or_evicted_whole_threads_included() {
     // 30,000 short threads one after another (each 51 calls and its end) under a cap that
     // holds a few hundred of them: every event given is accounted for, per thread and in all.
-    // A thread's end is held but, as in a session, not counted as an event.
     let one = Held::of(&event(1, 0, 0, 1, 0), None).bytes();
     let mut rec = FlightRecorder::new(Duration::from_millis(50), 40_000 * one);
     let mut ts = 0;
@@ -138,7 +140,7 @@ fn every_event_is_held_aged_out_or_evicted_whole_threads_included() {
     for tid in 1..=30_000u32 {
         ts = calls(&mut rec, tid, ts + 1_000, 10, 50);
         rec.push(&event(tid, ts + 1, event_kind::THREAD_EXIT, 0, 0), None);
-        given += 1 + 2 * 50;
+        given += 1 + 2 * 50 + 1;
         if tid % 1_000 == 0 {
             rec.expire();
         }
@@ -148,11 +150,16 @@ fn every_event_is_held_aged_out_or_evicted_whole_threads_included() {
                 &event(tid, ts + 2, event_kind::THREAD_EXIT, 0, 0),
                 Some(Gap { lost: 3 }),
             );
+            given += 1;
         }
     }
     let s = rec.stats();
     assert_eq!(s.seen, given);
-    assert_eq!(s.events + s.expired + s.evicted, s.seen, "{s:?}");
+    assert_eq!(
+        s.events + s.thread_ends + s.expired + s.evicted,
+        s.seen,
+        "{s:?}"
+    );
     assert_eq!(s.lost, 300 * 3);
     assert!(s.evicted > 0 && s.threads_evicted > 0, "{s:?}");
     assert!(s.bytes <= 40_000 * one, "{s:?}");
@@ -166,13 +173,11 @@ fn every_event_is_held_aged_out_or_evicted_whole_threads_included() {
     // add up to what it was given.
     let windows = rec.thread_windows();
     let mut held_by_thread = std::collections::BTreeMap::<u32, u64>::new();
-    rec.replay(|e, _| {
-        let held = held_by_thread.entry(e.header.tid).or_default();
-        *held += u64::from(e.header.kind != event_kind::THREAD_EXIT);
-    });
+    rec.replay(|e, _| *held_by_thread.entry(e.header.tid).or_default() += 1);
     for (tid, held) in held_by_thread {
         let w = windows[&tid];
-        assert_eq!(held + w.expired + w.evicted, 101, "thread {tid}: {w:?}");
+        let given = 102 + u64::from(tid % 100 == 0);
+        assert_eq!(held + w.expired + w.evicted, given, "thread {tid}: {w:?}");
     }
 }
 
@@ -185,10 +190,9 @@ fn expiry_takes_the_oldest_threads_first_and_forgets_the_ended_ones() {
     calls(&mut rec, 3, 1_000_000, 10, 5);
     rec.expire();
     let s = rec.stats();
-    // Thread 1 ended: forgotten. Thread 2 runs on, holding nothing: its counts are kept. The
-    // events aged out are both threads' 11 (thread 1's end is not an event).
+    // Thread 1 ended: forgotten. Thread 2 runs on, holding nothing: its counts are kept.
     assert_eq!((s.threads, s.threads_expired), (1, 1), "{s:?}");
-    assert_eq!(s.expired, 22);
+    assert_eq!(s.expired, 23);
     assert_eq!(s.events, 11);
     calls(&mut rec, 2, 1_000_050, 10, 1);
     let w = rec.thread_windows();
