@@ -519,3 +519,32 @@ fn no_file_holds_more_than_one_jobs_worth_of_lines() {
         "over {MAX_LINES} lines: split by job: {long:?}"
     );
 }
+
+/// The end-to-end tests stay grouped by what they prove: a new test is a module of a group
+/// (`tests/tests/<group>/`), not a binary of its own (each costs a link and hides where it
+/// belongs). The binaries alone are those that must not share the CPUs with other tests.
+#[test]
+fn end_to_end_tests_live_in_their_groups() {
+    const ALONE: &[&str] = &["load.rs", "loss.rs", "repair_kill.rs"];
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
+    let mut stray = Vec::new();
+    let mut groups = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type().unwrap().is_dir() {
+            assert!(
+                entry.path().join("main.rs").is_file(),
+                "tests/tests/{name}/ has no main.rs"
+            );
+            groups += 1;
+        } else if name.ends_with(".rs") && !ALONE.contains(&name.as_str()) {
+            stray.push(name);
+        }
+    }
+    assert!(groups >= 6, "{groups} groups in {}", dir.display());
+    assert!(
+        stray.is_empty(),
+        "test binaries outside the groups (make each a module of a group in tests/tests/<group>/): {stray:?}"
+    );
+}
