@@ -39,9 +39,8 @@ pub struct RepairedProcesses {
     tag: u32,
     plans: Vec<AttachPlan>,
     live: Vec<Process>,
-    /// Processes traced so far; of them, those that ended (exited, or let go at an exec).
+    /// Processes traced so far (those of them not `live` any more have ended).
     traced: u64,
-    ended: u64,
     /// Processes that could not be traced: how many, and the latest with why (at most
     /// [`NOT_TRACED_KEPT`]: a service runs for months, and short processes come and go).
     not_traced: u64,
@@ -112,7 +111,6 @@ impl RepairedProcesses {
             plans,
             live: Vec::new(),
             traced: 0,
-            ended: 0,
             not_traced: 0,
             not_traced_latest: VecDeque::new(),
         })
@@ -152,7 +150,7 @@ impl RepairedProcesses {
 
     /// Processes traced that ended since (exited, or let go at an exec).
     pub fn ended_count(&self) -> u64 {
-        self.ended
+        self.traced - self.live.len() as u64
     }
 
     /// Processes that could not be traced: how many, and the latest of them with why (at most
@@ -263,7 +261,6 @@ impl RepairedProcesses {
             .into_iter()
             .partition(|p| p.keeper.has_ended());
         self.live = live;
-        self.ended += ended.len() as u64;
         ended
             .into_iter()
             .map(|mut process| {

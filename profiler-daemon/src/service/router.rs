@@ -57,6 +57,7 @@ impl Router {
         self.lost += gap.map_or(0, |g| g.lost);
         let h = &mut event.header;
         let function_event = profiler_common::SledKind::from_u8(h.kind).is_some();
+        let thread_end = h.kind == profiler_common::event_kind::THREAD_EXIT;
         let (t, b) = if function_event {
             let tag = h.function_id >> TAG_SHIFT;
             let Some(&(t, b, object_id)) = self.of_tag.get(&tag) else {
@@ -81,13 +82,13 @@ impl Router {
             if h.pid == 0 {
                 h.pid = pid;
             }
-            if h.kind == profiler_common::event_kind::THREAD_EXIT {
+            if thread_end {
                 self.of_tid.remove(&h.tid);
             }
             (t, b)
         };
         // A thread's end is not an event (the recorders and sessions count it as none).
-        self.events += u64::from(event.header.kind != profiler_common::event_kind::THREAD_EXIT);
+        self.events += u64::from(!thread_end);
         let w = &mut targets[t].binaries[b];
         if let Some(export) = &mut w.export {
             export.stacks.observe(&event.header);
