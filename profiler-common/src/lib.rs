@@ -385,6 +385,19 @@ pub const PROCESS_START_PROGRAM: &str = "process_start";
 /// Name of the queue of processes that started running the traced binary (`--exits repair
 /// --attach`).
 pub const STARTED_MAP: &str = "STARTED";
+/// Name of the program at every exec (raw tracepoint `sched_process_exec`) that names the
+/// processes that exec a traced binary, for their keeper to hold them before their first
+/// instruction (`--exits repair --attach`, the service's repaired targets).
+pub const PROCESS_EXEC_PROGRAM: &str = "process_exec";
+/// Name of the map of the inode numbers of the binaries whose execs `process_exec` reports
+/// (inode number to the binary's tag).
+pub const EXEC_WATCHED_MAP: &str = "EXEC_WATCHED";
+/// Name of the ring buffer `process_exec` reports each exec of a watched binary into, as
+/// `(tag << 32) | pid` (u64).
+pub const EXECS_MAP: &str = "EXECS";
+/// Name of the map of the processes that ran the watched binary's entry point since their
+/// exec (pid to 1).
+pub const ENTERED_MAP: &str = "ENTERED";
 /// Name of the hash map of [`RepairState`] by thread id.
 pub const REPAIRS_MAP: &str = "REPAIRS";
 /// `--follow-forks`: name of the hash map whose keys are the processes (tgids) recorded: the
@@ -523,6 +536,11 @@ pub mod globals {
     /// u32: `task_struct.pid` (from the kernel's BTF), for `repair_release` and
     /// `follow_fork`.
     pub const TASK_PID_OFFSET: &str = "CFG_TASK_PID_OFFSET";
+    /// u32s: `linux_binprm.file`, `file.f_inode`, `inode.i_ino` (`process_exec`; all zero: it
+    /// reports nothing).
+    pub const BPRM_FILE_OFFSET: &str = "CFG_BPRM_FILE_OFFSET";
+    pub const FILE_INODE_OFFSET: &str = "CFG_FILE_INODE_OFFSET";
+    pub const INODE_INO_OFFSET: &str = "CFG_INODE_INO_OFFSET";
     /// u32: 1 under `--follow-forks`: a thread gets state (is recorded) only if its process
     /// is in [`super::FOLLOWED_MAP`].
     pub const FOLLOW_FORKS: &str = "CFG_FOLLOW_FORKS";

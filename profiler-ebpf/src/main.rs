@@ -36,7 +36,7 @@ use aya_ebpf::{
         generated::bpf_send_signal_thread, generated::bpf_seq_write,
     },
     macros::{btf_map, map, raw_tracepoint, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, Queue},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, Queue, RingBuf as LegacyRingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     EbpfContext,
 };
@@ -1048,6 +1048,68 @@ pub fn process_start(ctx: ProbeContext) -> u32 {
             pid
         );
     }
+    0
+}
+
+/// `--exits repair --attach`: the binaries whose execs `process_exec` reports, by inode number
+/// (the daemon checks the device when it reads the report), each to its tag.
+#[map(name = "EXEC_WATCHED")]
+static EXEC_WATCHED: HashMap<u64, u32> = HashMap::with_max_entries(256, 0);
+
+/// Where `process_exec` reports `(tag << 32) | pid`: waking the daemon at once, since the
+/// process runs its dynamic loader meanwhile and must be held before its first instruction.
+#[map(name = "EXECS")]
+static EXECS: LegacyRingBuf = LegacyRingBuf::with_byte_size(16 * 1024, 0);
+
+/// The processes that ran their entry point (`process_start`) since their latest exec of a
+/// watched binary: `repair::hold` tells from it whether it stopped a process in time.
+#[map(name = "ENTERED")]
+static ENTERED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(4096, 0);
+
+#[unsafe(no_mangle)]
+static CFG_BPRM_FILE_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_FILE_INODE_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static CFG_INODE_INO_OFFSET: u32 = 0;
+
+/// At every exec, once the new program is loaded and before it runs (raw tracepoint
+/// `sched_process_exec`: `(struct task_struct *, pid_t old_pid, struct linux_binprm *)`):
+/// reports the process when the file it execs is a watched binary. A full ring only means the
+/// process is named later, by `process_start` at its entry point.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(ctx: RawTracePointContext) -> i32 {
+    let file_at = setting(&CFG_BPRM_FILE_OFFSET);
+    if file_at == 0 {
+        return 0;
+    }
+    let bprm = ctx.arg::<u64>(2);
+    // SAFETY: bpf_probe_read_kernel checks every address.
+    let ino = unsafe {
+        let Ok(file) = bpf_probe_read_kernel((bprm + u64::from(file_at)) as *const u64) else {
+            return 0;
+        };
+        let Ok(inode) = bpf_probe_read_kernel(
+            (file + u64::from(setting(&CFG_FILE_INODE_OFFSET))) as *const u64,
+        ) else {
+            return 0;
+        };
+        let Ok(ino) = bpf_probe_read_kernel(
+            (inode + u64::from(setting(&CFG_INODE_INO_OFFSET))) as *const u64,
+        ) else {
+            return 0;
+        };
+        ino
+    };
+    // SAFETY: a lookup in our own map; the value is copied at once.
+    let Some(tag) = (unsafe { EXEC_WATCHED.get(&ino) }).copied() else {
+        return 0;
+    };
+    let pid = bpf_get_current_pid_tgid() >> 32;
+    // A process that execs the binary again starts again.
+    let _ = ENTERED.remove(&(pid as u32));
+    let report: u64 = (u64::from(tag) << 32) | pid;
+    let _ = EXECS.output::<u64>(&report, BPF_RB_FORCE_WAKEUP as u64);
     0
 }
 

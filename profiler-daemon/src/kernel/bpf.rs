@@ -3,6 +3,7 @@
 //! removing probes is `attach`'s job; what the stack repair asks of the programs, `repair`'s.
 mod attach;
 mod repair;
+pub use repair::ExecReports;
 
 pub use crate::kernel::books::{KernelBooks, PodThreadState};
 use crate::kernel::uprobe_multi::{self, MultiLink, MultiProgram};
@@ -142,6 +143,11 @@ impl Tracer {
         }
         let trampoline = crate::kernel::btf::trampoline_offsets().unwrap_or_default();
         let depth = crate::kernel::btf::depth_offsets().unwrap_or_default();
+        // Repair holds new processes from their exec (see `repair::hold`).
+        let exec = options
+            .repair
+            .and_then(|_| crate::kernel::btf::exec_offsets())
+            .unwrap_or_default();
         let kernel_log_level: u8 = if options.kernel_log {
             aya_log::Level::Warn as u8
         } else {
@@ -174,6 +180,9 @@ impl Tracer {
             .override_global(globals::K_SIGACTION_SIZE, &offsets.k_sigaction_size, true)
             .override_global(globals::TASK_PID_OFFSET, &offsets.task_pid, true)
             .override_global(globals::FOLLOW_FORKS, &follow_forks, true)
+            .override_global(globals::BPRM_FILE_OFFSET, &exec[0], true)
+            .override_global(globals::FILE_INODE_OFFSET, &exec[1], true)
+            .override_global(globals::INODE_INO_OFFSET, &exec[2], true)
             .override_global(globals::NARGS, &nargs, true)
             .override_global(globals::MAX_EVENT_BYTES, &options.max_event_bytes, true)
             .override_global(globals::WAKEUP_BYTES, &wakeup, true)

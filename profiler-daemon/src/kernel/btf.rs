@@ -133,6 +133,17 @@ fn struct_size(btf: &Btf, ty: &str) -> Option<u32> {
 
 /// Byte offset of the byte-aligned member `member` of `struct ty`, looking into its anonymous
 /// structs and unions (where `mm_struct` keeps most of its fields).
+/// Where `process_exec` finds the inode number of the file an exec runs:
+/// `linux_binprm.file`, `file.f_inode`, `inode.i_ino`. `None` when one is missing.
+pub fn exec_offsets() -> Option<[u32; 3]> {
+    let btf = vmlinux().ok()?;
+    Some([
+        member_offset(&btf, "linux_binprm", "file")?,
+        member_offset(&btf, "file", "f_inode")?,
+        member_offset(&btf, "inode", "i_ino")?,
+    ])
+}
+
 fn member_offset(btf: &Btf, ty: &str, member: &str) -> Option<u32> {
     let types = btf.resolve_types_by_name(ty).ok()?;
     types.iter().find_map(|t| find_member(btf, t, member, 0, 4))

@@ -456,7 +456,7 @@ fn start_keeper(
             Target::Pid(pid, ..) => repair::Tracee::Running(*pid),
             Target::Attach => bail!("--exits repair traces each process of --attach apart"),
         };
-        repair::Keeper::start(tracee, tracer.take_repairs()?, &stops)
+        repair::Keeper::start(tracee, tracer.take_repairs()?, &stops, || {})
     };
     match start() {
         Ok(keeper) => {

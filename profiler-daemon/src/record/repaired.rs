@@ -4,7 +4,7 @@
 use crate::kernel::bpf::{KernelBooks, Tracer};
 use crate::plan::exits::ExitPolicy;
 use crate::plan::AttachPlan;
-use crate::repair::processes::{Ended, RepairedProcesses, Traced};
+use crate::repair::processes::{Ended, Found, RepairedProcesses, Traced};
 use crate::session::Session;
 use anyhow::Result;
 use std::path::Path;
@@ -35,12 +35,15 @@ impl AttachRepair {
             })
             .collect();
         let processes = RepairedProcesses::new(tracer, executable, plans, 0)?;
+        if let Some(why) = processes.hold_error() {
+            errln!("fdr-profiled: warning: repair: the processes that start running {} will be traced from their entry point, their first calls not recorded: {why}", executable.display());
+        }
         let mut this = AttachRepair {
             processes,
             objects_added: false,
         };
         for pid in this.processes.running() {
-            this.trace(pid, tracer, session);
+            this.trace(pid, tracer, session, Found::Running);
         }
         Ok(this)
     }
@@ -48,8 +51,13 @@ impl AttachRepair {
     /// Traces the processes that started since the last call, and removes the probes of those
     /// that exited (adding what their keeper repaired to the session).
     pub fn poll(&mut self, tracer: &mut Tracer, session: &mut Session) {
-        for (_, pid) in tracer.started_processes() {
-            self.trace(pid, tracer, session);
+        let started: Vec<u32> = tracer
+            .started_processes()
+            .into_iter()
+            .map(|(_, pid)| pid)
+            .collect();
+        for (pid, traced) in self.processes.trace_started(&started, tracer) {
+            self.said(pid, traced, session);
         }
         for (pid, report) in self.processes.ended(tracer) {
             match report {
@@ -70,11 +78,28 @@ impl AttachRepair {
         }
     }
 
-    fn trace(&mut self, pid: u32, tracer: &mut Tracer, session: &mut Session) {
-        match self.processes.trace(pid, tracer) {
-            Ok(Some(Traced { keeper, probes })) => {
+    fn trace(&mut self, pid: u32, tracer: &mut Tracer, session: &mut Session, found: Found) {
+        let traced = self.processes.trace(pid, tracer, found);
+        self.said(pid, traced, session);
+    }
+
+    /// Says what came of tracing `pid`.
+    fn said(&mut self, pid: u32, traced: Result<Option<Traced>>, session: &mut Session) {
+        match traced {
+            Ok(Some(Traced {
+                keeper,
+                probes,
+                found,
+            })) => {
+                let from = match found {
+                    Found::AtExec => "from its exec",
+                    Found::Running => "where it was",
+                    Found::AtEntry | Found::AtExecLate => {
+                        "from after its entry point (it was not held in time at its exec: its first calls are not recorded)"
+                    }
+                };
                 errln!(
-                    "fdr-profiled: repair: process {pid} traced, {probes} probes (its tracer: process {keeper}, fdr-repair)"
+                    "fdr-profiled: repair: process {pid} traced {from}, {probes} probes (its tracer: process {keeper}, fdr-repair)"
                 );
                 if !self.objects_added {
                     self.objects_added = true;
@@ -141,6 +166,12 @@ impl AttachRepair {
             }
         }
         let mut note = format!("{} processes traced", self.processes.traced());
+        let (at_exec, late) = self.processes.traced_from();
+        if at_exec + late > 0 {
+            note.push_str(&format!(
+                " ({at_exec} from their exec, {late} started meanwhile only from their entry point, their first calls not recorded)"
+            ));
+        }
         let (not_traced, latest) = self.processes.not_traced();
         if not_traced > 0 {
             let named: Vec<String> = latest

@@ -29,7 +29,9 @@
 //! the throw and catch probes. Whatever happens to fdr-profiled (Ctrl-C, `--duration`, a
 //! crash, SIGKILL), frames it hooked go on being repaired until the command exits; the keeper
 //! ignores the terminal's signals and exits with the command.
-use super::ptrace::{kernel_has_syscall_trampoline, seize, seize_all};
+use super::ptrace::{
+    kernel_has_syscall_trampoline, resume_all, seize, seize_all, seize_all_from, stop_all,
+};
 use super::release::{listen_for_release, Reports, LET_GO, RELEASE_POLL, RELEASE_SIGNAL};
 use super::repairer::Repairer;
 use crate::kernel::bpf::PodRepairState;
@@ -55,12 +57,19 @@ pub enum Tracee {
     /// `release`, with the `repair_release` task iterator), so that no exception ever finds a
     /// hooked frame without a tracer.
     Running(u32),
+    /// A process fdr-profiled holds stopped since its exec, before its first instruction
+    /// (`repair::hold`): the keeper seizes it once fdr-profiled lets it go, keeps it stopped
+    /// until its probes are in place ([`Keeper::go`]), then traces it as [`Tracee::Running`].
+    Held(u32),
 }
+
+/// How long a keeper waits for fdr-profiled to let a held process go before it gives up.
+const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Tracee {
     fn pid(&self) -> u32 {
         match self {
-            Tracee::Launched(pid) | Tracee::Running(pid) => *pid,
+            Tracee::Launched(pid) | Tracee::Running(pid) | Tracee::Held(pid) => *pid,
         }
     }
 }
@@ -76,6 +85,9 @@ pub struct Keeper {
     reports: std::io::BufReader<std::fs::File>,
     /// Why it let the process go by itself, once read.
     let_go: Option<String>,
+    /// [`Tracee::Held`]: the pipe the keeper waits on, its process stopped, until
+    /// [`Keeper::go`] (or fdr-profiled's end) closes it.
+    go: Option<File>,
 }
 
 /// What a keeper reports at its end.
@@ -97,19 +109,23 @@ impl Keeper {
     /// that fdr-profiled's end removes every other probe. The child of a fork runs only the
     /// forking thread: call it where no other thread can hold a lock the keeper takes (none
     /// exists but the probe closer of `repair::processes`, which only closes descriptors).
+    ///
+    /// For a [`Tracee::Held`] process, `let_go` is called once the keeper is forked: it must
+    /// make fdr-profiled's holder let the process go, for the keeper to seize it.
     pub fn start(
         tracee: Tracee,
         (repairs, repairs_fd): (BpfHashMap<MapData, u32, PodRepairState>, RawFd),
         stops: &UnwindStops,
+        let_go: impl FnOnce(),
     ) -> Result<Keeper> {
-        let mut ends = [0; 2];
-        // SAFETY: valid pointer to two ints.
-        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("--exits repair: pipe");
-        }
-        // SAFETY: fresh descriptors from pipe2, owned from here on.
-        let (read_end, write_end) =
-            unsafe { (File::from_raw_fd(ends[0]), File::from_raw_fd(ends[1])) };
+        let (read_end, write_end) = pipe()?;
+        let (go_read, go_write) = match tracee {
+            Tracee::Held(_) => {
+                let (r, w) = pipe()?;
+                (Some(r), Some(w))
+            }
+            _ => (None, None),
+        };
         let mut keep: Vec<RawFd> = stops.links.clone();
         keep.extend([
             repairs_fd,
@@ -117,8 +133,9 @@ impl Keeper {
             stops.program,
             stops.release_program,
         ]);
+        keep.extend(go_read.as_ref().map(|r| r.as_raw_fd()));
         keep.extend(stops.objects.iter().map(|o| o.file.as_raw_fd()));
-        let running = matches!(tracee, Tracee::Running(..));
+        let running = matches!(tracee, Tracee::Running(..) | Tracee::Held(..));
         // Known before the fork, the keeper inherits it.
         kernel_has_syscall_trampoline();
         // SAFETY: getpid has no preconditions.
@@ -127,21 +144,33 @@ impl Keeper {
         match unsafe { libc::fork() } {
             -1 => Err(std::io::Error::last_os_error()).context("--exits repair: fork"),
             0 => {
-                let code = keeper_main(tracee, parent, repairs, stops, write_end, &keep);
+                drop(go_write);
+                let code = keeper_main(tracee, parent, repairs, stops, write_end, go_read, &keep);
                 // SAFETY: the keeper ends here, without running the parent's destructors.
                 unsafe { libc::_exit(code) }
             }
             pid => {
                 drop(write_end);
+                drop(go_read);
                 drop(repairs);
+                let held = matches!(tracee, Tracee::Held(..));
                 let mut keeper = Keeper {
                     pid,
                     running,
                     reports: std::io::BufReader::new(read_end),
                     let_go: None,
+                    go: go_write,
                 };
                 let mut line = String::new();
                 let _ = keeper.reports.read_line(&mut line);
+                if held {
+                    // `ready`, or why it failed.
+                    let_go();
+                    if line == "ready\n" {
+                        line.clear();
+                        let _ = keeper.reports.read_line(&mut line);
+                    }
+                }
                 match line.trim_end() {
                     "tracing" => Ok(keeper),
                     why => {
@@ -159,6 +188,12 @@ impl Keeper {
                 }
             }
         }
+    }
+
+    /// Lets a [`Tracee::Held`] process run, its probes in place (nothing for the others).
+    pub fn go(&mut self) {
+        // Closing the pipe is the word.
+        drop(self.go.take());
     }
 
     /// The keeper's pid.
@@ -286,6 +321,7 @@ fn keeper_main(
     repairs: BpfHashMap<MapData, u32, PodRepairState>,
     stops: &UnwindStops,
     mut reports: File,
+    go: Option<File>,
     keep: &[RawFd],
 ) -> i32 {
     // SAFETY: plain system calls on our own process.
@@ -306,7 +342,7 @@ fn keeper_main(
         libc::prctl(libc::PR_SET_NAME, c"fdr-repair".as_ptr());
     }
     close_all_but(keep);
-    let running = matches!(tracee, Tracee::Running(..));
+    let running = matches!(tracee, Tracee::Running(..) | Tracee::Held(..));
     if running {
         listen_for_release(parent);
     }
@@ -314,6 +350,17 @@ fn keeper_main(
     let seized = match &tracee {
         Tracee::Launched(pid) => seize(*pid).map(|()| vec![*pid]),
         Tracee::Running(pid) => seize_all(*pid),
+        Tracee::Held(pid) => {
+            // fdr-profiled lets the process go once the keeper is ready to seize it: the
+            // process runs meanwhile.
+            let _ = reports.write_all(b"ready\n");
+            seize_all_from(*pid, parent as u32, HANDOVER_WAIT)
+        }
+    };
+    // A held process stays stopped until its probes are in place.
+    let stopped = match (&seized, &go) {
+        (Ok(threads), Some(_)) => stop_all(threads),
+        _ => Vec::new(),
     };
     let line = match &seized {
         Ok(_) => "tracing\n".to_owned(),
@@ -323,6 +370,16 @@ fn keeper_main(
     let Ok(threads) = seized else {
         return 1;
     };
+    if let Some(mut go) = go {
+        // Closed by `Keeper::go`, or by fdr-profiled's end.
+        let mut byte = [0u8; 1];
+        while let Err(err) = std::io::Read::read(&mut go, &mut byte) {
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                break;
+            }
+        }
+        resume_all(&stopped);
+    }
     let mut reports = Reports(reports);
     match Repairer::new(command, threads, repairs, stops).serve(running, &mut reports) {
         Ok(()) => 0,
@@ -331,6 +388,17 @@ fn keeper_main(
             1
         }
     }
+}
+
+/// A pipe, both ends closed on exec.
+fn pipe() -> Result<(File, File)> {
+    let mut ends = [0; 2];
+    // SAFETY: valid pointer to two ints.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("--exits repair: pipe");
+    }
+    // SAFETY: fresh descriptors from pipe2, owned from here on.
+    Ok(unsafe { (File::from_raw_fd(ends[0]), File::from_raw_fd(ends[1])) })
 }
 
 /// Closes every descriptor but standard error and `keep`; standard input and output become

@@ -8,6 +8,7 @@
 //!   stops it serves, and `release` is how fdr-profiled and the keeper talk.
 //! - [`processes`]: every process that runs one executable (`--attach`, the service's
 //!   targets), each traced by a keeper of its own before any probe of it is placed.
+pub mod hold;
 pub mod keeper;
 pub mod processes;
 mod ptrace;

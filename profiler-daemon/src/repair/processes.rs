@@ -15,6 +15,7 @@
 //! it started) is not traced; a process that cannot be traced (gone already, another tracer)
 //! is never half-traced. When a process exits its probes go; at the end each keeper lets its
 //! process go as under `--pid`.
+use super::hold::ExecHold;
 use super::keeper::{self, Keeper, KeeperReport, Tracee};
 use crate::kernel::bpf::{Attachment, Scope, Tracer};
 use crate::kernel::uprobe_multi::MultiLink;
@@ -39,8 +40,18 @@ pub struct RepairedProcesses {
     tag: u32,
     plans: Vec<AttachPlan>,
     live: Vec<Process>,
-    /// Processes traced so far (those of them not `live` any more have ended).
+    /// What holds the processes that exec the executable until their keeper has them (see
+    /// `repair::hold`), or why nothing does.
+    hold: Result<std::sync::Arc<ExecHold>, String>,
+    /// The objects a process maps from its start (the executable and the libraries it needs):
+    /// where a process held at its exec gets its throw and catch stops (it maps them later).
+    image: Vec<PathBuf>,
+    /// Processes traced so far (those of them not `live` any more have ended); how many of
+    /// them from their exec (see `repair::hold`), and how many that started while the session
+    /// ran only from their entry point (their first calls not recorded).
     traced: u64,
+    traced_at_exec: u64,
+    traced_late: u64,
     /// Processes that could not be traced: how many, and the latest with why (at most
     /// [`NOT_TRACED_KEPT`]: a service runs for months, and short processes come and go).
     not_traced: u64,
@@ -63,10 +74,29 @@ struct Process {
     unwind_stops: Attachment,
 }
 
+/// How a process to trace was found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// Running the executable when the session (or the target) started.
+    Running,
+    /// Held since its exec (see `repair::hold`): let go for its keeper to seize it, which
+    /// keeps it stopped until its probes are in place.
+    AtExec,
+    /// Held too, but only after it had reached its entry point (a busy host ran it before
+    /// the holder could stop it): its first calls are not recorded.
+    AtExecLate,
+    /// Named at its entry point only (not held at its exec): traced from where it is then,
+    /// its first calls not recorded.
+    AtEntry,
+}
+
 /// A process just traced: its keeper's pid and how many probes it got.
 pub struct Traced {
     pub keeper: u32,
     pub probes: usize,
+    /// How it was found: [`Found::AtExecLate`] where it was held but had reached its entry
+    /// point by the time its keeper stopped it.
+    pub found: Found,
 }
 
 /// What a keeper reported about its process at the end.
@@ -100,12 +130,18 @@ impl RepairedProcesses {
         drop(tracer.take_attachment());
         // The objects each process maps from its start, read now.
         let mut points = keeper::PointCache::default();
-        for object in crate::plan::exits::static_image(executable) {
-            points.points(&object);
+        let image = crate::plan::exits::static_image(executable);
+        for object in &image {
+            points.points(object);
         }
+        let hold = super::hold::shared(tracer, executable, tag).map_err(|e| format!("{e:#}"));
         Ok(RepairedProcesses {
             closer: Closer::default(),
+            hold,
             points,
+            image,
+            traced_at_exec: 0,
+            traced_late: 0,
             executable: mappings::file_id(executable),
             tag,
             plans,
@@ -148,6 +184,52 @@ impl RepairedProcesses {
         self.traced
     }
 
+    /// Processes traced from their exec, and processes that started meanwhile traced only
+    /// from their entry point.
+    pub fn traced_from(&self) -> (u64, u64) {
+        (self.traced_at_exec, self.traced_late)
+    }
+
+    /// Why the processes that start running the executable are not held at their exec (this
+    /// kernel's BTF lacks what `process_exec` reads...): each is then traced from its entry
+    /// point, its first calls not recorded.
+    pub fn hold_error(&self) -> Option<&str> {
+        self.hold.as_ref().err().map(String::as_str)
+    }
+
+    /// Traces the processes that started since the last call: those held since their exec,
+    /// and those of `started` (named at their entry point by `Tracer::started_processes`, read
+    /// just before) that no holder had. Returns each with what came of it.
+    pub fn trace_started(
+        &mut self,
+        started: &[u32],
+        tracer: &mut Tracer,
+    ) -> Vec<(u32, Result<Option<Traced>>)> {
+        let hold = self.hold.as_ref().ok().cloned();
+        let mut done = Vec::new();
+        // Those held first: a process held reaches its entry point once traced, and is named
+        // there too (`trace` then has nothing to do).
+        for (pid, late) in hold.map(|h| h.held(self.tag)).unwrap_or_default() {
+            let found = if late {
+                Found::AtExecLate
+            } else {
+                Found::AtExec
+            };
+            done.push((pid, self.trace(pid, tracer, found)));
+        }
+        for &pid in started {
+            if self.hold.as_ref().is_ok_and(|h| h.holds(pid)) {
+                // Still held, being stopped: taken from the holder at the next call.
+                continue;
+            }
+            let traced = self.trace(pid, tracer, Found::AtEntry);
+            if !matches!(traced, Ok(None)) {
+                done.push((pid, traced));
+            }
+        }
+        done
+    }
+
     /// Processes traced that ended since (exited, or let go at an exec).
     pub fn ended_count(&self) -> u64 {
         self.traced - self.live.len() as u64
@@ -162,10 +244,25 @@ impl RepairedProcesses {
     /// Traces `pid`: its keeper first, then the throw and catch stops, its return probes, its
     /// sleds. `None` when it is traced already; an error (nothing of it placed, counted) when
     /// it cannot be.
-    pub fn trace(&mut self, pid: u32, tracer: &mut Tracer) -> Result<Option<Traced>> {
-        let traced = self.place(pid, tracer);
+    pub fn trace(&mut self, pid: u32, tracer: &mut Tracer, found: Found) -> Result<Option<Traced>> {
+        let hold = self.hold.as_ref().ok().cloned();
+        let held = hold
+            .as_deref()
+            .filter(|_| matches!(found, Found::AtExec | Found::AtExecLate));
+        let traced = self.place(pid, tracer, held, found);
+        if let Some(hold) = held {
+            // Whatever happened, it is not held any more (a no-op when its keeper has it).
+            hold.let_go(pid);
+        }
         match &traced {
-            Ok(Some(_)) => self.traced += 1,
+            Ok(Some(traced)) => {
+                self.traced += 1;
+                match traced.found {
+                    Found::AtExec => self.traced_at_exec += 1,
+                    Found::AtEntry | Found::AtExecLate => self.traced_late += 1,
+                    Found::Running => {}
+                }
+            }
             Ok(None) => {}
             Err(err) => {
                 self.not_traced += 1;
@@ -178,7 +275,13 @@ impl RepairedProcesses {
         traced
     }
 
-    fn place(&mut self, pid: u32, tracer: &mut Tracer) -> Result<Option<Traced>> {
+    fn place(
+        &mut self,
+        pid: u32,
+        tracer: &mut Tracer,
+        held: Option<&ExecHold>,
+        mut found: Found,
+    ) -> Result<Option<Traced>> {
         if self.live.iter().any(|p| p.pid == pid) {
             return Ok(None);
         }
@@ -187,7 +290,12 @@ impl RepairedProcesses {
         if !self.runs_it(pid) {
             bail!("it exited, or runs another program now");
         }
-        let image: Vec<PathBuf> = crate::plan::exits::mapped_image(pid);
+        // Held at its exec, it has mapped none of its libraries yet: their probes go in by
+        // path, and the kernel places them when it maps them.
+        let image: Vec<PathBuf> = match held {
+            Some(_) => self.image.clone(),
+            None => crate::plan::exits::mapped_image(pid),
+        };
         drop(tracer.take_attachment());
         let (unwind_stops, stops) = keeper::attach(tracer, &image, scope, &mut self.points)
             .map_err(|err| {
@@ -197,9 +305,17 @@ impl RepairedProcesses {
                     anyhow::anyhow!("it exited while it was being traced")
                 }
             })?;
-        let keeper = tracer
-            .take_repairs()
-            .and_then(|repairs| Keeper::start(Tracee::Running(pid), repairs, &stops));
+        let tracee = match held {
+            Some(_) => Tracee::Held(pid),
+            None => Tracee::Running(pid),
+        };
+        let keeper = tracer.take_repairs().and_then(|repairs| {
+            Keeper::start(tracee, repairs, &stops, || {
+                if let Some(hold) = held {
+                    hold.let_go(pid);
+                }
+            })
+        });
         let keeper = match keeper {
             Ok(keeper) => keeper,
             Err(err) => {
@@ -212,6 +328,11 @@ impl RepairedProcesses {
                 return Err(err);
             }
         };
+        // Held, let go, stopped again by its keeper: it may have run to its entry point
+        // meanwhile (a busy host).
+        if found == Found::AtExec && held.is_some_and(|hold| hold.entered(pid)) {
+            found = Found::AtExecLate;
+        }
         // Traced: now its frames may be hooked.
         let mut returns = Vec::new();
         let mut placed = 0;
@@ -229,6 +350,9 @@ impl RepairedProcesses {
             }
         }
         let probes = tracer.take_attachment();
+        let mut keeper = keeper;
+        // Every probe in place: a held process runs its first instruction now.
+        keeper.go();
         let process = Process {
             pid,
             keeper,
@@ -246,6 +370,7 @@ impl RepairedProcesses {
         let traced = Traced {
             keeper: process.keeper.pid(),
             probes: placed,
+            found,
         };
         self.live.push(process);
         Ok(Some(traced))

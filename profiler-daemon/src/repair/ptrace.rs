@@ -272,3 +272,76 @@ pub(super) fn write_word(tid: u32, at: u64, value: u64) -> bool {
     let n = unsafe { libc::process_vm_writev(tid as libc::pid_t, &local, 1, &remote, 1, 0) };
     n == 8
 }
+
+/// Seizes every thread of process `pid` as [`seize_all`] does, once process `holder` (the
+/// fdr-profiled that held it since its exec, see `repair::hold`) has let it go: tries to seize
+/// its first thread (its only one, just after its exec) again and again while a thread of
+/// `holder` still traces it, for at most `wait`. The process runs its loader from the moment it
+/// is let go: this thread neither sleeps nor yields meanwhile, at the highest priority.
+pub(super) fn seize_all_from(pid: u32, holder: u32, wait: std::time::Duration) -> Result<Vec<u32>> {
+    let deadline = std::time::Instant::now() + wait;
+    // SAFETY: plain system calls on this thread.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) };
+    let mut tries = 0u32;
+    let seized = loop {
+        match seize(pid) {
+            Ok(()) => break Ok(()),
+            Err(err) => {
+                tries += 1;
+                // Looked at now and then only (a look costs tens of microseconds).
+                if tries % 256 == 0 {
+                    let held = crate::traced::process::tracer_of(pid).is_some_and(|tracer| {
+                        tracer != 0
+                            && std::path::Path::new(&format!("/proc/{holder}/task/{tracer}"))
+                                .exists()
+                    });
+                    if !held || std::time::Instant::now() >= deadline {
+                        break Err(err);
+                    }
+                }
+            }
+        }
+    };
+    // SAFETY: as above.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 0) };
+    seized?;
+    // Its other threads, if any (it was seized first, so it is listed as ours).
+    seize_all(pid)
+}
+
+/// Stops every seized thread (`PTRACE_INTERRUPT`) and waits until each is stopped; returns,
+/// per thread still there, the signal to deliver when it is resumed (a signal that reached it
+/// first: its stop is then that signal's delivery stop), 0 for none.
+pub(super) fn stop_all(threads: &[u32]) -> Vec<(u32, i32)> {
+    let mut stopped = Vec::new();
+    for &tid in threads {
+        request(libc::PTRACE_INTERRUPT, tid, 0);
+        loop {
+            let mut status = 0;
+            // SAFETY: valid pointer to an int; `tid` is a thread we trace.
+            let r = unsafe { libc::waitpid(tid as libc::pid_t, &mut status, libc::__WALL) };
+            if r < 0 {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                break;
+            }
+            if libc::WIFSTOPPED(status) {
+                let signal = libc::WSTOPSIG(status);
+                // A stop of ptrace's own (the interrupt, an event) delivers nothing; any other
+                // is a signal's delivery stop, and the signal is the program's.
+                let event = status >> 16 != 0 || signal == (libc::SIGTRAP | 0x80);
+                stopped.push((tid, if event { 0 } else { signal }));
+            }
+            break;
+        }
+    }
+    stopped
+}
+
+/// Resumes the threads [`stop_all`] stopped, each with its signal.
+pub(super) fn resume_all(stopped: &[(u32, i32)]) {
+    for &(tid, signal) in stopped {
+        request(libc::PTRACE_CONT, tid, signal);
+    }
+}

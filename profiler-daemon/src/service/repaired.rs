@@ -4,7 +4,7 @@
 use crate::kernel::bpf::Tracer;
 use crate::plan::AttachPlan;
 use crate::repair::keeper::KeeperReport;
-use crate::repair::processes::{Ended, RepairedProcesses, Traced};
+use crate::repair::processes::{Ended, Found, RepairedProcesses, Traced};
 use crate::session::summary::RepairStats;
 use anyhow::Result;
 use std::path::Path;
@@ -28,8 +28,12 @@ impl Repaired {
         plan: AttachPlan,
         tag: u32,
     ) -> Result<Repaired> {
+        let processes = RepairedProcesses::new(tracer, binary, vec![plan], tag)?;
+        if let Some(why) = processes.hold_error() {
+            tracing::warn!("{name}: the processes that start running it will be traced from their entry point, their first calls not recorded: {why}");
+        }
         Ok(Repaired {
-            processes: RepairedProcesses::new(tracer, binary, vec![plan], tag)?,
+            processes,
             name,
             repairs: RepairStats::default(),
         })
@@ -45,13 +49,35 @@ impl Repaired {
         self.processes.tag()
     }
 
+    /// Traces the processes held since their exec, then those of `started` (named at their
+    /// entry point) not traced yet.
+    pub fn trace_started(&mut self, started: &[u32], tracer: &mut Tracer) {
+        for (pid, traced) in self.processes.trace_started(started, tracer) {
+            self.said(pid, traced);
+        }
+    }
+
     /// Traces `pid` (said in the log, as is a process that cannot be traced).
-    pub fn trace(&mut self, pid: u32, tracer: &mut Tracer) {
-        match self.processes.trace(pid, tracer) {
-            Ok(Some(Traced { keeper, probes })) => {
+    pub fn trace(&mut self, pid: u32, tracer: &mut Tracer, found: Found) {
+        let traced = self.processes.trace(pid, tracer, found);
+        self.said(pid, traced);
+    }
+
+    fn said(&mut self, pid: u32, traced: Result<Option<Traced>>) {
+        match traced {
+            Ok(Some(Traced {
+                keeper,
+                probes,
+                found,
+            })) => {
+                let from = match found {
+                    Found::AtExec => "from its exec",
+                    Found::Running => "where it was",
+                    Found::AtEntry | Found::AtExecLate => "from after its entry point (not held in time at its exec: its first calls are not recorded)",
+                };
                 tracing::info!(
                     fdr_pid = pid,
-                    "{}: process {pid} traced with its stack repaired, {probes} probes (its tracer: process {keeper}, fdr-repair)",
+                    "{}: process {pid} traced {from} with its stack repaired, {probes} probes (its tracer: process {keeper}, fdr-repair)",
                     self.name
                 );
             }

@@ -732,9 +732,12 @@ fn look_at_repaired(svc: &mut Service<'_>) {
         .filter_map(|w| w.repaired.as_mut());
     for r in repaired {
         let tag = r.tag();
-        for &(_, pid) in started.iter().filter(|&&(t, _)| t == tag) {
-            r.trace(pid, svc.tracer);
-        }
+        let mine: Vec<u32> = started
+            .iter()
+            .filter(|&&(t, _)| t == tag)
+            .map(|&(_, pid)| pid)
+            .collect();
+        r.trace_started(&mine, svc.tracer);
         r.reap(svc.tracer);
     }
 }

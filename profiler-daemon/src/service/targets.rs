@@ -325,7 +325,7 @@ impl Watched {
     pub(super) fn watch_running(&mut self, tracer: &mut Tracer, tags: &mut Tags) {
         if let Some(repaired) = &mut self.repaired {
             for pid in repaired.running() {
-                repaired.trace(pid, tracer);
+                repaired.trace(pid, tracer, crate::repair::processes::Found::Running);
             }
         }
         let Some(executable) = self.libraries.executable() else {

@@ -6,11 +6,72 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::programs::uprobe::UProbeScope;
 use profiler_common::{
-    Cookie, FOLLOWED_MAP, REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, UNWIND_STOP_PROGRAM,
+    Cookie, ENTERED_MAP, EXECS_MAP, EXEC_WATCHED_MAP, FOLLOWED_MAP, PROCESS_EXEC_PROGRAM,
+    REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, UNWIND_STOP_PROGRAM,
 };
 use std::path::Path;
 
+/// What `process_exec` and `process_start` tell `repair::hold`.
+pub struct ExecReports {
+    /// Each exec of a watched binary: `(tag << 32) | pid`.
+    pub execs: aya::maps::RingBuf<MapData>,
+    /// The processes that ran the binary's entry point since their exec.
+    pub entered: BpfHashMap<MapData, u32, u8>,
+}
+
 impl Tracer {
+    /// `--exits repair --attach`, the service's repaired targets: has `process_exec` report
+    /// every exec of `executable` (by its inode number) with `tag`. The first call attaches
+    /// the program (raw tracepoint `sched_process_exec`) and returns the ring it reports into,
+    /// with the map of the processes that ran the entry point since their exec, for
+    /// `repair::hold`; later calls return `None`. An error when this kernel's BTF lacks
+    /// what the program reads, or the tracer was loaded without repair.
+    pub fn watch_execs(&mut self, executable: &Path, tag: u32) -> Result<Option<ExecReports>> {
+        use std::os::unix::fs::MetadataExt as _;
+        if self.options.repair.is_none() || crate::kernel::btf::exec_offsets().is_none() {
+            bail!("this kernel's BTF does not say where an exec's file is");
+        }
+        let ino = std::fs::metadata(executable)
+            .with_context(|| format!("{}", executable.display()))?
+            .ino();
+        let mut watched: BpfHashMap<_, u64, u32> = BpfHashMap::try_from(
+            self.ebpf
+                .map_mut(EXEC_WATCHED_MAP)
+                .context("the eBPF object has no exec-watch map")?,
+        )?;
+        watched
+            .insert(ino, tag, 0)
+            .context("watching the executable's execs")?;
+        let Some(map) = self.ebpf.take_map(EXECS_MAP) else {
+            return Ok(None);
+        };
+        let program: &mut aya::programs::RawTracePoint = self
+            .ebpf
+            .program_mut(PROCESS_EXEC_PROGRAM)
+            .with_context(|| format!("the eBPF object has no {PROCESS_EXEC_PROGRAM} program"))?
+            .try_into()?;
+        program.load().map_err(|e| {
+            anyhow!(
+                "the kernel refused the {PROCESS_EXEC_PROGRAM} program: {}",
+                one_line(&e)
+            )
+        })?;
+        program.attach("sched_process_exec").map_err(|e| {
+            anyhow!(
+                "cannot attach to the sched_process_exec tracepoint: {}",
+                one_line(&e)
+            )
+        })?;
+        let entered = self
+            .ebpf
+            .take_map(ENTERED_MAP)
+            .context("the eBPF object has no map of entered processes")?;
+        Ok(Some(ExecReports {
+            execs: aya::maps::RingBuf::try_from(map)?,
+            entered: BpfHashMap::try_from(entered)?,
+        }))
+    }
+
     /// `--exits repair`: places the `unwind_stop` probe at `file_offset` of `object`, as a throw
     /// point (`event_kind::THROW`) or a catch point (`event_kind::CATCH`); returns its cookie.
     pub fn attach_unwind_stop(

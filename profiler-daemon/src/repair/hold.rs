@@ -1,0 +1,321 @@
+//! Holding each new process of a repaired executable from its exec until its keeper has it.
+//!
+//! Under repair every probe of a process is its own (see [`super::processes`]), placed once
+//! its keeper traces it; named at its entry point, a process would run its first
+//! milliseconds, and a short one its whole life, untraced. So the `process_exec` program
+//! reports each exec of a watched executable at once (a ring buffer that wakes this thread),
+//! and this thread seizes the process (`PTRACE_SEIZE`, `PTRACE_INTERRUPT`) while the kernel's
+//! dynamic loader is still mapping its libraries: measured here, 60 of 60 execs of a C++
+//! fixture were stopped inside `ld.so`, also with three busy loops on the two CPUs. A ptrace
+//! stop is not seen by the process's parent (a shell does not report a stopped job).
+//!
+//! The daemon's loop takes the held processes ([`ExecHold::held`]) and traces each: it forks
+//! its keeper, which seizes it as soon as this thread lets it go ([`ExecHold::let_go`]) and
+//! keeps it stopped until its probes are in place. The process runs between the two for a
+//! few tens of microseconds, still inside the loader. If fdr-profiled dies, the kernel detaches
+//! this thread's tracees and the process runs on untraced; a process not taken within
+//! [`HOLD_LIMIT`] is let go too (it is then traced from where its entry point names it).
+use crate::kernel::bpf::{ExecReports, Tracer};
+use crate::traced::mappings::FileId;
+use anyhow::{Context as _, Result};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a process is held for the daemon's loop to trace it.
+pub const HOLD_LIMIT: Duration = Duration::from_secs(2);
+
+/// The thread that holds new processes, and what it shares with the daemon's loop.
+pub struct ExecHold {
+    shared: Arc<Shared>,
+    commands: mpsc::Sender<Command>,
+    /// Wakes the thread for a command (an eventfd).
+    wake: Arc<OwnedFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// The executables watched, by tag.
+    watched: Mutex<HashMap<u32, FileId>>,
+    /// Processes held and not taken yet: `(tag, pid, whether it had run its entry point
+    /// when it was stopped)`.
+    held: Mutex<Vec<(u32, u32, bool)>>,
+    /// Processes this thread traces now (from just before it seizes one until it lets it go).
+    holding: Mutex<std::collections::HashSet<u32>>,
+    /// Processes held so far, and let go unclaimed after [`HOLD_LIMIT`].
+    counts: Mutex<(u64, u64)>,
+    /// The processes that ran the watched binary's entry point since their exec.
+    entered: Mutex<Option<aya::maps::HashMap<aya::maps::MapData, u32, u8>>>,
+}
+
+enum Command {
+    /// Let this process go, then answer.
+    LetGo(u32, mpsc::Sender<()>),
+}
+
+/// A process this thread traces: since when, and the signal to give it back on release.
+struct Holding {
+    since: Instant,
+    threads: Vec<(u32, i32)>,
+}
+
+/// The one holder of this fdr-profiled (the tracer has one `process_exec` ring): started at
+/// the first call, then watching `executable` (named with `tag`) too.
+pub fn shared(tracer: &mut Tracer, executable: &Path, tag: u32) -> Result<Arc<ExecHold>> {
+    static SHARED: Mutex<Option<Arc<ExecHold>>> = Mutex::new(None);
+    let id = crate::traced::mappings::file_id(executable).context("the executable is gone")?;
+    let ring = tracer.watch_execs(executable, tag)?;
+    let mut shared = SHARED.lock().unwrap();
+    if let Some(reports) = ring {
+        *shared = Some(Arc::new(ExecHold::start(reports)?));
+    }
+    let hold = shared
+        .clone()
+        .context("the ring of execs was taken before, by a tracer gone since")?;
+    hold.watch(tag, id);
+    Ok(hold)
+}
+
+impl ExecHold {
+    /// Starts the thread on `process_exec`'s ring.
+    pub fn start(reports: ExecReports) -> Result<ExecHold> {
+        // SAFETY: plain system call.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("eventfd");
+        }
+        // SAFETY: a fresh descriptor, owned from here on.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let shared = Arc::new(Shared::default());
+        let ExecReports { execs, entered } = reports;
+        *shared.entered.lock().unwrap() = Some(entered);
+        let (commands, receiver) = mpsc::channel();
+        let thread = {
+            let shared = shared.clone();
+            let wake = wake.clone();
+            std::thread::Builder::new()
+                .name("fdr-exec-hold".into())
+                .spawn(move || hold_loop(execs, &shared, &wake, &receiver))
+                .context("starting the exec holder's thread")?
+        };
+        Ok(ExecHold {
+            shared,
+            commands,
+            wake,
+            thread: Some(thread),
+        })
+    }
+
+    /// Holds the processes that exec `executable` from now on, named with `tag`.
+    pub fn watch(&self, tag: u32, executable: FileId) {
+        self.shared.watched.lock().unwrap().insert(tag, executable);
+    }
+
+    /// The processes held since the last call that exec'd the executable watched with
+    /// `tag`, oldest first, each with whether it had run the executable's entry point before
+    /// it could be stopped (a busy host ran it first: its first calls will not be recorded).
+    pub fn held(&self, tag: u32) -> Vec<(u32, bool)> {
+        let mut held = self.shared.held.lock().unwrap();
+        let mine = held
+            .iter()
+            .filter(|(t, ..)| *t == tag)
+            .map(|&(_, pid, late)| (pid, late))
+            .collect();
+        held.retain(|(t, ..)| *t != tag);
+        mine
+    }
+
+    /// Whether process `pid` has run the watched executable's entry point since its exec: a
+    /// process held, then let go for its keeper, may have run that far before the keeper
+    /// stopped it (a busy host): its first calls are then not recorded.
+    pub fn entered(&self, pid: u32) -> bool {
+        self.shared
+            .entered
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|map| map.get(&pid, 0).is_ok())
+    }
+
+    /// Whether this thread traces process `pid` now (held, or being stopped).
+    pub fn holds(&self, pid: u32) -> bool {
+        self.shared.holding.lock().unwrap().contains(&pid)
+    }
+
+    /// Processes held so far, and those let go because nothing took them in time.
+    pub fn counts(&self) -> (u64, u64) {
+        *self.shared.counts.lock().unwrap()
+    }
+
+    /// Lets process `pid` go (it runs on until its keeper seizes it); returns once it is.
+    pub fn let_go(&self, pid: u32) {
+        let (answer, answered) = mpsc::channel();
+        if self.commands.send(Command::LetGo(pid, answer)).is_ok() {
+            self.wake();
+            let _ = answered.recv_timeout(Duration::from_secs(1));
+        }
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+impl Drop for ExecHold {
+    /// Stops the thread; it lets every process it holds go.
+    fn drop(&mut self) {
+        let (commands, _) = mpsc::channel();
+        drop(std::mem::replace(&mut self.commands, commands));
+        self.wake();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn hold_loop(
+    mut ring: aya::maps::RingBuf<aya::maps::MapData>,
+    shared: &Shared,
+    wake: &OwnedFd,
+    commands: &mpsc::Receiver<Command>,
+) {
+    // The process runs its loader until this thread has stopped it: on a busy host the
+    // scheduler must run this thread first when an exec wakes it. It works microseconds per
+    // exec of a watched binary.
+    // SAFETY: plain system calls on this thread.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, -20);
+    }
+    let mut holding: HashMap<u32, Holding> = HashMap::new();
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: ring.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+        if fds[1].revents != 0 {
+            let mut count = 0u64;
+            // SAFETY: reads 8 bytes into a valid u64 from our eventfd.
+            unsafe { libc::read(wake.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+        }
+        while let Some(item) = ring.next() {
+            let Ok(bytes) = <[u8; 8]>::try_from(&item[..]) else {
+                continue;
+            };
+            let report = u64::from_ne_bytes(bytes);
+            let (tag, pid) = ((report >> 32) as u32, report as u32);
+            if holding.contains_key(&pid) {
+                continue;
+            }
+            let watched = shared.watched.lock().unwrap().get(&tag).copied();
+            // The program compared inode numbers only: the device is checked here.
+            if watched.is_none() || crate::traced::mappings::executable_id(pid) != watched {
+                continue;
+            }
+            shared.holding.lock().unwrap().insert(pid);
+            let Some(threads) = hold(pid) else {
+                shared.holding.lock().unwrap().remove(&pid);
+                continue;
+            };
+            {
+                // Stopped now: had it run the entry point already?
+                let late = shared
+                    .entered
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(|map| map.get(&pid, 0).is_ok());
+                holding.insert(
+                    pid,
+                    Holding {
+                        since: Instant::now(),
+                        threads,
+                    },
+                );
+                shared.held.lock().unwrap().push((tag, pid, late));
+                shared.counts.lock().unwrap().0 += 1;
+            }
+        }
+        loop {
+            match commands.try_recv() {
+                Ok(Command::LetGo(pid, answer)) => {
+                    if let Some(held) = holding.remove(&pid) {
+                        release(&held);
+                    }
+                    shared.holding.lock().unwrap().remove(&pid);
+                    let _ = answer.send(());
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    for held in holding.values() {
+                        release(held);
+                    }
+                    return;
+                }
+            }
+        }
+        let expired: Vec<u32> = holding
+            .iter()
+            .filter(|(_, h)| h.since.elapsed() > HOLD_LIMIT)
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in expired {
+            if let Some(held) = holding.remove(&pid) {
+                release(&held);
+                shared.held.lock().unwrap().retain(|(_, p, _)| *p != pid);
+                shared.holding.lock().unwrap().remove(&pid);
+                shared.counts.lock().unwrap().1 += 1;
+            }
+        }
+    }
+}
+
+/// Seizes process `pid` (one thread, just after its exec) and stops it; `None` when it
+/// cannot be (gone, or another tracer has it).
+fn hold(pid: u32) -> Option<Vec<(u32, i32)>> {
+    // No options: the keeper sets its own when it seizes the process.
+    // SAFETY: plain system call.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_SEIZE,
+            pid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    // Just after its exec a process has one thread, whose id is the process's.
+    Some(super::ptrace::stop_all(&[pid]))
+}
+
+/// Lets a held process go, each thread with the signal it had when it was stopped.
+fn release(held: &Holding) {
+    for &(tid, signal) in &held.threads {
+        // SAFETY: plain system call on a tracee of this thread.
+        unsafe {
+            libc::ptrace(
+                libc::PTRACE_DETACH,
+                tid as libc::pid_t,
+                std::ptr::null_mut::<libc::c_void>(),
+                signal as usize as *mut libc::c_void,
+            )
+        };
+    }
+}
