@@ -34,6 +34,9 @@ pub struct ExecHold {
     commands: mpsc::Sender<Command>,
     /// Wakes the thread for a command (an eventfd).
     wake: Arc<OwnedFd>,
+    /// Where a keeper ready to seize a held process writes its pid (4 bytes): the thread lets
+    /// it go at once, without a round through the daemon's loop.
+    handover: OwnedFd,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -90,6 +93,14 @@ impl ExecHold {
         }
         // SAFETY: a fresh descriptor, owned from here on.
         let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let mut ends = [0; 2];
+        // SAFETY: valid pointer to two ints.
+        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("pipe");
+        }
+        // SAFETY: fresh descriptors, owned from here on.
+        let (handover_read, handover) =
+            unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
         let shared = Arc::new(Shared::default());
         let ExecReports { execs, entered } = reports;
         *shared.entered.lock().unwrap() = Some(entered);
@@ -99,13 +110,14 @@ impl ExecHold {
             let wake = wake.clone();
             std::thread::Builder::new()
                 .name("fdr-exec-hold".into())
-                .spawn(move || hold_loop(execs, &shared, &wake, &receiver))
+                .spawn(move || hold_loop(execs, &shared, &wake, &handover_read, &receiver))
                 .context("starting the exec holder's thread")?
         };
         Ok(ExecHold {
             shared,
             commands,
             wake,
+            handover,
             thread: Some(thread),
         })
     }
@@ -151,6 +163,11 @@ impl ExecHold {
         *self.shared.counts.lock().unwrap()
     }
 
+    /// Where a keeper writes the pid of the held process it is ready to seize (4 bytes).
+    pub fn handover_fd(&self) -> std::os::fd::RawFd {
+        self.handover.as_raw_fd()
+    }
+
     /// Lets process `pid` go (it runs on until its keeper seizes it); returns once it is.
     pub fn let_go(&self, pid: u32) {
         let (answer, answered) = mpsc::channel();
@@ -183,6 +200,7 @@ fn hold_loop(
     mut ring: aya::maps::RingBuf<aya::maps::MapData>,
     shared: &Shared,
     wake: &OwnedFd,
+    handover: &OwnedFd,
     commands: &mpsc::Receiver<Command>,
 ) {
     // The process runs its loader until this thread has stopped it: on a busy host the
@@ -205,9 +223,26 @@ fn hold_loop(
                 events: libc::POLLIN,
                 revents: 0,
             },
+            libc::pollfd {
+                fd: handover.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
-        // SAFETY: two valid pollfds.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+        // SAFETY: three valid pollfds.
+        unsafe { libc::poll(fds.as_mut_ptr(), 3, 100) };
+        if fds[2].revents != 0 {
+            // Keepers ready: their processes go first, before anything else.
+            let mut pids = [0u32; 64];
+            // SAFETY: reads into a valid buffer of 256 bytes from our nonblocking pipe.
+            let n = unsafe { libc::read(handover.as_raw_fd(), pids.as_mut_ptr().cast(), 256) };
+            for &pid in &pids[..(n.max(0) as usize / 4)] {
+                if let Some(held) = holding.remove(&pid) {
+                    release(&held);
+                }
+                shared.holding.lock().unwrap().remove(&pid);
+            }
+        }
         if fds[1].revents != 0 {
             let mut count = 0u64;
             // SAFETY: reads 8 bytes into a valid u64 from our eventfd.

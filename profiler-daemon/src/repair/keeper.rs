@@ -60,7 +60,7 @@ pub enum Tracee {
     /// A process fdr-profiled holds stopped since its exec, before its first instruction
     /// (`repair::hold`): the keeper seizes it once fdr-profiled lets it go, keeps it stopped
     /// until its probes are in place ([`Keeper::go`]), then traces it as [`Tracee::Running`].
-    Held(u32),
+    Held(u32, RawFd),
 }
 
 /// How long a keeper waits for fdr-profiled to let a held process go before it gives up.
@@ -69,7 +69,7 @@ const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 impl Tracee {
     fn pid(&self) -> u32 {
         match self {
-            Tracee::Launched(pid) | Tracee::Running(pid) | Tracee::Held(pid) => *pid,
+            Tracee::Launched(pid) | Tracee::Running(pid) | Tracee::Held(pid, _) => *pid,
         }
     }
 }
@@ -120,7 +120,7 @@ impl Keeper {
     ) -> Result<Keeper> {
         let (read_end, write_end) = pipe()?;
         let (go_read, go_write) = match tracee {
-            Tracee::Held(_) => {
+            Tracee::Held(..) => {
                 let (r, w) = pipe()?;
                 (Some(r), Some(w))
             }
@@ -134,6 +134,9 @@ impl Keeper {
             stops.release_program,
         ]);
         keep.extend(go_read.as_ref().map(|r| r.as_raw_fd()));
+        if let Tracee::Held(_, handover) = tracee {
+            keep.push(handover);
+        }
         keep.extend(stops.objects.iter().map(|o| o.file.as_raw_fd()));
         let running = matches!(tracee, Tracee::Running(..) | Tracee::Held(..));
         // Known before the fork, the keeper inherits it.
@@ -350,9 +353,11 @@ fn keeper_main(
     let seized = match &tracee {
         Tracee::Launched(pid) => seize(*pid).map(|()| vec![*pid]),
         Tracee::Running(pid) => seize_all(*pid),
-        Tracee::Held(pid) => {
-            // fdr-profiled lets the process go once the keeper is ready to seize it: the
-            // process runs meanwhile.
+        Tracee::Held(pid, handover) => {
+            // The holder lets the process go once the keeper is ready to seize it (the
+            // process runs meanwhile); fdr-profiled asks it too, in case this write fails.
+            // SAFETY: writes 4 bytes from a valid u32 to the holder's pipe.
+            unsafe { libc::write(*handover, (pid as *const u32).cast(), 4) };
             let _ = reports.write_all(b"ready\n");
             seize_all_from(*pid, parent as u32, HANDOVER_WAIT)
         }

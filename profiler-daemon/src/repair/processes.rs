@@ -306,7 +306,7 @@ impl RepairedProcesses {
                 }
             })?;
         let tracee = match held {
-            Some(_) => Tracee::Held(pid),
+            Some(hold) => Tracee::Held(pid, hold.handover_fd()),
             None => Tracee::Running(pid),
         };
         let keeper = tracer.take_repairs().and_then(|repairs| {
