@@ -1040,6 +1040,8 @@ pub fn process_start(ctx: ProbeContext) -> u32 {
     let pid = bpf_get_current_pid_tgid() >> 32;
     // SAFETY: plain helper call.
     let binary = Cookie::decode(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }).function_id;
+    // For `repair::hold` to tell whether a process ran this far before it was stopped.
+    let _ = ENTERED.insert(&(pid as u32), &1, 0);
     if STARTED.push(&((u64::from(binary) << 32) | pid), 0).is_err() {
         count(counter::PROCESSES_UNSEEN, 1);
         warn!(

@@ -169,7 +169,7 @@ impl AttachRepair {
         let (at_exec, late) = self.processes.traced_from();
         if at_exec + late > 0 {
             note.push_str(&format!(
-                " ({at_exec} from their exec, {late} started meanwhile only from their entry point, their first calls not recorded)"
+                " ({at_exec} from their exec, {late} only once past their entry point, their first calls not recorded)"
             ));
         }
         let (not_traced, latest) = self.processes.not_traced();

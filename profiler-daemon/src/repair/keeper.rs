@@ -64,7 +64,8 @@ pub enum Tracee {
 }
 
 /// How long a keeper waits for fdr-profiled to let a held process go before it gives up.
-const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// (It spins meanwhile, at a real-time priority: short.)
+const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 impl Tracee {
     fn pid(&self) -> u32 {
@@ -354,12 +355,8 @@ fn keeper_main(
         Tracee::Launched(pid) => seize(*pid).map(|()| vec![*pid]),
         Tracee::Running(pid) => seize_all(*pid),
         Tracee::Held(pid, handover) => {
-            // The holder lets the process go once the keeper is ready to seize it (the
-            // process runs meanwhile); fdr-profiled asks it too, in case this write fails.
-            // SAFETY: writes 4 bytes from a valid u32 to the holder's pipe.
-            unsafe { libc::write(*handover, (pid as *const u32).cast(), 4) };
             let _ = reports.write_all(b"ready\n");
-            seize_all_from(*pid, parent as u32, HANDOVER_WAIT)
+            seize_all_from(*pid, parent as u32, *handover, HANDOVER_WAIT)
         }
     };
     // A held process stays stopped until its probes are in place.

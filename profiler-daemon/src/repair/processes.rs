@@ -52,11 +52,17 @@ pub struct RepairedProcesses {
     traced: u64,
     traced_at_exec: u64,
     traced_late: u64,
+    /// The latest processes traced (at most [`RECENT_KEPT`]): `process_start` names each as it
+    /// runs its entry point, maybe after it ended.
+    recent: VecDeque<u32>,
     /// Processes that could not be traced: how many, and the latest with why (at most
     /// [`NOT_TRACED_KEPT`]: a service runs for months, and short processes come and go).
     not_traced: u64,
     not_traced_latest: VecDeque<(u32, String)>,
 }
+
+/// How many of the processes traced last are remembered (see `RepairedProcesses::recent`).
+const RECENT_KEPT: usize = 256;
 
 /// How many of the processes that could not be traced are remembered with why.
 pub const NOT_TRACED_KEPT: usize = 16;
@@ -142,6 +148,7 @@ impl RepairedProcesses {
             image,
             traced_at_exec: 0,
             traced_late: 0,
+            recent: VecDeque::new(),
             executable: mappings::file_id(executable),
             tag,
             plans,
@@ -185,7 +192,7 @@ impl RepairedProcesses {
     }
 
     /// Processes traced from their exec, and processes that started meanwhile traced only
-    /// from their entry point.
+    /// once they had run their entry point (not held in time, or not at all).
     pub fn traced_from(&self) -> (u64, u64) {
         (self.traced_at_exec, self.traced_late)
     }
@@ -218,6 +225,10 @@ impl RepairedProcesses {
             done.push((pid, self.trace(pid, tracer, found)));
         }
         for &pid in started {
+            if self.recent.contains(&pid) {
+                // Traced already (it may have ended since): named at its entry point as it ran.
+                continue;
+            }
             if self.hold.as_ref().is_ok_and(|h| h.holds(pid)) {
                 // Still held, being stopped: taken from the holder at the next call.
                 continue;
@@ -257,6 +268,10 @@ impl RepairedProcesses {
         match &traced {
             Ok(Some(traced)) => {
                 self.traced += 1;
+                if self.recent.len() == RECENT_KEPT {
+                    self.recent.pop_front();
+                }
+                self.recent.push_back(pid);
                 match traced.found {
                     Found::AtExec => self.traced_at_exec += 1,
                     Found::AtEntry | Found::AtExecLate => self.traced_late += 1,

@@ -276,16 +276,36 @@ pub(super) fn write_word(tid: u32, at: u64, value: u64) -> bool {
 /// Seizes every thread of process `pid` as [`seize_all`] does, once process `holder` (the
 /// fdr-profiled that held it since its exec, see `repair::hold`) has let it go: tries to seize
 /// its first thread (its only one, just after its exec) again and again while a thread of
-/// `holder` still traces it, for at most `wait`. The process runs its loader from the moment it
-/// is let go: this thread neither sleeps nor yields meanwhile, at the highest priority.
-pub(super) fn seize_all_from(pid: u32, holder: u32, wait: std::time::Duration) -> Result<Vec<u32>> {
+/// `holder` still traces it, for at most `wait`. It tells the holder it is ready by writing
+/// `pid` to `handover`. The process runs its loader from the moment it is let go: this thread
+/// neither sleeps nor yields meanwhile, at a real-time priority.
+pub(super) fn seize_all_from(
+    pid: u32,
+    holder: u32,
+    handover: std::os::fd::RawFd,
+    wait: std::time::Duration,
+) -> Result<Vec<u32>> {
     let deadline = std::time::Instant::now() + wait;
-    // SAFETY: plain system calls on this thread.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) };
+    // On a CPU of its own while it waits: real-time, below the holder (which must still run
+    // to let the process go, on a single CPU too), above every ordinary task, the process
+    // included. Where that is refused, the highest ordinary priority.
+    let realtime = set_realtime(HANDOVER_PRIORITY);
+    if !realtime {
+        // SAFETY: plain system call on this process.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) };
+    }
+    // Ready: the holder lets the process go when it reads this (fdr-profiled asks it too, in
+    // case this write fails).
+    // SAFETY: writes 4 bytes from a valid u32 to the holder's pipe.
+    unsafe { libc::write(handover, (&pid as *const u32).cast(), 4) };
     let mut tries = 0u32;
     let seized = loop {
         match seize(pid) {
-            Ok(()) => break Ok(()),
+            Ok(()) => {
+                // Stopped at once (`stop_all` waits for the stop).
+                request(libc::PTRACE_INTERRUPT, pid, 0);
+                break Ok(());
+            }
             Err(err) => {
                 tries += 1;
                 // Looked at now and then only (a look costs tens of microseconds).
@@ -296,17 +316,42 @@ pub(super) fn seize_all_from(pid: u32, holder: u32, wait: std::time::Duration) -
                                 .exists()
                     });
                     if !held || std::time::Instant::now() >= deadline {
-                        break Err(err);
+                        // Let go between the last try and this look: one more try.
+                        break seize(pid)
+                            .map(|()| request(libc::PTRACE_INTERRUPT, pid, 0))
+                            .map_err(|_| err);
                     }
                 }
             }
         }
     };
-    // SAFETY: as above.
+    if realtime {
+        set_realtime(0);
+    }
+    // SAFETY: plain system call on this process.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 0) };
     seized?;
     // Its other threads, if any (it was seized first, so it is listed as ours).
     seize_all(pid)
+}
+
+/// The real-time priority of a keeper waiting to seize a held process; the holder runs at
+/// the next one up (see `repair::hold`).
+pub(super) const HANDOVER_PRIORITY: i32 = 1;
+
+/// Makes the calling thread `SCHED_FIFO` at `priority` (0: back to `SCHED_OTHER`); whether it
+/// could.
+pub(super) fn set_realtime(priority: i32) -> bool {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    let policy = if priority == 0 {
+        libc::SCHED_OTHER
+    } else {
+        libc::SCHED_FIFO
+    };
+    // SAFETY: valid pointer to a sched_param; 0 is the calling thread.
+    unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
 }
 
 /// Stops every seized thread (`PTRACE_INTERRUPT`) and waits until each is stopped; returns,

@@ -207,10 +207,12 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
                 // Each process of a repaired target, traced by a keeper of its own: what
                 // became of each, as the JSON says it.
                 outln!(
-                    "      repair: {} processes traced ({} running now, {} ended), {} not traced",
+                    "      repair: {} processes traced ({} running now, {} ended; {} from their exec, {} only once past their entry point), {} not traced",
                     repair["processes_traced"],
                     repair["processes_live"],
                     repair["processes_ended"],
+                    repair["traced_from_exec"],
+                    repair["traced_late"],
                     repair["processes_not_traced"]
                 );
                 for pid in repair["live"].as_array().into_iter().flatten() {

@@ -136,8 +136,13 @@ impl Repaired {
     /// The status's `repair` object.
     pub fn status(&self) -> serde_json::Value {
         let (not_traced, latest) = self.processes.not_traced();
+        let (at_exec, late) = self.processes.traced_from();
         serde_json::json!({
             "processes_traced": self.processes.traced(),
+            // Of those that started while the service ran: held from their exec (recorded from
+            // their first instruction), or traced only once past their entry point.
+            "traced_from_exec": at_exec,
+            "traced_late": late,
             "processes_live": self.processes.live().count(),
             "live": self.processes.live().collect::<Vec<u32>>(),
             "processes_ended": self.processes.ended_count(),
