@@ -383,24 +383,18 @@ impl RepairWanted {
     fn choice(&self) -> (ExitPolicy, crate::plan::exits::ExitsChoice) {
         let (policy, mut choice) = crate::plan::exits::choose(ExitMode::Repair, &[]);
         if let Some((path, symbol)) = &self.unwinder {
-            choice.reason = format!(
-                "auto: {} has {symbol}: return probes everywhere, the stack repaired at each \
-                 throw (--exits per-function decides each function instead, without a tracer)",
-                path.display()
-            );
+            choice.reason = crate::repair::auto_reason(path, symbol);
         }
         (policy, choice)
     }
 }
 
 /// Whether the session repairs the stack (see `repair::keeper`): `--exits repair`, or `auto`
-/// for an image that can unwind, launched or by `--pid` (return probes at their cost, made safe
-/// for exceptions, where per-function would put exit sleds on every function an exception can
-/// leave), where this kernel allows it (its BTF, `uprobe_multi` links) and the session does
-/// not follow forks (one keeper per process). Not under `--attach`: there each process gets
-/// its keeper and its probes only once the daemon has seen it start (a few milliseconds in),
-/// so its first calls, and a process shorter than that whole, would not be recorded; exits
-/// per function record every process from its first instruction.
+/// for an image that can unwind (return probes at their cost, made safe for exceptions, where
+/// per-function would put exit sleds on every function an exception can leave), where this
+/// kernel allows it (see `repair::auto_repairs`; under `--attach` it must also let each new
+/// process be held from its exec) and the session does not follow forks (one keeper per
+/// process).
 fn repair_wanted(
     cli: &RecordArgs,
     attach: bool,
@@ -416,20 +410,16 @@ fn repair_wanted(
                 unwinder: None,
             }))
         }
-        ExitMode::Auto if !attach && !cli.floor && !cli.no_uprobe_multi && !cli.follow_forks => {
-            let Some((path, symbol)) = crate::plan::exits::unwinder(image) else {
+        ExitMode::Auto if !cli.floor && !cli.no_uprobe_multi && !cli.follow_forks => {
+            let Some(unwinder) = crate::repair::auto_repairs(image, attach) else {
                 return Ok(None);
             };
-            let has_throw = image
-                .iter()
-                .any(|o| !crate::plan::catches::throw_points(o).is_empty());
-            let offsets = crate::kernel::btf::repair_offsets().ok();
-            Ok(offsets
-                .filter(|_| has_throw && crate::kernel::uprobe_multi::supported())
+            Ok(crate::kernel::btf::repair_offsets()
+                .ok()
                 .map(|offsets| RepairWanted {
                     offsets,
                     asked: false,
-                    unwinder: Some((path.clone(), symbol)),
+                    unwinder: Some(unwinder),
                 }))
         }
         _ => Ok(None),

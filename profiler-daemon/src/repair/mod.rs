@@ -7,7 +7,8 @@
 //!   left hooked), through the system calls of `ptrace`; `stops` places the throw and catch
 //!   stops it serves, and `release` is how fdr-profiled and the keeper talk.
 //! - [`processes`]: every process that runs one executable (`--attach`, the service's
-//!   targets), each traced by a keeper of its own before any probe of it is placed.
+//!   targets), each traced by a keeper of its own before any probe of it is placed; [`hold`]
+//!   holds each new one from its exec until its keeper has it.
 pub mod hold;
 pub mod keeper;
 pub mod processes;
@@ -15,3 +16,33 @@ mod ptrace;
 mod release;
 mod repairer;
 mod stops;
+
+/// Whether `--exits auto` (a target's `exits = "auto"`) repairs the stack of the processes
+/// running `image`, and why: the image can unwind (the object with a personality routine, and
+/// the routine) and throws through a raise function the keeper can stop at, and this kernel
+/// has what repair needs (its BTF, `uprobe_multi` links). `every_process`: `--attach` and the
+/// service, where each new process must also be held from its exec (see [`hold`]), or its
+/// first calls, and a short process whole, would not be recorded: per-function records every
+/// process from its first instruction.
+pub fn auto_repairs(
+    image: &[std::path::PathBuf],
+    every_process: bool,
+) -> Option<(std::path::PathBuf, &'static str)> {
+    let (path, symbol) = crate::plan::exits::unwinder(image)?;
+    let throws = image
+        .iter()
+        .any(|o| !crate::plan::catches::throw_points(o).is_empty());
+    let kernel = crate::kernel::btf::repair_offsets().is_ok()
+        && crate::kernel::uprobe_multi::supported()
+        && (!every_process || crate::kernel::btf::exec_offsets().is_some());
+    (throws && kernel).then(|| (path.clone(), symbol))
+}
+
+/// The reason `auto` gives when it chose repair (see [`auto_repairs`]).
+pub fn auto_reason(unwinder: &std::path::Path, symbol: &str) -> String {
+    format!(
+        "auto: {} has {symbol}: return probes everywhere, the stack repaired at each \
+         throw (--exits per-function decides each function instead, without a tracer)",
+        unwinder.display()
+    )
+}

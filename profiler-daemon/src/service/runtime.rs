@@ -57,14 +57,18 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         ablate: 0,
         follow_forks: false,
         perf_events_only: false,
-        // Loaded for every target of the first configuration that asks for it.
-        repair: config
-            .targets
-            .iter()
-            .any(|t| t.exits == ExitMode::Repair)
-            .then(crate::kernel::btf::repair_offsets)
-            .transpose()
-            .map_err(|why| anyhow::anyhow!("exits = \"repair\": {why}"))?,
+        // Loaded for every target of the first configuration that asks for it, or may choose
+        // it (`auto`, where this kernel allows it).
+        repair: if config.targets.iter().any(|t| t.exits == ExitMode::Repair) {
+            Some(
+                crate::kernel::btf::repair_offsets()
+                    .map_err(|why| anyhow::anyhow!("exits = \"repair\": {why}"))?,
+            )
+        } else if config.targets.iter().any(|t| t.exits == ExitMode::Auto) {
+            crate::kernel::btf::repair_offsets().ok()
+        } else {
+            None
+        },
         // The programs' rare anomalies go to the journal with the service's other warnings.
         kernel_log: true,
     })?;

@@ -213,14 +213,27 @@ fn attach_binary(
     // descriptor.
     let mut image = exits::static_image(path);
     image[0] = plan.binary.clone();
-    let (policy, choice) = exits::choose(config.exits, &image);
+    // `auto` repairs the stack where it can (the repair programs loaded, see `runtime`), as
+    // `--attach` does; else it decides per function.
+    let auto_repair = (config.exits == ExitMode::Auto && tracer.options().repair.is_some())
+        .then(|| crate::repair::auto_repairs(&image, true))
+        .flatten();
+    let repairs = config.exits == ExitMode::Repair || auto_repair.is_some();
+    let (policy, choice) = match &auto_repair {
+        Some((unwinder, symbol)) => {
+            let (policy, mut choice) = exits::choose(ExitMode::Repair, &image);
+            choice.reason = crate::repair::auto_reason(unwinder, symbol);
+            (policy, choice)
+        }
+        None => exits::choose(config.exits, &image),
+    };
     exits::decide(&mut plan, policy);
     let mut tagged = plan.clone();
     for probe in &mut tagged.probes {
         probe.cookie.function_id |= tag << TAG_SHIFT;
     }
     // Under repair every probe is per process (see `repair::processes`).
-    let placed = if config.exits == ExitMode::Repair {
+    let placed = if repairs {
         if tracer.options().repair.is_none() {
             tags.give_back(tag);
             bail!(
@@ -283,7 +296,7 @@ fn attach_binary(
         file,
         filter,
         policy,
-        config.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return),
+        !repairs && config.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return),
     );
     Ok(Some(Watched {
         repaired,
