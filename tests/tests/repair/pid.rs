@@ -460,3 +460,111 @@ fn pid_with_the_defaults_repairs_a_cpp_process() {
     let a = long.calls()["sv_leaf_a"];
     assert_eq!((a.entries(), a.exits()), (20_000, 20_000));
 }
+
+/// `--attach BIN` with the defaults on a C++ program that throws: `auto` repairs the stack, and
+/// each process that starts during the session is held from its exec until its keeper has it
+/// and its probes are in place, so a process of a few milliseconds is recorded whole: per
+/// thread and function, entries equal the calls the program counted itself, and every entry
+/// has its one exit (its return, or the exit written where an exception left its frame).
+/// A process the host ran past its entry point before its keeper could stop it is counted
+/// apart, never as traced from its exec.
+#[test]
+fn attach_with_the_defaults_records_each_new_cpp_process_from_its_exec() {
+    const LAUNCHES: usize = 8;
+    let scratch = tests::scratch_dir("repair-attach-exec");
+    // A copy of its own: the runs of the tests beside this one are not traced.
+    let bin = tests::fixtures::private_copy(
+        &tests::fixtures::workloads::exceptions_fixture(),
+        scratch.path(),
+    );
+    let out = scratch.path().join("out");
+    let mut tracer = tests::run::start_attach(&bin, &out, &["--no-report"]);
+    tests::run::wait_attached(&mut tracer);
+    let mut expected = Vec::new();
+    for _ in 0..LAUNCHES {
+        let run = tests::tools::run_output(Command::new(&bin).args(["--iterations", "5"]));
+        assert!(run.status.success(), "{run:?}");
+        let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+        expected.push(tests::counts::expected_calls(
+            &tests::counts::parse_count_lines(&stdout),
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let done = tests::run::interrupt_and_finish(tracer, TIMEOUT);
+    tests::run::assert_success("fdr-profiled --attach", &done);
+    // `fdr-profiled: repair: process PID traced from ...`
+    let traced = |how: &'static str| {
+        move |l: &str| -> Option<u32> {
+            let rest = l.strip_prefix("fdr-profiled: repair: process ")?;
+            rest.split_once(how)?.0.parse().ok()
+        }
+    };
+    let from_exec: Vec<u32> = done
+        .stderr
+        .lines()
+        .filter_map(traced(" traced from its exec"))
+        .collect();
+    let late = done
+        .stderr
+        .lines()
+        .filter_map(traced(" traced from after its entry point"))
+        .count();
+    assert_eq!(
+        from_exec.len() + late,
+        LAUNCHES,
+        "every process traced, from its exec or counted late:\n{}",
+        done.stderr
+    );
+    assert!(!from_exec.is_empty(), "{}", done.stderr);
+
+    let trace = tests::trace::check_trace_dir(&out, &bin);
+    let json = &trace.session.json;
+    assert_eq!(json["exits"], "repair", "{json}");
+    assert!(
+        json["exits_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("auto: ")
+                && r.contains(&format!(
+                    "{LAUNCHES} processes traced ({} from their exec, {late} only once past",
+                    from_exec.len()
+                ))),
+        "{json}"
+    );
+    assert_eq!(json["exit_methods"]["exit_sled_calls"], 0, "{json}");
+    assert_eq!(trace.session.events_lost, 0, "{json}");
+    tests::assert_every_event_accounted(&trace.session);
+    // Each process traced from its exec, whole: its threads are one launch's threads.
+    for pid in &from_exec {
+        let threads: Vec<_> = trace.threads.iter().filter(|t| t.pid == *pid).collect();
+        let got: std::collections::BTreeMap<u32, std::collections::BTreeMap<String, u64>> = threads
+            .iter()
+            .map(|t| {
+                let calls = t.calls();
+                for (f, c) in &calls {
+                    assert_eq!(c.entries(), c.exits(), "process {pid} tid {} {f}", t.tid);
+                }
+                (
+                    t.tid,
+                    calls.into_iter().map(|(f, c)| (f, c.entries())).collect(),
+                )
+            })
+            .collect();
+        // The program's own counts name its threads by tid: the launch whose tids these are.
+        let want = expected
+            .iter()
+            .find(|e| e.keys().next().is_some_and(|tid| got.contains_key(tid)))
+            .unwrap_or_else(|| panic!("process {pid}: no launch with its threads {got:?}"));
+        for (tid, functions) in want {
+            let recorded = got
+                .get(tid)
+                .unwrap_or_else(|| panic!("process {pid}: thread {tid} not recorded"));
+            for (f, calls) in functions {
+                assert_eq!(
+                    recorded.get(f).copied().unwrap_or(0),
+                    *calls,
+                    "process {pid} tid {tid} {f}: entries recorded vs calls counted"
+                );
+            }
+        }
+    }
+}
