@@ -11,6 +11,10 @@
 //!   stack (see `profiler_common::RepairState`).
 //! - `repair_release` (task iterator) copies the pending return probes of a running process's
 //!   threads when `--exits repair` lets it go.
+//! - `process_exec` (raw tracepoint `sched_process_exec`) names each exec of a binary whose
+//!   processes are repaired one by one (`--attach`, the service), for the daemon to hold the
+//!   process before its first instruction; `process_start` (uprobe at the binary's entry point)
+//!   names each process that runs it, and marks it as having got that far.
 //! - `floor` / `floor_return` are empty: the benchmark's measure of the kernel's own cost.
 //!
 //! Each event goes to the ring buffer of the CPU it happened on (no cross-CPU contention) and

@@ -3,7 +3,6 @@
 //! removing probes is `attach`'s job; what the stack repair asks of the programs, `repair`'s.
 mod attach;
 mod repair;
-pub use repair::ExecReports;
 
 pub use crate::kernel::books::{KernelBooks, PodThreadState};
 use crate::kernel::uprobe_multi::{self, MultiLink, MultiProgram};
@@ -95,6 +94,14 @@ impl Attachment {
         self.multi.extend(other.multi);
         self.perf.extend(other.perf);
     }
+}
+
+/// What `process_exec` and `process_start` tell `repair::hold`.
+pub struct ExecReports {
+    /// Each exec of a watched binary: `(tag << 32) | pid`.
+    pub execs: RingBuf<MapData>,
+    /// The processes that ran the binary's entry point since their exec.
+    pub entered: aya::maps::HashMap<MapData, u32, u8>,
 }
 
 /// Which processes the probes fire for.

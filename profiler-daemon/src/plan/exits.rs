@@ -236,10 +236,18 @@ pub fn personality_in(path: &Path) -> Option<&'static str> {
 /// dynamic loader would look: DT_RPATH (when there is no DT_RUNPATH), `LD_LIBRARY_PATH` (ours,
 /// which a command we launch inherits), DT_RUNPATH, then the system directories.
 pub fn static_image(executable: &Path) -> Vec<PathBuf> {
+    let ld_library_path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    image_with(executable, &ld_library_path, &[])
+}
+
+/// [`static_image`] as the dynamic loader of a process whose environment has
+/// `ld_library_path` and preloads `preload` (`LD_PRELOAD`'s paths, mapped first, with what
+/// they need).
+pub fn image_with(executable: &Path, ld_library_path: &str, preload: &[PathBuf]) -> Vec<PathBuf> {
     let mut out = vec![executable.to_path_buf()];
+    out.extend(preload.iter().filter(|p| p.is_file()).cloned());
     let mut seen = BTreeSet::new();
-    let ld_library_path: Vec<String> = std::env::var("LD_LIBRARY_PATH")
-        .unwrap_or_default()
+    let ld_library_path: Vec<String> = ld_library_path
         .split([':', ';'])
         .filter(|d| !d.is_empty())
         .map(str::to_owned)

@@ -43,8 +43,8 @@ pub struct RepairedProcesses {
     /// What holds the processes that exec the executable until their keeper has them (see
     /// `repair::hold`), or why nothing does.
     hold: Result<std::sync::Arc<ExecHold>, String>,
-    /// The objects a process maps from its start (the executable and the libraries it needs):
-    /// where a process held at its exec gets its throw and catch stops (it maps them later).
+    /// The objects a process maps from its start (the executable and the libraries it needs,
+    /// as our own environment finds them); the first is the executable.
     image: Vec<PathBuf>,
     /// Processes traced so far (those of them not `live` any more have ended); how many of
     /// them from their exec (see `repair::hold`), and how many that started while the session
@@ -78,6 +78,10 @@ struct Process {
     returns: Option<Vec<Attachment>>,
     /// The throw and catch stops (the keeper holds them too, until it lets the process go).
     unwind_stops: Attachment,
+    /// Held at its exec: the objects its throw and catch stops were placed in before its
+    /// loader mapped any, until what it mapped is checked against them (see
+    /// [`RepairedProcesses::check_loaded`]).
+    stops_in: Option<Vec<PathBuf>>,
 }
 
 /// How a process to trace was found.
@@ -216,7 +220,16 @@ impl RepairedProcesses {
         let mut done = Vec::new();
         // Those held first: a process held reaches its entry point once traced, and is named
         // there too (`trace` then has nothing to do).
-        for (pid, late) in hold.map(|h| h.held(self.tag)).unwrap_or_default() {
+        for (pid, late) in hold.as_ref().map(|h| h.held(self.tag)).unwrap_or_default() {
+            if self.loader_image(pid).is_none() {
+                // Where its loader will find its libraries is not known (`LD_AUDIT`, or its
+                // environment unreadable): traced once it has mapped them, from its entry
+                // point, counted late.
+                if let Some(hold) = &hold {
+                    hold.let_go(pid);
+                }
+                continue;
+            }
             let found = if late {
                 Found::AtExecLate
             } else {
@@ -238,7 +251,61 @@ impl RepairedProcesses {
                 done.push((pid, traced));
             }
         }
+        done.extend(self.check_loaded(tracer));
         done
+    }
+
+    /// For each process held at its exec that has run its entry point since, its loader done:
+    /// whether every object it mapped that can throw or catch has its stops. One that has not
+    /// (its loader found a library elsewhere than foreseen) is let go at once, no frame left
+    /// hooked, before an exception could find a hooked frame there with no keeper stop; said
+    /// as an error.
+    fn check_loaded(&mut self, tracer: &mut Tracer) -> Vec<(u32, Result<Option<Traced>>)> {
+        let Ok(hold) = self.hold.as_ref().cloned() else {
+            return Vec::new();
+        };
+        let mut let_go = Vec::new();
+        for process in &mut self.live {
+            let Some(stops_in) = &process.stops_in else {
+                continue;
+            };
+            if !hold.entered(process.pid) {
+                continue;
+            }
+            // Compared as files: the loader's paths are not ours (symbolic links).
+            let covered: Vec<_> = stops_in
+                .iter()
+                .filter_map(|o| mappings::file_id(o))
+                .collect();
+            let mapped = crate::plan::exits::mapped_image(process.pid);
+            let uncovered = mapped
+                .into_iter()
+                .filter(|o| mappings::file_id(o).is_none_or(|id| !covered.contains(&id)))
+                .find(|o| !self.points.points(o).is_empty());
+            process.stops_in = None;
+            if let Some(object) = uncovered {
+                let_go.push((process.pid, object));
+            }
+        }
+        let mut said = Vec::new();
+        for (pid, object) in let_go {
+            let Some(at) = self.live.iter().position(|p| p.pid == pid) else {
+                continue;
+            };
+            let process = self.live.remove(at);
+            let mut keeper = remove_probes(process, tracer);
+            if keeper.release() {
+                let _ = keeper.finish();
+            }
+            said.push((
+                pid,
+                Err(anyhow::anyhow!(
+                    "its loader mapped {}, which its throw and catch stops were not placed in: let go, not traced any more",
+                    object.display()
+                )),
+            ));
+        }
+        said
     }
 
     /// Processes traced that ended since (exited, or let go at an exec).
@@ -290,6 +357,38 @@ impl RepairedProcesses {
         traced
     }
 
+    /// The objects process `pid`, held at its exec, will map from its start: the executable's
+    /// libraries as its dynamic loader will find them with its environment's `LD_LIBRARY_PATH`
+    /// and `LD_PRELOAD`. `None` when that is not known: its environment cannot be read, or it
+    /// sets `LD_AUDIT` (audit libraries may map anything).
+    fn loader_image(&self, pid: u32) -> Option<Vec<PathBuf>> {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let var = |name: &str| {
+            environ.split(|&b| b == 0).find_map(|entry| {
+                let value = entry.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
+                Some(String::from_utf8_lossy(value).into_owned())
+            })
+        };
+        if var("LD_AUDIT").is_some_and(|v| !v.is_empty()) {
+            return None;
+        }
+        let (ld_library_path, preload) = (var("LD_LIBRARY_PATH"), var("LD_PRELOAD"));
+        let executable = self.image.first()?;
+        // Preloads named without a slash are looked for as the loader does; only paths are
+        // taken here, the others are found like any library the executable needs.
+        let preload: Vec<PathBuf> = preload
+            .unwrap_or_default()
+            .split([' ', ':'])
+            .filter(|p| p.contains('/'))
+            .map(PathBuf::from)
+            .collect();
+        Some(crate::plan::exits::image_with(
+            executable,
+            &ld_library_path.unwrap_or_default(),
+            &preload,
+        ))
+    }
+
     fn place(
         &mut self,
         pid: u32,
@@ -308,7 +407,9 @@ impl RepairedProcesses {
         // Held at its exec, it has mapped none of its libraries yet: their probes go in by
         // path, and the kernel places them when it maps them.
         let image: Vec<PathBuf> = match held {
-            Some(_) => self.image.clone(),
+            Some(_) => self
+                .loader_image(pid)
+                .context("its environment could not be read")?,
             None => crate::plan::exits::mapped_image(pid),
         };
         drop(tracer.take_attachment());
@@ -374,6 +475,7 @@ impl RepairedProcesses {
             probes,
             returns: Some(returns),
             unwind_stops,
+            stops_in: held.map(|_| image),
         };
         if let Err(err) = attached {
             let mut keeper = remove_probes(process, tracer);

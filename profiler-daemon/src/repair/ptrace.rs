@@ -309,7 +309,7 @@ pub(super) fn seize_all_from(
             Err(err) => {
                 tries += 1;
                 // Looked at now and then only (a look costs tens of microseconds).
-                if tries % 256 == 0 {
+                if tries.is_multiple_of(256) {
                     let held = crate::traced::process::tracer_of(pid).is_some_and(|tracer| {
                         tracer != 0
                             && std::path::Path::new(&format!("/proc/{holder}/task/{tracer}"))

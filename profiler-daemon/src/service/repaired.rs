@@ -77,7 +77,7 @@ impl Repaired {
                 };
                 tracing::info!(
                     fdr_pid = pid,
-                    "{}: process {pid} traced {from} with its stack repaired, {probes} probes (its tracer: process {keeper}, fdr-repair)",
+                    "{}: process {pid} traced with its stack repaired ({from}), {probes} probes (its tracer: process {keeper}, fdr-repair)",
                     self.name
                 );
             }

@@ -185,3 +185,80 @@ fn a_repaired_server_outlives_the_service_killed() {
     assert_eq!(total(&last, "caught"), total(&last, "third"), "{last}");
     assert_eq!(total(&last, "long_caught"), 1, "{last}");
 }
+
+/// `exits = "auto"` (the default) on a C++ target: the service repairs its processes' stacks as
+/// `exits = "repair"` does, and a server started while it runs is held from its exec until its
+/// keeper has it: traced from its first instruction, which the status counts; a snapshot
+/// says `repair` and why; the server serves and throws as untraced.
+#[test]
+fn an_auto_target_repairs_a_cpp_server_from_its_exec() {
+    use tests::server::{server_fixture, total, Server};
+    let scratch = tests::scratch_dir("service-repair-auto");
+    let bin = private_copy(&server_fixture(), scratch.path());
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"cpp\"\nbinary = \"{}\"\nwindow = \"1s\"\n",
+            output.display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let socket = scratch.path().join("control.sock");
+    // Started: its targets are attached.
+    let mut service = ServiceStart::config(&config).socket(&socket).start();
+    let mut server = Server::start_copy(scratch.path(), &bin);
+    let pid = server.pid();
+    service.wait_for_stderr_match("the server traced from its exec", TIMEOUT, |l| {
+        l.contains(&format!(
+            "process {pid} traced with its stack repaired (from its exec)"
+        ))
+    });
+    server.command(b'a');
+    server.command(b't');
+    std::thread::sleep(Duration::from_millis(1000));
+    let client = |args: &[&str]| {
+        let out = run_output(
+            Command::new(tests::fdr_profiled())
+                .args(args)
+                .arg("--socket")
+                .arg(&socket),
+        );
+        assert!(out.status.success(), "{out:?}");
+        out.stdout
+    };
+    let json: serde_json::Value = serde_json::from_slice(&client(&["status", "--json"])).unwrap();
+    let repair = &json["targets"][0]["binaries"][0]["repair"];
+    assert_eq!(repair["processes_traced"], 1, "{json}");
+    assert_eq!(repair["traced_from_exec"], 1, "{json}");
+    assert_eq!(repair["traced_late"], 0, "{json}");
+    let snapshot = String::from_utf8(client(&["snapshot", "cpp"])).unwrap();
+    let dir = PathBuf::from(
+        snapshot
+            .lines()
+            .next()
+            .unwrap_or_else(|| panic!("no snapshot: {snapshot:?}")),
+    );
+    let trace = check_trace_dir(&dir, &bin);
+    let session = &trace.session.json;
+    assert_eq!(session["exits"], "repair", "{session}");
+    assert!(
+        session["exits_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("auto: ") && r.contains("__gxx_personality_v0")),
+        "{session}"
+    );
+    // Stopped while traced (the service's output stays open as long as a process started
+    // after it runs): its totals are its untraced ones, its end is seen.
+    let last = server.stop();
+    assert_eq!(total(&last, "long_caught"), 1, "{last}");
+    assert_eq!(total(&last, "caught"), total(&last, "third"), "{last}");
+    service.wait_for_stderr_match("the server's end seen", TIMEOUT, |l| {
+        l.contains(&format!("process {pid} exited"))
+    });
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+}

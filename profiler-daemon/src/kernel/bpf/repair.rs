@@ -1,6 +1,6 @@
 //! What `--exits repair` and `--follow-forks` ask of the loaded programs: the unwind stops,
 //! the per-thread repair state, the program that lets a process go, the processes followed.
-use super::{one_line, PodRepairState, Scope, Tracer};
+use super::{one_line, ExecReports, PodRepairState, Scope, Tracer};
 use crate::plan::Probe;
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -10,14 +10,6 @@ use profiler_common::{
     REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, UNWIND_STOP_PROGRAM,
 };
 use std::path::Path;
-
-/// What `process_exec` and `process_start` tell `repair::hold`.
-pub struct ExecReports {
-    /// Each exec of a watched binary: `(tag << 32) | pid`.
-    pub execs: aya::maps::RingBuf<MapData>,
-    /// The processes that ran the binary's entry point since their exec.
-    pub entered: BpfHashMap<MapData, u32, u8>,
-}
 
 impl Tracer {
     /// `--exits repair --attach`, the service's repaired targets: has `process_exec` report
