@@ -19,8 +19,9 @@ mod stops;
 
 /// Whether `--exits auto` (a target's `exits = "auto"`) repairs the stack of the processes
 /// running `image`, and why: the image can unwind (the object with a personality routine, and
-/// the routine) and throws through a raise function the keeper can stop at, and this kernel
-/// has what repair needs (its BTF, `uprobe_multi` links). `every_process`: `--attach` and the
+/// the routine) and throws through a raise function the keeper can stop at, this kernel has
+/// what repair needs (its BTF, `uprobe_multi` links), and fdr-profiled may trace any process
+/// (`CAP_SYS_PTRACE`). `every_process`: `--attach` and the
 /// service, where each new process must also be held from its exec (see [`hold`]), or its
 /// first calls, and a short process whole, would not be recorded: per-function records every
 /// process from its first instruction.
@@ -35,7 +36,12 @@ pub fn auto_repairs(
     let kernel = crate::kernel::btf::repair_offsets().is_ok()
         && crate::kernel::uprobe_multi::supported()
         && (!every_process || crate::kernel::btf::exec_offsets().is_some());
-    (throws && kernel).then(|| (path.clone(), symbol))
+    // The keepers trace processes of any user (the service's unit keeps CAP_SYS_PTRACE for it;
+    // without it, per-function needs no tracer).
+    let ptrace = crate::kernel::caps::effective().is_ok_and(|eff| {
+        crate::kernel::caps::missing(eff, &[crate::kernel::caps::Cap::SysPtrace]).is_empty()
+    });
+    (throws && kernel && ptrace).then(|| (path.clone(), symbol))
 }
 
 /// The reason `auto` gives when it chose repair (see [`auto_repairs`]).

@@ -49,8 +49,18 @@ struct Row {
     fell_back: bool,
 }
 
-/// Runs the benchmark; returns its markdown section.
+/// Runs the benchmark by `--pid`; returns its markdown section.
 pub fn run() -> Result<String> {
+    run_by(false)
+}
+
+/// The `cxx_attach` benchmark: the same, traced by `--attach BINARY` (the process runs it
+/// already, as under `--pid`; the way every process of a binary is traced, and the service's).
+pub fn run_attach() -> Result<String> {
+    run_by(true)
+}
+
+fn run_by(by_attach: bool) -> Result<String> {
     let daemon = support::daemon()?;
     let work = support::scratch("cxx_pid")?;
     let machine = support::machine_description();
@@ -87,16 +97,22 @@ pub fn run() -> Result<String> {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "## Running C++ by `--pid`: the defaults against exit sleds\n"
+        "## Running C++ by `{}`: the defaults against exit sleds\n",
+        if by_attach { "--attach" } else { "--pid" }
     );
     let _ = writeln!(
         s,
-        "Each program started untraced, then traced by `fdr-profiled --pid PID --duration \
+        "Each program started untraced, then traced by `fdr-profiled {} --duration \
          {}` (its outer frames entered long before): `deep_server` \
          (tests/fixtures/deep_server.cpp, a throw from 100 frames deep every fifth request, \
          caught in `main`) and yaml-cpp's gtest suite repeated forever (the `cxx_suite` \
          build, `{}`). Throughput: the program's requests (or passes through the suite) a \
          second while traced; calls: calls a second whose exit a probe observed.\n",
+        if by_attach {
+            "--attach BINARY"
+        } else {
+            "--pid PID"
+        },
         traced_secs(),
         super::cxx_suite::FILTER
     );
@@ -107,9 +123,10 @@ pub fn run() -> Result<String> {
     );
     let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|---|");
     for (program, command, unit) in &workloads {
-        let untraced = measure(&daemon, &work, command(), unit, None)?;
-        let defaults = measure(&daemon, &work, command(), unit, Some(&[]))?;
-        let sleds = measure(&daemon, &work, command(), unit, Some(&["--exits", "sleds"]))?;
+        let measure = |traced| measure(&daemon, &work, command(), unit, traced, by_attach);
+        let untraced = measure(None)?;
+        let defaults = measure(Some(&[]))?;
+        let sleds = measure(Some(&["--exits", "sleds"]))?;
         let base = untraced.throughput;
         for row in [untraced, defaults, sleds].iter() {
             let _ = writeln!(
@@ -147,6 +164,7 @@ fn measure(
     mut program: Command,
     unit: &str,
     traced: Option<&[&str]>,
+    by_attach: bool,
 ) -> Result<Row> {
     let mut child = program
         .stdout(Stdio::piped())
@@ -196,9 +214,14 @@ fn measure(
     match traced {
         None => std::thread::sleep(Duration::from_secs(traced_secs())),
         Some(options) => {
+            let (how, whom) = if by_attach {
+                ("--attach", program.get_program().to_owned())
+            } else {
+                ("--pid", pid.to_string().into())
+            };
             let status = Command::new(daemon)
-                .arg("--pid")
-                .arg(pid.to_string())
+                .arg(how)
+                .arg(whom)
                 .args([
                     "--duration",
                     &traced_secs().to_string(),
@@ -211,7 +234,7 @@ fn measure(
                 .status()
                 .context("running fdr-profiled")?;
             if !status.success() {
-                bail!("fdr-profiled --pid {pid} {options:?} failed ({status})");
+                bail!("fdr-profiled {how} {options:?} failed ({status})");
             }
         }
     }

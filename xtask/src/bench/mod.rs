@@ -63,6 +63,10 @@ const SECTIONS: &[Section] = &[
         name: "cxx_pid",
         run: cxx_pid::run,
     },
+    Section {
+        name: "cxx_attach",
+        run: cxx_pid::run_attach,
+    },
 ];
 
 /// The names `cargo xtask bench` accepts: every section, and `all`.
