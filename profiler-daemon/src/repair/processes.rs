@@ -347,6 +347,13 @@ impl RepairedProcesses {
             }
             Ok(None) => {}
             Err(err) => {
+                if held.is_some() {
+                    // Named at its entry point too, maybe: said once.
+                    if self.recent.len() == RECENT_KEPT {
+                        self.recent.pop_front();
+                    }
+                    self.recent.push_back(pid);
+                }
                 self.not_traced += 1;
                 if self.not_traced_latest.len() == NOT_TRACED_KEPT {
                     self.not_traced_latest.pop_front();
