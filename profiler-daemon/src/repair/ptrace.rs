@@ -278,7 +278,7 @@ pub(super) fn write_word(tid: u32, at: u64, value: u64) -> bool {
 /// its first thread (its only one, just after its exec) again and again while a thread of
 /// `holder` still traces it, for at most `wait`. It tells the holder it is ready by writing
 /// `pid` to `handover`. The process runs its loader from the moment it is let go: this thread
-/// neither sleeps nor yields meanwhile, at a real-time priority.
+/// tries every 20 µs meanwhile, at a real-time priority.
 pub(super) fn seize_all_from(
     pid: u32,
     holder: u32,
@@ -308,8 +308,11 @@ pub(super) fn seize_all_from(
             }
             Err(err) => {
                 tries += 1;
+                // Real-time, it wakes at once when this ends (no timer slack), on a CPU of its
+                // own; sleeping between tries leaves the CPUs to everyone else.
+                std::thread::sleep(std::time::Duration::from_micros(20));
                 // Looked at now and then only (a look costs tens of microseconds).
-                if tries.is_multiple_of(256) {
+                if tries.is_multiple_of(64) {
                     let held = crate::traced::process::tracer_of(pid).is_some_and(|tracer| {
                         tracer != 0
                             && std::path::Path::new(&format!("/proc/{holder}/task/{tracer}"))
