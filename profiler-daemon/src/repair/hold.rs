@@ -315,6 +315,17 @@ fn hold_loop(
                 }
             }
         }
+        // A held process killed meanwhile is a zombie only this thread can reap: its parent
+        // learns of its end once its tracer has waited for it.
+        holding.retain(|&pid, _| {
+            if reap(pid) {
+                shared.held.lock().unwrap().retain(|(_, p, _)| *p != pid);
+                shared.holding.lock().unwrap().remove(&pid);
+                false
+            } else {
+                true
+            }
+        });
         let expired: Vec<u32> = holding
             .iter()
             .filter(|(_, h)| h.since.elapsed() > HOLD_LIMIT)
@@ -351,17 +362,184 @@ fn hold(pid: u32) -> Option<Vec<(u32, i32)>> {
     Some(super::ptrace::stop_all(&[pid]))
 }
 
-/// Lets a held process go, each thread with the signal it had when it was stopped.
+/// Lets a held process go, each thread with the signal it had when it was stopped. One that
+/// was killed meanwhile cannot be detached: it is reaped (see [`reap`]).
 fn release(held: &Holding) {
     for &(tid, signal) in &held.threads {
         // SAFETY: plain system call on a tracee of this thread.
-        unsafe {
+        let detached = unsafe {
             libc::ptrace(
                 libc::PTRACE_DETACH,
                 tid as libc::pid_t,
                 std::ptr::null_mut::<libc::c_void>(),
                 signal as usize as *mut libc::c_void,
             )
+        } == 0;
+        if !detached && !reap(tid) {
+            detach_running(tid, signal);
+        }
+    }
+}
+
+/// Detaches a tracee of this thread that is not in a stop (`PTRACE_DETACH` needs one): stops
+/// it first, waiting for the stop for at most 100 ms. Left traced by this thread only if it
+/// does not stop within that (then it is let go at this thread's end, by the kernel).
+fn detach_running(tid: u32, signal: i32) {
+    super::ptrace::request(libc::PTRACE_INTERRUPT, tid, 0);
+    let deadline = Instant::now() + Duration::from_millis(100);
+    while Instant::now() < deadline {
+        let mut status = 0;
+        // SAFETY: valid pointer to an int; `tid` is a tracee of this thread.
+        let r = unsafe {
+            libc::waitpid(
+                tid as libc::pid_t,
+                &mut status,
+                libc::WNOHANG | libc::__WALL,
+            )
         };
+        if r == tid as libc::pid_t {
+            if libc::WIFSTOPPED(status) {
+                // A signal's delivery stop hands that signal on; the interrupt's, the one kept.
+                let stop = libc::WSTOPSIG(status);
+                let event = status >> 16 != 0 || stop == (libc::SIGTRAP | 0x80);
+                let deliver = if event { signal } else { stop };
+                super::ptrace::request(libc::PTRACE_DETACH, tid, deliver);
+            }
+            return;
+        }
+        if r < 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Whether held process `pid` has ended, reaped now: a traced process that exits stays a
+/// zombie, unseen by its parent, until its tracer waits for it (the kernel then tells the
+/// parent). Does not wait.
+fn reap(pid: u32) -> bool {
+    let mut status = 0;
+    // SAFETY: valid pointer to an int; `pid` is a tracee of this thread (or gone).
+    let r = unsafe {
+        libc::waitpid(
+            pid as libc::pid_t,
+            &mut status,
+            libc::WNOHANG | libc::__WALL,
+        )
+    };
+    if r == pid as libc::pid_t {
+        return libc::WIFEXITED(status) || libc::WIFSIGNALED(status);
+    }
+    // Not ours any more (reaped, detached): gone as far as this thread is concerned.
+    r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+
+    /// A process of someone else's (a shell's child, as a held process is its parent's),
+    /// stopped by [`hold`]; the shell's stdout, which says the pid, then the child's end.
+    fn held_child_of_a_shell() -> (
+        std::process::Child,
+        BufReader<std::process::ChildStdout>,
+        u32,
+    ) {
+        let mut shell = Command::new("sh")
+            .args(["-c", "sleep 100 & echo $!; wait $!; echo \"ended $?\""])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(shell.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let pid: u32 = line.trim().parse().unwrap();
+        // Its exec done (the shell's `sleep` runs), as when `process_exec` reports it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_link(format!("/proc/{pid}/exe"))
+            .is_ok_and(|exe| !exe.to_string_lossy().contains("sleep"))
+        {
+            assert!(Instant::now() < deadline, "sleep did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(hold(pid).is_some(), "held (run the tests as root)");
+        assert_eq!(tracer(pid), Some(gettid()));
+        (shell, out, pid)
+    }
+
+    fn tracer(pid: u32) -> Option<u32> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .and_then(|t| t.trim().parse().ok())
+    }
+
+    fn gettid() -> u32 {
+        // SAFETY: plain system call.
+        unsafe { libc::gettid() as u32 }
+    }
+
+    fn last_line(
+        shell: &mut std::process::Child,
+        out: &mut BufReader<std::process::ChildStdout>,
+    ) -> String {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        shell.wait().unwrap();
+        line.trim().to_owned()
+    }
+
+    #[test]
+    fn a_held_process_killed_is_reaped_and_its_parent_learns_of_its_end() {
+        let (mut shell, mut out, pid) = held_child_of_a_shell();
+        // SAFETY: plain system call.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !reap(pid) {
+            assert!(Instant::now() < deadline, "never reaped");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Unreaped, the shell would wait for ever: a traced zombie is its tracer's first.
+        assert_eq!(last_line(&mut shell, &mut out), "ended 137");
+    }
+
+    #[test]
+    fn a_held_process_let_go_runs_on_untraced() {
+        let (mut shell, mut out, pid) = held_child_of_a_shell();
+        assert!(!reap(pid), "alive, held");
+        let threads = hold_threads(pid);
+        release(&Holding {
+            since: Instant::now(),
+            threads,
+        });
+        assert_eq!(tracer(pid), Some(0));
+        // Stopped no more: it ends as any process does.
+        // SAFETY: plain system call.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(last_line(&mut shell, &mut out), "ended 143");
+    }
+
+    /// What `hold` returned for a process of one thread stopped by an interrupt.
+    fn hold_threads(pid: u32) -> Vec<(u32, i32)> {
+        vec![(pid, 0)]
+    }
+
+    #[test]
+    fn a_held_process_running_again_is_still_let_go() {
+        // A tracee not in a stop cannot be detached as it is: `release` stops it first.
+        let (mut shell, mut out, pid) = held_child_of_a_shell();
+        super::super::ptrace::request(libc::PTRACE_CONT, pid, 0);
+        release(&Holding {
+            since: Instant::now(),
+            threads: hold_threads(pid),
+        });
+        assert_eq!(tracer(pid), Some(0));
+        // SAFETY: plain system call.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(last_line(&mut shell, &mut out), "ended 143");
     }
 }
