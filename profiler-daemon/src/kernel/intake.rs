@@ -290,6 +290,156 @@ impl Ring {
     }
 }
 
+impl Ring {
+    /// A ring of `size` bytes in anonymous shared memory, mapped as [`Ring::new`] maps the
+    /// kernel's (consumer page, producer page, data pages twice in a row), and the writer that
+    /// plays the programs' part.
+    fn in_memory(size: u64) -> Result<(Ring, RingWriter)> {
+        // SAFETY: sysconf has no preconditions.
+        let page =
+            usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).context("page size")?;
+        if !size.is_power_of_two() || !(size as usize).is_multiple_of(page) {
+            bail!("a ring of {size} bytes: not a power of two pages");
+        }
+        let data_len = size as usize;
+        // SAFETY: plain system call with a valid C string; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"fdr-ring".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("memfd_create");
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Consumer page, producer page, data pages.
+        // SAFETY: plain system call on our descriptor.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), (2 * page + data_len) as libc::off_t) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("sizing a ring in memory");
+        }
+        let ring_fd = fd.try_clone().context("a ring's descriptor")?;
+        let map = |at: *mut libc::c_void, len: usize, offset: usize, fixed: bool| {
+            let flags = libc::MAP_SHARED | if fixed { libc::MAP_FIXED } else { 0 };
+            // SAFETY: maps our own descriptor; with MAP_FIXED, `at` lies in a reservation of
+            // ours (below) that nothing else uses.
+            let p = unsafe {
+                libc::mmap(
+                    at,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    flags,
+                    fd.as_raw_fd(),
+                    offset as libc::off_t,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                Err(std::io::Error::last_os_error()).context("mapping a ring in memory")
+            } else {
+                Ok(p)
+            }
+        };
+        let consumer = map(std::ptr::null_mut(), page, 0, false)?;
+        // The producer page and the data, then the data again right after: reserved as one
+        // range first, so that the second mapping lands exactly there.
+        let len = page + 2 * data_len;
+        // SAFETY: an anonymous reservation, replaced below by the two fixed mappings.
+        let reserved = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if reserved == libc::MAP_FAILED {
+            let err = std::io::Error::last_os_error();
+            // SAFETY: mapped above, used by nothing.
+            unsafe { libc::munmap(consumer, page) };
+            return Err(err).context("reserving a ring in memory");
+        }
+        let map_data = |at| map(at, page + data_len, page, true);
+        let mapped = map_data(reserved);
+        // From here the ring owns both ranges (unmapped when it is dropped, on error too).
+        let mut ring = Ring {
+            fd: ring_fd,
+            consumer: consumer.cast(),
+            producer: reserved.cast(),
+            data: std::ptr::null(),
+            mask: size - 1,
+            page,
+        };
+        mapped?;
+        // SAFETY: within the reservation of `len` bytes.
+        map(
+            unsafe { reserved.cast::<u8>().add(page + data_len).cast() },
+            data_len,
+            2 * page,
+            true,
+        )?;
+        // SAFETY: within the reservation.
+        ring.data = unsafe { ring.producer.add(page) };
+        let writer = RingWriter {
+            consumer: ring.consumer,
+            producer: ring.producer.cast_mut(),
+            data: ring.data.cast_mut(),
+            mask: ring.mask,
+            pos: 0,
+        };
+        Ok((ring, writer))
+    }
+}
+
+/// The writing end of a ring in memory ([`Intake::in_memory`]): writes records as the kernel's
+/// `bpf_ringbuf_output` does (an 8-byte header, the record, padding to 8 bytes), published
+/// together by [`RingWriter::publish`]. Valid while its intake lives.
+pub struct RingWriter {
+    consumer: *const u8,
+    producer: *mut u8,
+    data: *mut u8,
+    mask: u64,
+    /// The producer position after the records written so far.
+    pos: u64,
+}
+
+// SAFETY: the pointers are to shared mappings of the intake's ring; the writer alone moves the
+// producer position, the ring alone the consumer position (both atomics).
+unsafe impl Send for RingWriter {}
+
+impl RingWriter {
+    /// Writes `record` after the others (not visible to the reader until published); false,
+    /// writing nothing, when the ring has no room for it.
+    pub fn write(&mut self, record: &[u8]) -> bool {
+        let len = record.len() as u64;
+        let total = (len + BPF_RINGBUF_HDR_SZ + 7) & !7;
+        // SAFETY: the consumer position is the first, 8-byte aligned word of its page.
+        let consumed = unsafe { &*self.consumer.cast::<AtomicU64>() }.load(Ordering::Acquire);
+        if self.pos + total - consumed > self.mask + 1 {
+            return false;
+        }
+        let offset = (self.pos & self.mask) as usize;
+        // SAFETY: `offset` is within the data pages, which are mapped twice in a row, so the
+        // header and the record (at most the ring's size) lie within the mapping; the reader
+        // does not look past the published position.
+        unsafe {
+            let at = self.data.add(offset);
+            at.cast::<u32>().write(len as u32);
+            at.add(4).cast::<u32>().write(0);
+            std::ptr::copy_nonoverlapping(
+                record.as_ptr(),
+                at.add(BPF_RINGBUF_HDR_SZ as usize),
+                record.len(),
+            );
+        }
+        self.pos += total;
+        true
+    }
+
+    /// Makes every record written so far visible to the reader.
+    pub fn publish(&mut self) {
+        // SAFETY: the producer position is the first, 8-byte aligned word of its page.
+        unsafe { &*self.producer.cast::<AtomicU64>() }.store(self.pos, Ordering::Release);
+    }
+}
+
 impl Drop for Ring {
     fn drop(&mut self) {
         // SAFETY: both mappings were made in `Ring::new` with these lengths and nothing refers
@@ -308,8 +458,8 @@ impl Drop for Ring {
 pub struct Intake {
     rings: Vec<Ring>,
     /// An epoll instance watching every ring (edge-triggered), registered with tokio: readable
-    /// when a program forced a wakeup.
-    wakeups: AsyncFd<OwnedFd>,
+    /// when a program forced a wakeup. `None` for rings in memory ([`Intake::in_memory`]).
+    wakeups: Option<AsyncFd<OwnedFd>>,
     malformed: u64,
 }
 
@@ -353,9 +503,31 @@ impl Intake {
                 .context("registering the ring buffers with the event loop")?;
         Ok(Intake {
             rings,
-            wakeups,
+            wakeups: Some(wakeups),
             malformed: 0,
         })
+    }
+
+    /// An intake of `count` rings of `size` bytes each (a power of two, a multiple of the
+    /// page size) in this process's memory, laid out as the kernel lays out a BPF ring buffer,
+    /// with the writing end of each: the whole pipeline after the kernel, run and measured
+    /// without BPF (`cargo xtask bench pipeline`, and tests). No wakeups: drain on a timer.
+    pub fn in_memory(count: usize, size: u64) -> Result<(Intake, Vec<RingWriter>)> {
+        let mut rings = Vec::with_capacity(count);
+        let mut writers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (ring, writer) = Ring::in_memory(size)?;
+            rings.push(ring);
+            writers.push(writer);
+        }
+        Ok((
+            Intake {
+                rings,
+                wakeups: None,
+                malformed: 0,
+            },
+            writers,
+        ))
     }
 
     /// Hands every event in the buffers to `sink`, buffer by buffer, until they are empty.
@@ -396,18 +568,16 @@ impl Intake {
 
     /// Resolves when a program found its buffer filling up and asked to be drained.
     pub async fn wakeup(&self) -> Result<()> {
-        let mut guard = self.wakeups.readable().await?;
+        let Some(wakeups) = &self.wakeups else {
+            return std::future::pending().await;
+        };
+        let mut guard = wakeups.readable().await?;
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
         // Empty epoll's ready list so the next wakeup is a new edge.
         loop {
             // SAFETY: valid epoll descriptor and buffer of 16 entries; timeout 0 never blocks.
             let n = unsafe {
-                libc::epoll_wait(
-                    self.wakeups.get_ref().as_raw_fd(),
-                    events.as_mut_ptr(),
-                    16,
-                    0,
-                )
+                libc::epoll_wait(wakeups.get_ref().as_raw_fd(), events.as_mut_ptr(), 16, 0)
             };
             if n < 16 {
                 break;
@@ -426,6 +596,49 @@ impl Intake {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ring_in_memory_hands_on_every_record_in_order_across_its_end() {
+        let page = 4096u64;
+        let (mut intake, mut writers) = Intake::in_memory(2, page).unwrap();
+        let header = |seq: u64, tid: u32| EventHeader {
+            seq,
+            tid,
+            pid: 1,
+            kind: SledKind::Entry as u8,
+            ..EventHeader::default()
+        };
+        let mut next = [0u64; 2];
+        let mut seen = Vec::new();
+        // 56-byte records in a 4 KiB ring: it wraps around its end many times, records
+        // straddling it, and fills up (the writer refuses) before each drain.
+        for _ in 0..50 {
+            for (i, writer) in writers.iter_mut().enumerate() {
+                let mut written = 0;
+                while writer.write(&record(header(next[i], i as u32), &[])) {
+                    next[i] += 1;
+                    written += 1;
+                }
+                // As many as fit in 4096 bytes, wherever the ring's positions are.
+                assert_eq!(written, 4096 / 56);
+                writer.publish();
+            }
+            let (count, emptied) = intake.drain_some(u64::MAX, |e| {
+                seen.push((e.header.tid, e.header.seq));
+            });
+            assert!(emptied);
+            assert_eq!(count, 2 * 73);
+        }
+        for tid in 0..2u32 {
+            let seqs: Vec<u64> = seen
+                .iter()
+                .filter(|(t, _)| *t == tid)
+                .map(|&(_, s)| s)
+                .collect();
+            assert_eq!(seqs, (0..next[tid as usize]).collect::<Vec<_>>());
+        }
+        assert_eq!(intake.malformed(), 0);
+    }
 
     fn record(header: EventHeader, body: &[u8]) -> Vec<u8> {
         let mut v = vec![0u8; EventHeader::SIZE];

@@ -13,6 +13,7 @@ mod calls;
 mod cxx_pid;
 mod cxx_suite;
 mod daemon;
+mod pipeline;
 mod report;
 mod service;
 mod support;
@@ -54,6 +55,10 @@ const SECTIONS: &[Section] = &[
     Section {
         name: "daemon",
         run: daemon::run,
+    },
+    Section {
+        name: "pipeline",
+        run: pipeline::run,
     },
     Section {
         name: "cxx_suite",
