@@ -6,9 +6,10 @@
 //! to another of the `--rings` rings now and then, so that a thread's events arrive out of
 //! order across rings as they do from the kernel. A ring that is full loses the event, as the
 //! kernel's does: the thread's next written event says how many came before it. Each round
-//! writes `--round` events of each thread, then drains the rings through the same path
-//! `record` uses (intake → per-thread order → session → FDR files under `--out`); only the
-//! drains are timed (wall and this thread's CPU time).
+//! writes `--round` events of each thread, then drains the rings through the pipeline `record`
+//! and the service use (`EventPipeline`: intake, per-thread order) into a session writing FDR
+//! files under `--out`, as `record` does; only the drains are timed (wall and this thread's
+//! CPU time).
 //!
 //! At the end the session's own counts are checked against what was generated: every event
 //! written is recorded, every one lost is counted as lost. Prints one JSON object.
@@ -17,8 +18,8 @@ use profiler_common::{EventHeader, SledKind, ThreadState};
 use profiler_daemon::kernel::intake::{Intake, RingWriter};
 use profiler_daemon::plan::exits::ExitsChoice;
 use profiler_daemon::plan::objects::Executable;
-use profiler_daemon::session::order::Sequencer;
 use profiler_daemon::session::output::OutputDir;
+use profiler_daemon::session::pipeline::EventPipeline;
 use profiler_daemon::session::{IntakeLosses, Session};
 use std::time::{Duration, Instant};
 
@@ -155,8 +156,8 @@ fn main() -> Result<()> {
             reason: "pipeline benchmark".into(),
         },
     );
-    let (mut intake, mut writers) = Intake::in_memory(o.rings, o.ring_size)?;
-    let mut order = Sequencer::default();
+    let (intake, mut writers) = Intake::in_memory(o.rings, o.ring_size)?;
+    let mut events = EventPipeline::new(intake);
     let mut threads: Vec<Thread> = (0..o.threads)
         .map(|i| Thread {
             pid: 1000 + i % 4,
@@ -203,7 +204,7 @@ fn main() -> Result<()> {
         }
         writers.iter_mut().for_each(RingWriter::publish);
         let (start, start_cpu) = (Instant::now(), thread_cpu_time());
-        intake.drain(|event| order.push(event, &mut sink));
+        events.drain(u64::MAX, &mut sink);
         wall += start.elapsed();
         cpu += thread_cpu_time() - start_cpu;
         rounds += 1;
@@ -222,11 +223,11 @@ fn main() -> Result<()> {
         })
         .collect();
     let (start, start_cpu) = (Instant::now(), thread_cpu_time());
-    order.finish(&books, &mut sink);
+    events.finish(&books, &mut sink);
     let report = session.finish(IntakeLosses {
         unattributed_lost: 0,
         returns_before_tracing: 0,
-        malformed: intake.malformed() + order.stale(),
+        malformed: events.malformed(),
     })?;
     wall += start.elapsed();
     cpu += thread_cpu_time() - start_cpu;

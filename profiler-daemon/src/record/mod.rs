@@ -19,8 +19,8 @@ use crate::plan::exits::{ExitMode, ExitPolicy, Exits};
 use crate::plan::objects as planned;
 use crate::plan::select::FunctionFilter;
 use crate::repair::keeper as repair;
-use crate::session::order::Sequencer;
 use crate::session::output::OutputDir;
+use crate::session::pipeline::EventPipeline;
 use crate::session::summary::RepairsByThread;
 use crate::session::{IntakeLosses, Session};
 use crate::traced::launch::{self, ChildExit, HeldChild};
@@ -500,7 +500,7 @@ struct Probing {
 async fn record(
     cli: &RecordArgs,
     target: Target,
-    mut intake: Intake,
+    intake: Intake,
     mut books: KernelBooks,
     mut session: Session,
     mut probing: Probing,
@@ -579,15 +579,13 @@ async fn record(
     let mut last_flush = Instant::now();
     let mut last_stuck_check = Instant::now();
     let mut child_exit = None;
-    let mut order = Sequencer::default();
-    // Threads that exited with their buffer full, not ended yet (see the drain below).
-    let mut exited = Vec::new();
+    let mut events = EventPipeline::new(intake);
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = drain.tick() => {
-                intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| session.record(e, g)));
+                events.drain(DRAIN_BUDGET, &mut |e, g| session.record(e, g));
                 probing.tracer.show_kernel_log();
                 // The keeper lets the process go by itself (it exec'd a program that raised
                 // its privileges): it waits, the process held at its exec, for the session
@@ -597,16 +595,7 @@ async fn record(
                 }
                 if last_flush.elapsed() >= FLUSH_INTERVAL {
                     // Threads that exited with a full buffer: their books are in the table.
-                    // Their last events are in the buffers before their books are taken: they
-                    // are ended once a drain has emptied every buffer.
-                    exited.extend(books.take_exited());
-                    if !exited.is_empty() {
-                        let (_, emptied) = intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| session.record(e, g)));
-                        if emptied {
-                            order.end_threads(&exited, &mut |e, g| session.record(e, g));
-                            exited.clear();
-                        }
-                    }
+                    events.end_exited(books.take_exited(), DRAIN_BUDGET, &mut |e, g| session.record(e, g));
                     session.flush();
                     last_flush = Instant::now();
                 }
@@ -623,9 +612,9 @@ async fn record(
                     last_stuck_check = Instant::now();
                 }
             }
-            woken = intake.wakeup() => {
+            woken = events.wakeup() => {
                 woken?;
-                intake.drain_some(DRAIN_BUDGET, |event| order.push(event, &mut |e, g| session.record(e, g)));
+                events.drain(DRAIN_BUDGET, &mut |e, g| session.record(e, g));
             }
             _ = rescan.tick(), if probing.discovery.is_some() => {
                 if let Some(discovery) = &mut probing.discovery {
@@ -660,13 +649,11 @@ async fn record(
     if let Err(err) = probing.tracer.set_armed(false) {
         errln!("fdr-profiled: warning: {err:#}");
     }
-    intake.drain(|event| order.push(event, &mut |e, g| session.record(e, g)));
-    order.end_threads(&exited, &mut |e, g| session.record(e, g));
-    order.finish(&books.threads(), &mut |e, g| session.record(e, g));
+    events.finish(&books.threads(), &mut |e, g| session.record(e, g));
     let losses = IntakeLosses {
         unattributed_lost: books.unattributed_lost(),
         returns_before_tracing: books.counter(profiler_common::counter::RETURNS_BEFORE_TRACING),
-        malformed: intake.malformed() + order.stale(),
+        malformed: events.malformed(),
     };
     if let Some(repaired) = probing.repaired.take() {
         let unseen = books.counter(profiler_common::counter::PROCESSES_UNSEEN);

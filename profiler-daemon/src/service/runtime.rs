@@ -25,7 +25,7 @@ use crate::service::libraries;
 use crate::service::output::OutputRoot;
 use crate::service::retention::Retention;
 use crate::service::triggers::{Due, Triggers, Watch};
-use crate::session::order::Sequencer;
+use crate::session::pipeline::EventPipeline;
 use anyhow::{bail, Context as _, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -125,7 +125,6 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         tags: &mut tags,
         exporter,
         books,
-        exited: Vec::new(),
         retention,
         triggers: Triggers::new(),
         watched: HashMap::new(),
@@ -154,9 +153,6 @@ struct Service<'a> {
     exporter: Option<Exporter>,
     /// The kernel side's loss accounts.
     books: KernelBooks,
-    /// Threads that ended with their buffer full (their end record lost), taken from the
-    /// kernel's books and not ended yet: their last events may still be in the buffers.
-    exited: Vec<(u32, profiler_common::ThreadState)>,
     /// The output root held open, with the configuration's limits: where snapshots go, and
     /// segments of targets attached from now on.
     retention: Retention,
@@ -198,11 +194,10 @@ fn look_at_processes(svc: &mut Service<'_>, router: &mut Router, rescan: bool) {
     }
 }
 
-/// The path of events, from the kernel's rings to the targets: each thread's events put in
-/// program order and routed to their binary.
+/// The path of events, from the kernel's rings to the targets: the pipeline `record` uses,
+/// each thread's events routed to their binary.
 struct Pipeline {
-    intake: Intake,
-    order: Sequencer,
+    events: EventPipeline,
     router: Router,
 }
 
@@ -210,23 +205,23 @@ impl Pipeline {
     /// Drains at most `budget` records of each ring (every one with `u64::MAX`); whether
     /// every ring was emptied.
     fn drain(&mut self, targets: &mut [Target], triggers: &mut Triggers, budget: u64) -> bool {
-        let (order, router) = (&mut self.order, &mut self.router);
-        let (_, emptied) = self.intake.drain_some(budget, |event| {
-            order.push(event, &mut |e, g| router.route(targets, triggers, e, g))
-        });
-        emptied
+        let router = &mut self.router;
+        self.events
+            .drain(budget, &mut |e, g| router.route(targets, triggers, e, g))
     }
 
-    /// Ends the threads whose kernel-side books are `books` (see `Sequencer::end_threads`).
-    fn end_threads(
+    /// Ends the threads that exited with their ring full (`exited`, their books just taken),
+    /// once a drain has emptied every ring (see `EventPipeline::end_exited`).
+    fn end_exited(
         &mut self,
-        books: &[(u32, profiler_common::ThreadState)],
+        exited: Vec<(u32, profiler_common::ThreadState)>,
         targets: &mut [Target],
         triggers: &mut Triggers,
     ) {
         let router = &mut self.router;
-        self.order
-            .end_threads(books, &mut |e, g| router.route(targets, triggers, e, g));
+        self.events.end_exited(exited, DRAIN_BUDGET, &mut |e, g| {
+            router.route(targets, triggers, e, g)
+        });
     }
 }
 
@@ -310,8 +305,7 @@ async fn serve(
     let mut rescan = tokio::time::interval(libraries::RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut events = Pipeline {
-        intake,
-        order: Sequencer::default(),
+        events: EventPipeline::new(intake),
         router: Router::new(svc.targets),
     };
     sync_triggers(svc);
@@ -341,7 +335,7 @@ async fn serve(
                     last_snapshot = Some(dir);
                 }
             }
-            woken = events.intake.wakeup() => {
+            woken = events.events.wakeup() => {
                 woken?;
                 events.drain(svc.targets, &mut svc.triggers, DRAIN_BUDGET);
                 look_at_processes(svc, &mut events.router, false);
@@ -401,16 +395,9 @@ async fn serve(
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
             }
             _ = status.tick() => {
-                // Threads that ended with a full buffer: ended once a drain has emptied every
-                // buffer (their last events are in them before their books are taken), so
-                // that their trailing losses are counted in them.
-                svc.exited.extend(svc.books.take_exited());
-                if !svc.exited.is_empty()
-                    && events.drain(svc.targets, &mut svc.triggers, DRAIN_BUDGET)
-                {
-                    let exited = std::mem::take(&mut svc.exited);
-                    events.end_threads(&exited, svc.targets, &mut svc.triggers);
-                }
+                // Threads that ended with a full buffer: their trailing losses are counted in
+                // them.
+                events.end_exited(svc.books.take_exited(), svc.targets, &mut svc.triggers);
                 for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                     if let Some(segments) = &mut w.segments {
                         segments.tick();
@@ -512,13 +499,10 @@ fn stop(svc: &mut Service<'_>, events: &mut Pipeline) {
     if let Err(err) = svc.tracer.set_armed(false) {
         tracing::warn!("{err:#}");
     }
-    events.drain(svc.targets, &mut svc.triggers, u64::MAX);
-    // Threads whose end record was lost, and the live threads' losses at their very end.
-    svc.exited.extend(svc.books.take_exited());
-    let exited = std::mem::take(&mut svc.exited);
-    events.end_threads(&exited, svc.targets, &mut svc.triggers);
+    // Every event in, threads whose end record was lost ended, and the live threads' losses
+    // at their very end.
     let (router, triggers, targets) = (&mut events.router, &mut svc.triggers, &mut *svc.targets);
-    events.order.finish(&svc.books.threads(), &mut |e, g| {
+    events.events.finish(&svc.books.threads(), &mut |e, g| {
         router.route(targets, triggers, e, g)
     });
     // Snapshots due and not written yet (crashes seen), written now.

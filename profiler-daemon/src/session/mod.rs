@@ -11,6 +11,7 @@
 pub mod flight;
 pub mod order;
 pub mod output;
+pub mod pipeline;
 pub mod summary;
 #[cfg(test)]
 mod tests;
