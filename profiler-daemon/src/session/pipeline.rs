@@ -83,3 +83,71 @@ impl EventPipeline {
         self.intake.malformed() + self.order.stale()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::intake::RingWriter;
+    use profiler_common::{event_kind, EventHeader, SledKind};
+
+    fn write(ring: &mut RingWriter, tid: u32, seq: u64) {
+        let header = EventHeader {
+            seq,
+            tid,
+            pid: 1,
+            kind: SledKind::Entry as u8,
+            ..EventHeader::default()
+        };
+        let mut bytes = [0u8; EventHeader::SIZE];
+        // SAFETY: EventHeader is plain old data of exactly SIZE bytes.
+        unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast::<EventHeader>(), header) };
+        assert!(ring.write(&bytes));
+    }
+
+    fn books(tid: u32, seq: u64, gap_lost: u32) -> (u32, ThreadState) {
+        // SAFETY: plain old data; all zeros is a valid value.
+        let mut state: ThreadState = unsafe { std::mem::zeroed() };
+        state.seq = seq;
+        state.gap_lost = gap_lost;
+        state.tid = tid;
+        (tid, state)
+    }
+
+    #[test]
+    fn threads_come_out_in_order_and_end_with_their_trailing_losses() {
+        let (intake, mut rings) = Intake::in_memory(2, 4096).unwrap();
+        let mut pipeline = EventPipeline::new(intake);
+        let mut out: Vec<(u32, u64, u8, Option<u64>)> = Vec::new();
+        let mut sink = |e: &mut Event, g: Option<Gap>| {
+            out.push((e.header.tid, e.header.seq, e.header.kind, g.map(|g| g.lost)))
+        };
+        // Thread 1 moved from ring 1 to ring 0 (read first); thread 2 stays on ring 1.
+        write(&mut rings[0], 1, 2);
+        write(&mut rings[1], 1, 0);
+        write(&mut rings[1], 1, 1);
+        write(&mut rings[1], 2, 0);
+        rings.iter_mut().for_each(RingWriter::publish);
+        // Thread 1 exited with its ring full: 3 events lost after its last one (seq 2). Its
+        // books are taken before the drain that empties the rings: ended after its events.
+        pipeline.end_exited(vec![books(1, 6, 3)], u64::MAX, &mut sink);
+        write(&mut rings[1], 2, 1);
+        rings[1].publish();
+        // The end: thread 2 is live, and lost its last 2 events.
+        pipeline.finish(&[books(2, 4, 2)], &mut sink);
+        let exit = event_kind::THREAD_EXIT;
+        let entry = SledKind::Entry as u8;
+        assert_eq!(
+            out,
+            vec![
+                (1, 0, entry, None),
+                (1, 1, entry, None),
+                (1, 2, entry, None),
+                (2, 0, entry, None),
+                (1, 6, exit, Some(3)),
+                (2, 1, entry, None),
+                (2, 4, exit, Some(2)),
+            ]
+        );
+        assert_eq!(pipeline.malformed(), 0);
+    }
+}
