@@ -367,6 +367,7 @@ async fn serve(
                             router: &events.router,
                             triggers: &svc.triggers,
                             unattributed: svc.books.unattributed_lost(),
+                            malformed: events.events.malformed(),
                             rate,
                             last_snapshot: last_snapshot.as_deref(),
                             exporter: svc.exporter.as_ref(),
@@ -412,7 +413,9 @@ async fn serve(
                     rate = (events.router.events - seen) as f64 / at.elapsed().as_secs_f64();
                     last_status = (std::time::Instant::now(), events.router.events);
                 }
-                let text = status_line(svc.targets, &events.router, svc.books.unattributed_lost(), rate);
+                // Records that could not be read count among the losses.
+                let lost_elsewhere = svc.books.unattributed_lost() + events.events.malformed();
+                let text = status_line(svc.targets, &events.router, lost_elsewhere, rate);
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&text)]);
                 statuses = statuses.wrapping_add(1);
                 if statuses.is_multiple_of(LOOK_AT_TARGETS_EVERY)

@@ -19,6 +19,8 @@ pub(super) struct View<'a> {
     pub triggers: &'a Triggers,
     /// Events the kernel lost that belong to no thread.
     pub unattributed: u64,
+    /// Records that could not be decoded or numbered (never expected; counted as lost).
+    pub malformed: u64,
     /// Events per second over the last status period.
     pub rate: f64,
     pub last_snapshot: Option<&'a Path>,
@@ -26,10 +28,12 @@ pub(super) struct View<'a> {
 }
 
 /// The `STATUS=` line: targets, events, what the recorders hold, losses.
+/// `lost_elsewhere`: events lost that no thread's count has (the kernel's unattributed
+/// losses, records that could not be read).
 pub(super) fn status_line(
     targets: &[Target],
     router: &Router,
-    unattributed: u64,
+    lost_elsewhere: u64,
     rate: f64,
 ) -> String {
     let binaries: usize = targets.iter().map(|t| t.binaries.len()).sum();
@@ -45,7 +49,7 @@ pub(super) fn status_line(
         targets.len(),
         router.events,
         bytes as f64 / f64::from(1 << 20),
-        router.lost + router.unrouted + unattributed,
+        router.lost + router.unrouted + lost_elsewhere,
         not_written(targets),
         targets
             .iter()
@@ -75,6 +79,7 @@ pub(super) fn status_json(view: &View<'_>) -> serde_json::Value {
         router,
         triggers,
         unattributed,
+        malformed,
         rate,
         last_snapshot,
         exporter,
@@ -145,7 +150,8 @@ pub(super) fn status_json(view: &View<'_>) -> serde_json::Value {
         "output_refusals": retention.root().refusals(),
         "events": router.events,
         "events_per_second": rate.round() as u64,
-        "lost": router.lost + router.unrouted + unattributed,
+        "lost": router.lost + router.unrouted + unattributed + malformed,
+        "events_malformed": malformed,
         "not_written": not_written,
         "snapshots_not_written": snapshots_not_written,
         "disk_used": disk_used,

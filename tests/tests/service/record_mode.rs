@@ -128,6 +128,7 @@ fn processes_started_at_any_moment_after_ready_are_recorded_whole() {
         runs.len()
     );
     assert_eq!(json["lost"], 0, "{json}");
+    assert_eq!(json["events_malformed"], 0, "{json}");
     service.signal(libc::SIGTERM);
     let done = service.finish(TIMEOUT);
     assert!(done.status.success(), "{}", done.stderr);
