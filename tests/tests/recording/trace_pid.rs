@@ -49,7 +49,7 @@ fn busy_process_by_pid_is_recorded_only_while_every_probe_is_in_place() {
     let fixture = tests::run::spawn_fixture(
         "calls",
         &bin,
-        &["--threads", "2", "--seconds", "6", "--quiet"],
+        &["--threads", "2", "--seconds", "10", "--quiet"],
     );
     std::thread::sleep(Duration::from_millis(500));
     let tracer = tests::run::start_pid(
