@@ -62,6 +62,15 @@ struct Shared {
     entered: Mutex<Option<aya::maps::HashMap<aya::maps::MapData, u32, u8>>>,
 }
 
+impl Shared {
+    /// Forgets process `pid`: not held, not to be taken any more (it ended, or was let go
+    /// unclaimed).
+    fn forget(&self, pid: u32) {
+        self.held.lock().unwrap().retain(|(_, p, _)| *p != pid);
+        self.holding.lock().unwrap().remove(&pid);
+    }
+}
+
 enum Command {
     /// Let this process go, then answer.
     LetGo(u32, mpsc::Sender<()>),
@@ -319,8 +328,7 @@ fn hold_loop(
         // learns of its end once its tracer has waited for it.
         holding.retain(|&pid, _| {
             if reap(pid) {
-                shared.held.lock().unwrap().retain(|(_, p, _)| *p != pid);
-                shared.holding.lock().unwrap().remove(&pid);
+                shared.forget(pid);
                 false
             } else {
                 true
@@ -334,8 +342,7 @@ fn hold_loop(
         for pid in expired {
             if let Some(held) = holding.remove(&pid) {
                 release(&held);
-                shared.held.lock().unwrap().retain(|(_, p, _)| *p != pid);
-                shared.holding.lock().unwrap().remove(&pid);
+                shared.forget(pid);
                 shared.counts.lock().unwrap().1 += 1;
             }
         }
@@ -388,29 +395,22 @@ fn detach_running(tid: u32, signal: i32) {
     super::ptrace::request(libc::PTRACE_INTERRUPT, tid, 0);
     let deadline = Instant::now() + Duration::from_millis(100);
     while Instant::now() < deadline {
-        let mut status = 0;
-        // SAFETY: valid pointer to an int; `tid` is a tracee of this thread.
-        let r = unsafe {
-            libc::waitpid(
-                tid as libc::pid_t,
-                &mut status,
-                libc::WNOHANG | libc::__WALL,
-            )
-        };
-        if r == tid as libc::pid_t {
-            if libc::WIFSTOPPED(status) {
-                // A signal's delivery stop hands that signal on; the interrupt's, the one kept.
-                let stop = libc::WSTOPSIG(status);
-                let event = status >> 16 != 0 || stop == (libc::SIGTRAP | 0x80);
-                let deliver = if event { signal } else { stop };
-                super::ptrace::request(libc::PTRACE_DETACH, tid, deliver);
+        match super::ptrace::try_wait(tid) {
+            Ok(Some(status)) => {
+                if libc::WIFSTOPPED(status) {
+                    // A signal's delivery stop hands that signal on; the interrupt's, the one
+                    // kept.
+                    let deliver = match super::ptrace::signal_of_stop(status) {
+                        0 => signal,
+                        stop => stop,
+                    };
+                    super::ptrace::request(libc::PTRACE_DETACH, tid, deliver);
+                }
+                return;
             }
-            return;
+            Ok(None) => std::thread::sleep(Duration::from_micros(200)),
+            Err(_) => return,
         }
-        if r < 0 {
-            return;
-        }
-        std::thread::sleep(Duration::from_micros(200));
     }
 }
 
@@ -418,20 +418,12 @@ fn detach_running(tid: u32, signal: i32) {
 /// zombie, unseen by its parent, until its tracer waits for it (the kernel then tells the
 /// parent). Does not wait.
 fn reap(pid: u32) -> bool {
-    let mut status = 0;
-    // SAFETY: valid pointer to an int; `pid` is a tracee of this thread (or gone).
-    let r = unsafe {
-        libc::waitpid(
-            pid as libc::pid_t,
-            &mut status,
-            libc::WNOHANG | libc::__WALL,
-        )
-    };
-    if r == pid as libc::pid_t {
-        return libc::WIFEXITED(status) || libc::WIFSIGNALED(status);
+    match super::ptrace::try_wait(pid) {
+        Ok(Some(status)) => libc::WIFEXITED(status) || libc::WIFSIGNALED(status),
+        Ok(None) => false,
+        // Not ours any more (reaped, detached): gone as far as this thread is concerned.
+        Err(err) => err.raw_os_error() == Some(libc::ECHILD),
     }
-    // Not ours any more (reaped, detached): gone as far as this thread is concerned.
-    r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD)
 }
 
 #[cfg(test)]

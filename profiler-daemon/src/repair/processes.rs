@@ -221,7 +221,7 @@ impl RepairedProcesses {
         // Those held first: a process held reaches its entry point once traced, and is named
         // there too (`trace` then has nothing to do).
         for (pid, late) in hold.as_ref().map(|h| h.held(self.tag)).unwrap_or_default() {
-            if self.loader_image(pid).is_none() {
+            let Some(image) = self.loader_image(pid) else {
                 // Where its loader will find its libraries is not known (`LD_AUDIT`, or its
                 // environment unreadable): traced once it has mapped them, from its entry
                 // point, counted late.
@@ -229,13 +229,13 @@ impl RepairedProcesses {
                     hold.let_go(pid);
                 }
                 continue;
-            }
+            };
             let found = if late {
                 Found::AtExecLate
             } else {
                 Found::AtExec
             };
-            done.push((pid, self.trace(pid, tracer, found)));
+            done.push((pid, self.trace_as(pid, tracer, found, Some(image))));
         }
         for &pid in started {
             if self.recent.contains(&pid) {
@@ -323,11 +323,21 @@ impl RepairedProcesses {
     /// sleds. `None` when it is traced already; an error (nothing of it placed, counted) when
     /// it cannot be.
     pub fn trace(&mut self, pid: u32, tracer: &mut Tracer, found: Found) -> Result<Option<Traced>> {
+        self.trace_as(pid, tracer, found, None)
+    }
+
+    /// [`RepairedProcesses::trace`]; `held_image`, for a process held at its exec: the objects
+    /// its loader will map ([`RepairedProcesses::loader_image`]).
+    fn trace_as(
+        &mut self,
+        pid: u32,
+        tracer: &mut Tracer,
+        found: Found,
+        held_image: Option<Vec<PathBuf>>,
+    ) -> Result<Option<Traced>> {
         let hold = self.hold.as_ref().ok().cloned();
-        let held = hold
-            .as_deref()
-            .filter(|_| matches!(found, Found::AtExec | Found::AtExecLate));
-        let traced = self.place(pid, tracer, held, found);
+        let held = hold.as_deref().filter(|_| held_image.is_some());
+        let traced = self.place(pid, tracer, held, held_image, found);
         if let Some(hold) = held {
             // Whatever happened, it is not held any more (a no-op when its keeper has it).
             hold.let_go(pid);
@@ -335,10 +345,7 @@ impl RepairedProcesses {
         match &traced {
             Ok(Some(traced)) => {
                 self.traced += 1;
-                if self.recent.len() == RECENT_KEPT {
-                    self.recent.pop_front();
-                }
-                self.recent.push_back(pid);
+                self.remember(pid);
                 match traced.found {
                     Found::AtExec => self.traced_at_exec += 1,
                     Found::AtEntry | Found::AtExecLate => self.traced_late += 1,
@@ -349,10 +356,7 @@ impl RepairedProcesses {
             Err(err) => {
                 if held.is_some() {
                     // Named at its entry point too, maybe: said once.
-                    if self.recent.len() == RECENT_KEPT {
-                        self.recent.pop_front();
-                    }
-                    self.recent.push_back(pid);
+                    self.remember(pid);
                 }
                 self.not_traced += 1;
                 if self.not_traced_latest.len() == NOT_TRACED_KEPT {
@@ -362,6 +366,14 @@ impl RepairedProcesses {
             }
         }
         traced
+    }
+
+    /// Keeps `pid` among the latest processes traced (see [`RepairedProcesses::recent`]).
+    fn remember(&mut self, pid: u32) {
+        if self.recent.len() == RECENT_KEPT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(pid);
     }
 
     /// The objects process `pid`, held at its exec, will map from its start: the executable's
@@ -401,6 +413,7 @@ impl RepairedProcesses {
         pid: u32,
         tracer: &mut Tracer,
         held: Option<&ExecHold>,
+        held_image: Option<Vec<PathBuf>>,
         mut found: Found,
     ) -> Result<Option<Traced>> {
         if self.live.iter().any(|p| p.pid == pid) {
@@ -413,10 +426,8 @@ impl RepairedProcesses {
         }
         // Held at its exec, it has mapped none of its libraries yet: their probes go in by
         // path, and the kernel places them when it maps them.
-        let image: Vec<PathBuf> = match held {
-            Some(_) => self
-                .loader_image(pid)
-                .context("its environment could not be read")?,
+        let image: Vec<PathBuf> = match held_image {
+            Some(image) => image,
             None => crate::plan::exits::mapped_image(pid),
         };
         drop(tracer.take_attachment());

@@ -375,16 +375,44 @@ pub(super) fn stop_all(threads: &[u32]) -> Vec<(u32, i32)> {
                 break;
             }
             if libc::WIFSTOPPED(status) {
-                let signal = libc::WSTOPSIG(status);
-                // A stop of ptrace's own (the interrupt, an event) delivers nothing; any other
-                // is a signal's delivery stop, and the signal is the program's.
-                let event = status >> 16 != 0 || signal == (libc::SIGTRAP | 0x80);
-                stopped.push((tid, if event { 0 } else { signal }));
+                stopped.push((tid, signal_of_stop(status)));
             }
             break;
         }
     }
     stopped
+}
+
+/// The signal a thread in the stop `status` (from `waitpid`) is to be resumed with: a stop of
+/// ptrace's own (an interrupt, an event) delivers nothing (0); any other is a signal's
+/// delivery stop, and the signal is the program's.
+pub(super) fn signal_of_stop(status: i32) -> i32 {
+    let signal = libc::WSTOPSIG(status);
+    let event = status >> 16 != 0 || signal == (libc::SIGTRAP | 0x80);
+    if event {
+        0
+    } else {
+        signal
+    }
+}
+
+/// `waitpid` on tracee `tid` without waiting: its new state (`Some(status)`), `None` while it
+/// has none; an error when it is no tracee (or child) of this thread's any more.
+pub(super) fn try_wait(tid: u32) -> std::io::Result<Option<i32>> {
+    let mut status = 0;
+    // SAFETY: valid pointer to an int.
+    let r = unsafe {
+        libc::waitpid(
+            tid as libc::pid_t,
+            &mut status,
+            libc::WNOHANG | libc::__WALL,
+        )
+    };
+    match r {
+        r if r < 0 => Err(std::io::Error::last_os_error()),
+        0 => Ok(None),
+        _ => Ok(Some(status)),
+    }
 }
 
 /// Resumes the threads [`stop_all`] stopped, each with its signal.
