@@ -207,6 +207,15 @@ impl EventHeader {
         Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const EventHeader) })
     }
 
+    /// The header as a ring-buffer record holds it ([`EventHeader::from_bytes`] reads it back):
+    /// what tests and the in-memory pipeline benchmark write in the kernel's place.
+    pub fn to_bytes(&self) -> [u8; Self::SIZE] {
+        let mut bytes = [0u8; Self::SIZE];
+        // SAFETY: EventHeader is plain old data of exactly SIZE bytes.
+        unsafe { core::ptr::write_unaligned(bytes.as_mut_ptr() as *mut EventHeader, *self) };
+        bytes
+    }
+
     /// Number of u64 arguments that follow the header of an entry event.
     pub const fn nargs(&self) -> usize {
         self.payload_len as usize / 8

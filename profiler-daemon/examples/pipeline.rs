@@ -122,13 +122,6 @@ impl Thread {
     }
 }
 
-fn header_bytes(header: &EventHeader) -> [u8; EventHeader::SIZE] {
-    let mut bytes = [0u8; EventHeader::SIZE];
-    // SAFETY: EventHeader is plain old data of exactly SIZE bytes.
-    unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast::<EventHeader>(), *header) };
-    bytes
-}
-
 fn thread_cpu_time() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -189,7 +182,7 @@ fn main() -> Result<()> {
                     ts_ns += 7;
                     let header = thread.next_event(ts_ns);
                     generated += 1;
-                    if writers[thread.cpu].write(&header_bytes(&header)) {
+                    if writers[thread.cpu].write(&header.to_bytes()) {
                         thread.gap = 0;
                         written += 1;
                     } else {
@@ -213,12 +206,13 @@ fn main() -> Result<()> {
     let books: Vec<(u32, ThreadState)> = threads
         .iter()
         .map(|t| {
-            // SAFETY: ThreadState is plain old data; all zeros is a valid value.
-            let mut state: ThreadState = unsafe { std::mem::zeroed() };
-            state.seq = t.seq;
-            state.gap_lost = t.gap;
-            state.tid = t.tid;
-            state.pid = t.pid;
+            let state = ThreadState {
+                seq: t.seq,
+                gap_lost: t.gap,
+                tid: t.tid,
+                pid: t.pid,
+                ..ThreadState::default()
+            };
             (t.tid, state)
         })
         .collect();

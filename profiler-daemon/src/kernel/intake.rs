@@ -530,14 +530,8 @@ impl Intake {
         ))
     }
 
-    /// Hands every event in the buffers to `sink`, buffer by buffer, until they are empty.
-    /// Returns how many events were read. Use it once the programs are disarmed (nothing new
-    /// comes in); while they record, [`Intake::drain_some`] gives the event loop its turn.
-    pub fn drain(&mut self, sink: impl FnMut(&mut Event)) -> u64 {
-        self.drain_some(u64::MAX, sink).0
-    }
-
-    /// Like [`Intake::drain`], but at most `per_ring` events from each buffer: when the
+    /// Hands the events in the buffers to `sink`, buffer by buffer, at most `per_ring` from
+    /// each (`u64::MAX`: until they are empty, once the programs are disarmed): when the
     /// programs write faster than the daemon reads (a slow build, a loaded machine), draining
     /// until empty would never end, and the event loop would never see a signal or a deadline.
     /// Returns how many events were read, and whether every buffer was emptied. The sink gets
@@ -641,9 +635,7 @@ mod tests {
     }
 
     fn record(header: EventHeader, body: &[u8]) -> Vec<u8> {
-        let mut v = vec![0u8; EventHeader::SIZE];
-        // SAFETY: v has room for a header; plain data.
-        unsafe { core::ptr::write_unaligned(v.as_mut_ptr() as *mut EventHeader, header) };
+        let mut v = header.to_bytes().to_vec();
         v.extend_from_slice(body);
         v
     }

@@ -98,18 +98,16 @@ mod tests {
             kind: SledKind::Entry as u8,
             ..EventHeader::default()
         };
-        let mut bytes = [0u8; EventHeader::SIZE];
-        // SAFETY: EventHeader is plain old data of exactly SIZE bytes.
-        unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast::<EventHeader>(), header) };
-        assert!(ring.write(&bytes));
+        assert!(ring.write(&header.to_bytes()));
     }
 
     fn books(tid: u32, seq: u64, gap_lost: u32) -> (u32, ThreadState) {
-        // SAFETY: plain old data; all zeros is a valid value.
-        let mut state: ThreadState = unsafe { std::mem::zeroed() };
-        state.seq = seq;
-        state.gap_lost = gap_lost;
-        state.tid = tid;
+        let state = ThreadState {
+            seq,
+            gap_lost,
+            tid,
+            ..ThreadState::default()
+        };
         (tid, state)
     }
 
