@@ -207,6 +207,18 @@ impl EventHeader {
         Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const EventHeader) })
     }
 
+    /// The thread id of the record `bytes` (as [`EventHeader::from_bytes`] would read it),
+    /// without reading the rest; `None` if the record is too short.
+    #[inline]
+    pub fn tid_of(bytes: &[u8]) -> Option<u32> {
+        const AT: usize = core::mem::offset_of!(EventHeader, tid);
+        if bytes.len() < Self::SIZE {
+            return None;
+        }
+        let tid: [u8; 4] = bytes[AT..AT + 4].try_into().ok()?;
+        Some(u32::from_ne_bytes(tid))
+    }
+
     /// The header as a ring-buffer record holds it ([`EventHeader::from_bytes`] reads it back):
     /// what tests and the in-memory pipeline benchmark write in the kernel's place.
     pub fn to_bytes(&self) -> [u8; Self::SIZE] {

@@ -11,6 +11,11 @@
 //! files under `--out`, as `record` does; only the drains are timed (wall and this thread's
 //! CPU time).
 //!
+//! `--workers N` runs the parallel pipeline `record` uses (`ParallelPipeline`: N workers, the
+//! calling thread one of them); `--workers 0` the single-threaded `EventPipeline` the service
+//! uses, the path every drain took before the parallel one. CPU time is the whole process's
+//! during the drains (the generating thread waits meanwhile).
+//!
 //! At the end the session's own counts are checked against what was generated: every event
 //! written is recorded, every one lost is counted as lost. Prints one JSON object.
 use anyhow::{bail, Context as _, Result};
@@ -19,6 +24,7 @@ use profiler_daemon::kernel::intake::{Intake, RingWriter};
 use profiler_daemon::plan::exits::ExitsChoice;
 use profiler_daemon::plan::objects::Executable;
 use profiler_daemon::session::output::OutputDir;
+use profiler_daemon::session::pipeline::parallel::ParallelPipeline;
 use profiler_daemon::session::pipeline::EventPipeline;
 use profiler_daemon::session::{IntakeLosses, Session};
 use std::time::{Duration, Instant};
@@ -30,6 +36,8 @@ struct Options {
     ring_size: u64,
     /// Events each thread writes between two drains.
     round: u64,
+    /// 0: the single-threaded pipeline.
+    workers: usize,
     out: std::path::PathBuf,
 }
 
@@ -40,6 +48,7 @@ fn options() -> Result<Options> {
         events: 40_000_000,
         ring_size: 8 << 20,
         round: 25_000,
+        workers: 1,
         out: std::env::temp_dir().join("fdr-pipeline-bench"),
     };
     let mut args = std::env::args().skip(1);
@@ -51,6 +60,7 @@ fn options() -> Result<Options> {
             "--events" => o.events = value()?.parse()?,
             "--ring-size" => o.ring_size = value()?.parse()?,
             "--round" => o.round = value()?.parse()?,
+            "--workers" => o.workers = value()?.parse()?,
             "--out" => o.out = value()?.into(),
             other => bail!("unknown argument {other:?}"),
         }
@@ -122,13 +132,13 @@ impl Thread {
     }
 }
 
-fn thread_cpu_time() -> Duration {
+fn process_cpu_time() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
@@ -150,7 +160,11 @@ fn main() -> Result<()> {
         },
     );
     let (intake, mut writers) = Intake::in_memory(o.rings, o.ring_size)?;
-    let mut events = EventPipeline::new(intake);
+    let mut pipeline = if o.workers == 0 {
+        Pipeline::One(EventPipeline::new(intake))
+    } else {
+        Pipeline::Parallel(ParallelPipeline::new(intake, session.parts(o.workers))?)
+    };
     let mut threads: Vec<Thread> = (0..o.threads)
         .map(|i| Thread {
             pid: 1000 + i % 4,
@@ -170,7 +184,6 @@ fn main() -> Result<()> {
     let mut ts_ns = 1_000_000u64;
     let (mut wall, mut cpu) = (Duration::ZERO, Duration::ZERO);
     let mut rounds = 0u32;
-    let mut sink = |e: &mut _, g| session.record(e, g);
     while generated < o.events {
         let round_end = (generated + per_round).min(o.events);
         'fill: loop {
@@ -196,10 +209,17 @@ fn main() -> Result<()> {
             }
         }
         writers.iter_mut().for_each(RingWriter::publish);
-        let (start, start_cpu) = (Instant::now(), thread_cpu_time());
-        events.drain(u64::MAX, &mut sink);
+        let (start, start_cpu) = (Instant::now(), process_cpu_time());
+        match &mut pipeline {
+            Pipeline::One(events) => {
+                events.drain(u64::MAX, &mut |e, g| session.record(e, g));
+            }
+            Pipeline::Parallel(events) => {
+                events.drain(u64::MAX);
+            }
+        }
         wall += start.elapsed();
-        cpu += thread_cpu_time() - start_cpu;
+        cpu += process_cpu_time() - start_cpu;
         rounds += 1;
     }
     // The end, as `record` ends: every thread's books (its trailing losses) close it.
@@ -216,15 +236,25 @@ fn main() -> Result<()> {
             (t.tid, state)
         })
         .collect();
-    let (start, start_cpu) = (Instant::now(), thread_cpu_time());
-    events.finish(&books, &mut sink);
+    let (start, start_cpu) = (Instant::now(), process_cpu_time());
+    let malformed = match &mut pipeline {
+        Pipeline::One(events) => {
+            events.finish(&books, &mut |e, g| session.record(e, g));
+            events.malformed()
+        }
+        Pipeline::Parallel(events) => {
+            events.finish(&books);
+            events.malformed()
+        }
+    };
+    drop(pipeline);
     let report = session.finish(IntakeLosses {
         unattributed_lost: 0,
         returns_before_tracing: 0,
-        malformed: events.malformed(),
+        malformed,
     })?;
     wall += start.elapsed();
-    cpu += thread_cpu_time() - start_cpu;
+    cpu += process_cpu_time() - start_cpu;
     if report.events != written || report.events_lost != lost || report.events_malformed != 0 {
         bail!(
             "the session counted {} events, {} lost, {} malformed; generated {written} written, {lost} lost",
@@ -242,6 +272,7 @@ fn main() -> Result<()> {
             "rings": o.rings,
             "ring_size": o.ring_size,
             "round": o.round,
+            "workers": o.workers,
             "rounds": rounds,
             "events": written,
             "lost": lost,
@@ -253,6 +284,11 @@ fn main() -> Result<()> {
         })
     );
     Ok(())
+}
+
+enum Pipeline {
+    One(EventPipeline),
+    Parallel(ParallelPipeline<profiler_daemon::session::ThreadFiles>),
 }
 
 fn walk_size(dir: &std::path::Path) -> u64 {

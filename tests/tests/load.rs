@@ -1,4 +1,4 @@
-//! End to end: load (issue 18, item 4). 64 busy threads calling as fast as they can while
+//! End to end: load (issue 18, item 4; three pipeline workers, issue 29). 64 busy threads calling as fast as they can while
 //! 1,000 short-lived threads start, call and end beside them (`calls.c --threads 64
 //! --short-threads 1000`), on this machine's few CPUs, traced by the release daemon:
 //! - it does not crash, and ends with the program (status 0);
@@ -33,7 +33,9 @@ fn a_thousand_short_threads_beside_64_busy_ones() {
         &release_daemon(),
         "load",
         &calls_fixture(),
-        &["--no-report"],
+        // Three workers (more than this machine's CPUs by default): threads that start and end
+        // all the time, spread over them.
+        &["--no-report", "--workers", "3"],
         &[
             "--threads",
             BUSY,

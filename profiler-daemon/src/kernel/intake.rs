@@ -157,8 +157,11 @@ struct Ring {
 }
 
 // SAFETY: the pointers are to shared mappings owned by this value (unmapped in Drop), usable
-// from any thread; only `&mut self` methods read or move the consumer position.
+// from any thread; only `&mut self` methods move the consumer position, and the `&self` ones
+// only read (the records, and the positions through atomics).
 unsafe impl Send for Ring {}
+// SAFETY: see above: shared references only read.
+unsafe impl Sync for Ring {}
 
 impl Ring {
     fn new(map: RingBuf<MapData>) -> Result<Ring> {
@@ -234,11 +237,52 @@ impl Ring {
         unsafe { &*self.producer.cast::<AtomicU64>() }
     }
 
+    /// Bytes written and not read yet.
+    fn unread_bytes(&self) -> u64 {
+        let prod = self.producer_pos().load(Ordering::Acquire);
+        prod.saturating_sub(self.consumer_pos().load(Ordering::Relaxed))
+    }
+
     /// Hands at most `limit` records to `f`, in order; returns how many. Stops early at the
     /// first record still being written. Discarded records are skipped (not counted).
     #[inline]
-    fn read(&mut self, limit: u64, mut f: impl FnMut(&[u8])) -> u64 {
-        let mut cons = self.consumer_pos().load(Ordering::Relaxed);
+    fn read(&mut self, limit: u64, f: impl FnMut(&[u8])) -> u64 {
+        let cons = self.consumer_pos().load(Ordering::Relaxed);
+        let (cons, taken) = self.walk(cons, limit, f, true);
+        self.consumer_pos().store(cons, Ordering::Release);
+        // As aya does when it catches up: either a later look at the producer sees a record
+        // committed meanwhile, or its producer sees our position and can wake us.
+        fence(Ordering::SeqCst);
+        taken
+    }
+
+    /// Hands at most `limit` records from position `from` to `f`, in order, as
+    /// [`Ring::read`] does, but gives no space back: several readers may each walk the ring
+    /// from a position of their own (the parallel pipeline), the space going back once all
+    /// are past it ([`Ring::release`]). Returns the position reached and how many records.
+    #[inline]
+    fn scan(&self, from: u64, limit: u64, f: impl FnMut(&[u8])) -> (u64, u64) {
+        self.walk(from, limit, f, false)
+    }
+
+    /// Gives the space up to position `to` back to the programs.
+    fn release(&mut self, to: u64) {
+        if to > self.consumer_pos().load(Ordering::Relaxed) {
+            self.consumer_pos().store(to, Ordering::Release);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// [`Ring::read`] and [`Ring::scan`]: with `release`, the space read is given back every
+    /// [`RELEASE_EVERY`] records.
+    #[inline(always)]
+    fn walk(
+        &self,
+        mut cons: u64,
+        limit: u64,
+        mut f: impl FnMut(&[u8]),
+        release: bool,
+    ) -> (u64, u64) {
         // Pairs with the kernel's release store: the headers up to it are visible.
         let mut prod = self.producer_pos().load(Ordering::Acquire);
         let mut taken = 0;
@@ -265,7 +309,8 @@ impl Ring {
             }
             if header & BPF_RINGBUF_DISCARD_BIT == 0 {
                 // SAFETY: the record lies within the doubled data pages (offset < size and
-                // len <= size), and the kernel does not reuse it before we release it below.
+                // len <= size), and the kernel does not reuse it before the consumer position
+                // passes it.
                 let record = unsafe {
                     std::slice::from_raw_parts(
                         self.data.add(offset + BPF_RINGBUF_HDR_SZ as usize),
@@ -277,16 +322,12 @@ impl Ring {
             }
             cons += (u64::from(len) + BPF_RINGBUF_HDR_SZ + 7) & !7;
             unreleased += 1;
-            if unreleased == RELEASE_EVERY {
+            if release && unreleased == RELEASE_EVERY {
                 self.consumer_pos().store(cons, Ordering::Release);
                 unreleased = 0;
             }
         }
-        self.consumer_pos().store(cons, Ordering::Release);
-        // As aya does when it catches up: either a later look at the producer sees a record
-        // committed meanwhile, or its producer sees our position and can wake us.
-        fence(Ordering::SeqCst);
-        taken
+        (cons, taken)
     }
 }
 
@@ -457,11 +498,14 @@ impl Drop for Ring {
 /// The reading end of the kernel → daemon event path.
 pub struct Intake {
     rings: Vec<Ring>,
-    /// An epoll instance watching every ring (edge-triggered), registered with tokio: readable
-    /// when a program forced a wakeup. `None` for rings in memory ([`Intake::in_memory`]).
-    wakeups: Option<AsyncFd<OwnedFd>>,
+    wakeups: Wakeups,
     malformed: u64,
 }
+
+/// The programs' wakeups: an epoll instance watching every ring (edge-triggered), registered
+/// with tokio, readable when a program forced a wakeup. `None` for rings in memory
+/// ([`Intake::in_memory`]).
+pub struct Wakeups(Option<AsyncFd<OwnedFd>>);
 
 impl Intake {
     /// Takes over the per-CPU rings. Needs a tokio runtime with I/O enabled.
@@ -503,7 +547,7 @@ impl Intake {
                 .context("registering the ring buffers with the event loop")?;
         Ok(Intake {
             rings,
-            wakeups: Some(wakeups),
+            wakeups: Wakeups(Some(wakeups)),
             malformed: 0,
         })
     }
@@ -523,7 +567,7 @@ impl Intake {
         Ok((
             Intake {
                 rings,
-                wakeups: None,
+                wakeups: Wakeups(None),
                 malformed: 0,
             },
             writers,
@@ -562,7 +606,87 @@ impl Intake {
 
     /// Resolves when a program found its buffer filling up and asked to be drained.
     pub async fn wakeup(&self) -> Result<()> {
-        let Some(wakeups) = &self.wakeups else {
+        self.wakeups.wait().await
+    }
+
+    /// The programs' wakeups, for a caller that shares the intake between threads: the
+    /// intake's own [`Intake::wakeup`] never resolves after.
+    pub fn take_wakeups(&mut self) -> Wakeups {
+        std::mem::replace(&mut self.wakeups, Wakeups(None))
+    }
+
+    /// Hands the events of the threads `mine` selects to `sink`, as [`Intake::drain_some`]
+    /// does, reading each ring from this reader's own position in `positions` (one per ring,
+    /// from the consumer's on the first call) and giving no space back: several readers walk
+    /// the rings at once, each taking its threads' events, and [`Intake::release`] gives the
+    /// space back once every one is past it. Records of other threads are skipped unread but
+    /// for their thread id. Returns whether every ring was read to its end; records that are
+    /// not an event are counted in `malformed` by the reader that `mine(0)` selects.
+    pub fn scan_part(
+        &self,
+        positions: &mut Vec<u64>,
+        per_ring: u64,
+        mut mine: impl FnMut(u32) -> bool,
+        malformed: &mut u64,
+        mut sink: impl FnMut(&mut Event),
+    ) -> bool {
+        if positions.len() != self.rings.len() {
+            *positions = self
+                .rings
+                .iter()
+                .map(|r| r.consumer_pos().load(Ordering::Relaxed))
+                .collect();
+        }
+        let mut emptied = true;
+        let mut event = Event::empty();
+        for (ring, at) in self.rings.iter().zip(positions.iter_mut()) {
+            let (to, taken) = ring.scan(*at, per_ring, |record| {
+                if !mine(EventHeader::tid_of(record).unwrap_or(0)) {
+                    return;
+                }
+                if event.decode(record) {
+                    sink(&mut event);
+                } else {
+                    *malformed += 1;
+                    event = Event::empty();
+                }
+            });
+            *at = to;
+            if taken == per_ring {
+                emptied = false;
+            }
+        }
+        emptied
+    }
+
+    /// Gives back the space of ring `ring` up to position `to` (see [`Intake::scan_part`]).
+    pub fn release(&mut self, ring: usize, to: u64) {
+        if let Some(r) = self.rings.get_mut(ring) {
+            r.release(to);
+        }
+    }
+
+    /// Rings.
+    pub fn rings(&self) -> usize {
+        self.rings.len()
+    }
+
+    /// Bytes the programs have written and the intake not read yet, in all rings.
+    pub fn unread_bytes(&self) -> u64 {
+        self.rings.iter().map(Ring::unread_bytes).sum()
+    }
+
+    /// Ring-buffer records too short or too inconsistent to be an event.
+    pub fn malformed(&self) -> u64 {
+        self.malformed
+    }
+}
+
+impl Wakeups {
+    /// Resolves when a program found its buffer filling up and asked to be drained (never,
+    /// without a kernel).
+    pub async fn wait(&self) -> Result<()> {
+        let Some(wakeups) = &self.0 else {
             return std::future::pending().await;
         };
         let mut guard = wakeups.readable().await?;
@@ -579,11 +703,6 @@ impl Intake {
         }
         guard.clear_ready();
         Ok(())
-    }
-
-    /// Ring-buffer records too short or too inconsistent to be an event.
-    pub fn malformed(&self) -> u64 {
-        self.malformed
     }
 }
 

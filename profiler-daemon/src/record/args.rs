@@ -45,6 +45,11 @@ pub struct RecordArgs {
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES)]
     pub buffer_size: u32,
 
+    /// Threads that order and write the events (default: one for every 4 CPUs, at most 8):
+    /// each traced thread's events are handled by one of them.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub workers: Option<u16>,
+
     /// FDR layout of the trace files: 1 (the spec's version, the default) or 5 (what today's
     /// compiler-rt writes: BufferExtents, Pid, typed events).
     #[arg(long, value_name = "VERSION", default_value = "1", value_parser = parse_fdr_version)]

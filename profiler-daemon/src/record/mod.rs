@@ -20,7 +20,7 @@ use crate::plan::objects as planned;
 use crate::plan::select::FunctionFilter;
 use crate::repair::keeper as repair;
 use crate::session::output::OutputDir;
-use crate::session::pipeline::EventPipeline;
+use crate::session::pipeline::parallel::{default_workers, ParallelPipeline};
 use crate::session::summary::RepairsByThread;
 use crate::session::{IntakeLosses, Session};
 use crate::traced::launch::{self, ChildExit, HeldChild};
@@ -579,13 +579,16 @@ async fn record(
     let mut last_flush = Instant::now();
     let mut last_stuck_check = Instant::now();
     let mut child_exit = None;
-    let mut events = EventPipeline::new(intake);
+    let workers = cli
+        .workers
+        .map_or_else(|| default_workers(intake.rings()), usize::from);
+    let mut events = ParallelPipeline::new(intake, session.parts(workers))?;
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = drain.tick() => {
-                events.drain(DRAIN_BUDGET, &mut |e, g| session.record(e, g));
+                events.drain(DRAIN_BUDGET);
                 probing.tracer.show_kernel_log();
                 // The keeper lets the process go by itself (it exec'd a program that raised
                 // its privileges): it waits, the process held at its exec, for the session
@@ -595,7 +598,7 @@ async fn record(
                 }
                 if last_flush.elapsed() >= FLUSH_INTERVAL {
                     // Threads that exited with a full buffer: their books are in the table.
-                    events.end_exited(books.take_exited(), DRAIN_BUDGET, &mut |e, g| session.record(e, g));
+                    events.end_exited(books.take_exited(), DRAIN_BUDGET);
                     session.flush();
                     last_flush = Instant::now();
                 }
@@ -614,7 +617,7 @@ async fn record(
             }
             woken = events.wakeup() => {
                 woken?;
-                events.drain(DRAIN_BUDGET, &mut |e, g| session.record(e, g));
+                events.drain(DRAIN_BUDGET);
             }
             _ = rescan.tick(), if probing.discovery.is_some() => {
                 if let Some(discovery) = &mut probing.discovery {
@@ -649,12 +652,14 @@ async fn record(
     if let Err(err) = probing.tracer.set_armed(false) {
         errln!("fdr-profiled: warning: {err:#}");
     }
-    events.finish(&books.threads(), &mut |e, g| session.record(e, g));
+    events.finish(&books.threads());
     let losses = IntakeLosses {
         unattributed_lost: books.unattributed_lost(),
         returns_before_tracing: books.counter(profiler_common::counter::RETURNS_BEFORE_TRACING),
         malformed: events.malformed(),
     };
+    // Its workers end: the session's files are the session's alone again.
+    drop(events);
     if let Some(repaired) = probing.repaired.take() {
         let unseen = books.counter(profiler_common::counter::PROCESSES_UNSEEN);
         repaired.finish(&mut probing.tracer, &mut session, unseen);

@@ -1,13 +1,16 @@
 //! A recording session: events in, one FDR file per thread out.
 //!
-//! Events arrive in each thread's program order (see [`crate::session::order`]); this module routes them
-//! to the thread's [`ThreadTrace`], creating the process directory and the thread's file on the
-//! thread's first event and closing the file when the thread exits, and keeps the totals the
-//! summary shows.
+//! Events arrive in each thread's program order (see [`crate::session::order`]); [`files`]
+//! routes them to the thread's [`ThreadTrace`], creating the process directory and the
+//! thread's file on the thread's first event and closing the file when the thread exits; this
+//! module holds what the session knows besides (objects, names, exits, notes) and writes the
+//! manifest at its end from every part of the threads' files.
 //!
-//! Stage 4 of the pipeline: [`order`] puts each thread's events back in program order, this
-//! module writes them (through the `xray-fdr` crate) into the directory [`output`] creates
-//! safely, and [`summary`] is what the session reports at its end.
+//! Stage 4 of the pipeline: [`pipeline`] drains the rings, [`order`] puts each thread's events
+//! back in program order, [`files`] writes them (through the `xray-fdr` crate) into the
+//! directory [`output`] creates safely, and [`summary`] is what the session reports at its
+//! end.
+mod files;
 pub mod flight;
 pub mod order;
 pub mod output;
@@ -31,35 +34,14 @@ use crate::session::summary::{
     ExitMethods, ObjectReport, ProcessReport, SessionReport, ThreadReport, Totals,
 };
 use anyhow::Result;
-use profiler_common::event_kind;
-use rustc_hash::{FxHashMap, FxHashSet};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use files::Place;
+pub use files::{ThreadFiles, CYCLE_FREQUENCY};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 pub use thread::{ThreadCounts, ThreadTrace};
-use xray_fdr::writer::{ThreadWriter, WallClock};
 use xray_fdr::FdrVersion;
 
-/// Timestamps are `bpf_ktime_get_ns()`: nanoseconds, so the FDR tick rate is 1 GHz.
-pub const CYCLE_FREQUENCY: u64 = 1_000_000_000;
-
 use fdr_session::manifest::MANIFEST;
-
-struct Process {
-    dir: OutputDir,
-    dir_name: String,
-    /// Threads whose file is open: where each is in `Session::open`.
-    threads: BTreeMap<u32, usize>,
-    /// Threads that exited: their files are final and closed.
-    done: Vec<ThreadReport>,
-    /// Files per tid so far (a tid the kernel reuses gets a second file).
-    files_per_tid: HashMap<u32, u32>,
-}
-
-/// A thread whose file is open.
-struct Open {
-    pid: u32,
-    tid: u32,
-    trace: ThreadTrace,
-}
 
 /// Losses and anomalies only the kernel side and the intake know about.
 #[derive(Clone, Copy, Debug, Default)]
@@ -74,7 +56,8 @@ pub struct IntakeLosses {
 
 /// The state of one recording.
 pub struct Session {
-    out: OutputDir,
+    /// The output directory and what the threads' files share.
+    place: Arc<Place>,
     executable: Executable,
     /// The objects probed so far, by object id.
     objects: Vec<ObjectReport>,
@@ -84,23 +67,11 @@ pub struct Session {
     names: FunctionNames,
     /// Functions (trace ids) whose exits a return probe observes.
     return_probed: HashSet<u32>,
-    clock: Clock,
-    processes: BTreeMap<u32, Process>,
-    /// The threads whose file is open, in no particular order (each process's `threads` says
-    /// where its are).
-    open: Vec<Open>,
-    /// Which process each live thread belongs to (end markers carry no pid).
-    pid_of: FxHashMap<u32, u32>,
-    /// The (tid, pid) of the last event written and where its thread is in `open`: `pid_of`
-    /// has it, and the next event is most often that thread's.
-    last: Option<(u32, u32, usize)>,
-    totals: Totals,
-    events: u64,
-    ignored: u64,
-    /// Threads whose file could not be created: said once, their later events only counted
-    /// (in `ignored`), until the thread ends.
-    unwritable: FxHashSet<(u32, u32)>,
-    unattributed_lost: u64,
+    /// The threads' files, for [`Session::record`].
+    files: ThreadFiles,
+    /// The threads' files the parallel pipeline's workers record into (see
+    /// [`Session::parts`]), each locked by its worker while it records.
+    parts: Vec<Arc<Mutex<ThreadFiles>>>,
     version: FdrVersion,
     exits: ExitsChoice,
     /// For a flight-recorder snapshot: what the recorder held and let go of, in all and by
@@ -124,23 +95,16 @@ impl Session {
         version: FdrVersion,
         exits: ExitsChoice,
     ) -> Session {
+        let place = Arc::new(Place::new(out, executable.name.clone(), version));
         Session {
-            out,
+            files: ThreadFiles::new(place.clone()),
+            place,
             executable,
             objects: Vec::new(),
             object_files: Vec::new(),
             names: FunctionNames::default(),
             return_probed: HashSet::new(),
-            clock: Clock::now(),
-            processes: BTreeMap::new(),
-            open: Vec::new(),
-            pid_of: FxHashMap::default(),
-            last: None,
-            totals: Totals::default(),
-            events: 0,
-            ignored: 0,
-            unwritable: FxHashSet::default(),
-            unattributed_lost: 0,
+            parts: Vec::new(),
             version,
             exits,
             window: None,
@@ -151,16 +115,61 @@ impl Session {
         }
     }
 
+    /// The session with wall-clock time fixed (before anything is recorded), so that tests
+    /// write the same bytes on every run.
+    #[cfg(test)]
+    fn at_epoch(mut self) -> Session {
+        let place = Place::new(
+            self.place.out.try_clone().expect("a descriptor"),
+            self.executable.name.clone(),
+            self.version,
+        )
+        .at_epoch();
+        self.place = Arc::new(place);
+        self.files = ThreadFiles::new(self.place.clone());
+        self
+    }
+
+    /// `count` more parts of the session's threads' files, one for each worker of the
+    /// parallel pipeline: the session reads them (flushes, counts, the report at its end)
+    /// between the pipeline's drains, when no worker holds them.
+    pub fn parts(&mut self, count: usize) -> Vec<Arc<Mutex<ThreadFiles>>> {
+        let parts: Vec<_> = (0..count)
+            .map(|_| Arc::new(Mutex::new(ThreadFiles::new(self.place.clone()))))
+            .collect();
+        self.parts.extend(parts.iter().cloned());
+        parts
+    }
+
+    /// Calls `f` with each part of the threads' files.
+    fn each_files(&self, mut f: impl FnMut(&ThreadFiles)) {
+        f(&self.files);
+        for part in &self.parts {
+            f(&part.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+    }
+
+    /// Calls `f` with each part of the threads' files, to change it.
+    fn each_files_mut(&mut self, mut f: impl FnMut(&mut ThreadFiles)) {
+        f(&mut self.files);
+        for part in &self.parts {
+            f(&mut part.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+    }
+
     /// The thread (and its count) with the most frames proven gone by an event other than a
     /// catch (see `ThreadCounts::frames_closed_uncaught`), among the threads of the processes
     /// `process` selects.
     pub fn most_frames_closed_uncaught(&self, process: impl Fn(u32) -> bool) -> Option<(u32, u64)> {
-        self.processes
-            .iter()
-            .filter(|(&pid, _)| process(pid))
-            .flat_map(|(_, p)| p.threads.iter())
-            .map(|(&tid, &slot)| (tid, self.open[slot].trace.frames_closed_uncaught()))
-            .max_by_key(|&(_, n)| n)
+        let mut most = None;
+        self.each_files(|files| {
+            if let Some((tid, n)) = files.most_frames_closed_uncaught(&process) {
+                if most.is_none_or(|(_, m)| n > m) {
+                    most = Some((tid, n));
+                }
+            }
+        });
+        most
     }
 
     /// Adds what happened to the exit method during the session to the reason the manifest
@@ -236,7 +245,12 @@ impl Session {
         let functions: usize = self.objects.iter().map(|o| o.functions).sum();
         let return_probe_functions: usize =
             self.objects.iter().map(|o| o.return_probe_functions).sum();
-        let (return_probe_calls, exit_sled_calls) = self.totals.observed_calls();
+        let (mut return_probe_calls, mut exit_sled_calls) = (0, 0);
+        self.each_files(|files| {
+            let (by_return_probe, by_exit_sled) = files.totals.observed_calls();
+            return_probe_calls += by_return_probe;
+            exit_sled_calls += by_exit_sled;
+        });
         ExitMethods {
             return_probe_functions,
             exit_sled_functions: functions.saturating_sub(return_probe_functions),
@@ -258,117 +272,7 @@ impl Session {
     /// how many of its events were lost right before it.
     #[inline]
     pub fn record(&mut self, event: &Event, gap: Option<Gap>) {
-        // Nearly every event: the thread of the event before, not its end.
-        let h = &event.header;
-        if let Some((tid, pid, slot)) = self.last {
-            if tid == h.tid && pid == h.pid && h.kind != event_kind::THREAD_EXIT {
-                self.events += 1;
-                self.open[slot].trace.apply(event, gap, &mut self.totals);
-                return;
-            }
-        }
-        self.record_any(event, gap);
-    }
-
-    /// [`Session::record`] for any event.
-    #[inline(never)]
-    fn record_any(&mut self, event: &Event, gap: Option<Gap>) {
-        let h = &event.header;
-        let tid = h.tid;
-        let ending = h.kind == event_kind::THREAD_EXIT;
-        if !ending {
-            self.events += 1;
-        }
-        let pid = if h.pid != 0 {
-            h.pid
-        } else {
-            self.pid_of.get(&tid).copied().unwrap_or(0)
-        };
-        let slot = match self.last {
-            Some((t, p, slot)) if t == tid && p == pid => Some(slot),
-            _ => self
-                .processes
-                .get(&pid)
-                .and_then(|p| p.threads.get(&tid))
-                .copied(),
-        };
-        if let Some(slot) = slot {
-            // A thread with an open file (never an unwritable one: see below). `last` saves
-            // looking it up, and setting `pid_of` again, for the thread of the event before.
-            if self.last != Some((tid, pid, slot)) {
-                self.pid_of.insert(tid, pid);
-                self.last = Some((tid, pid, slot));
-            }
-            self.open[slot].trace.apply(event, gap, &mut self.totals);
-            if ending {
-                self.end_thread(pid, tid);
-            }
-            return;
-        }
-        if ending {
-            // A thread whose every event was lost, or that never reached instrumented code.
-            self.unattributed_lost += gap.map_or(0, |g| g.lost);
-            self.pid_of.remove(&tid);
-            self.last = None;
-            self.unwritable.remove(&(pid, tid));
-            return;
-        }
-        if self.unwritable.contains(&(pid, tid)) {
-            self.ignored += 1;
-            self.unattributed_lost += gap.map_or(0, |g| g.lost);
-            return;
-        }
-        let slot = match thread_of(
-            &mut self.processes,
-            &mut self.open,
-            &self.out,
-            &self.executable.name,
-            &self.clock,
-            self.version,
-            pid,
-            h,
-        ) {
-            Ok(slot) => slot,
-            Err(err) => {
-                errln!(
-                    "fdr-profiled: warning: {err:#}; the events of thread {tid} are counted as ignored",
-                );
-                // Never created, so never found above until the thread ends.
-                self.unwritable.insert((pid, tid));
-                self.ignored += 1;
-                self.unattributed_lost += gap.map_or(0, |g| g.lost);
-                return;
-            }
-        };
-        self.pid_of.insert(tid, pid);
-        self.last = Some((tid, pid, slot));
-        self.open[slot].trace.apply(event, gap, &mut self.totals);
-    }
-
-    /// Closes the file of a thread that ended.
-    fn end_thread(&mut self, pid: u32, tid: u32) {
-        self.pid_of.remove(&tid);
-        self.last = None;
-        let Some(slot) = self
-            .processes
-            .get_mut(&pid)
-            .and_then(|p| p.threads.remove(&tid))
-        else {
-            return;
-        };
-        let ended = self.open.swap_remove(slot);
-        if let Some(moved) = self.open.get(slot) {
-            if let Some(at) = self
-                .processes
-                .get_mut(&moved.pid)
-                .and_then(|p| p.threads.get_mut(&moved.tid))
-            {
-                *at = slot;
-            }
-        }
-        if let Some(process) = self.processes.get_mut(&pid) {
-            process.done.push(ended.trace.finish(tid));
-        }
+        self.files.record(event, gap);
     }
 
     /// Records where an object probed before it was mapped was found mapped.
@@ -388,16 +292,14 @@ impl Session {
 
     /// Makes every file on disk a complete, loadable trace of what was recorded so far.
     pub fn flush(&mut self) {
-        for process in self.processes.values() {
-            for &slot in process.threads.values() {
-                self.open[slot].trace.flush();
-            }
-        }
+        self.each_files_mut(ThreadFiles::flush);
     }
 
     /// Open thread files.
     pub fn open_files(&self) -> usize {
-        self.processes.values().map(|p| p.threads.len()).sum()
+        let mut open = 0;
+        self.each_files(|files| open += files.open_files());
+        open
     }
 
     /// Finalizes every file, writes `session.json` and returns the report.
@@ -415,6 +317,24 @@ impl Session {
         mut self,
         losses: IntakeLosses,
     ) -> Result<(SessionReport, Option<anyhow::Error>)> {
+        // Every part's files finalized, its threads' reports gathered by process, its
+        // counts and per-function totals added up.
+        let mut totals = Totals::default();
+        let (mut events, mut ignored, mut unattributed_lost) = (0, 0, 0);
+        let mut processes: BTreeMap<u32, (String, Vec<ThreadReport>)> = BTreeMap::new();
+        self.each_files_mut(|files| {
+            totals.add(&files.totals);
+            events += files.events;
+            ignored += files.ignored;
+            unattributed_lost += files.unattributed_lost;
+            for (pid, (dir, threads)) in files.finish().processes {
+                processes
+                    .entry(pid)
+                    .or_insert_with(|| (dir, Vec::new()))
+                    .1
+                    .extend(threads);
+            }
+        });
         let mut report = SessionReport {
             fdr_version: self.version.number(),
             exits: self.exits.mode.to_owned(),
@@ -429,9 +349,9 @@ impl Session {
             repair_unrecorded_threads: None,
             kernel_programs: std::mem::take(&mut self.kernel_programs),
             notes: std::mem::take(&mut self.notes),
-            events: self.events,
+            events,
             events_lost: 0,
-            events_lost_unattributed: self.unattributed_lost + losses.unattributed_lost,
+            events_lost_unattributed: unattributed_lost + losses.unattributed_lost,
             events_malformed: losses.malformed,
             events_dropped_write_errors: 0,
             records_not_stored: 0,
@@ -439,24 +359,14 @@ impl Session {
             dropped_unmatched_exits: 0,
             exits_entered_before_tracing: 0,
             returns_before_tracing: losses.returns_before_tracing,
-            events_ignored: self.ignored,
+            events_ignored: ignored,
             custom_events: 0,
             custom_events_truncated: 0,
             typed_events: 0,
             processes: Vec::new(),
-            functions: summary::rank_functions(&self.totals, &self.names, &self.return_probed),
+            functions: summary::rank_functions(&totals, &self.names, &self.return_probed),
         };
-        let mut open: Vec<Option<ThreadTrace>> = std::mem::take(&mut self.open)
-            .into_iter()
-            .map(|o| Some(o.trace))
-            .collect();
-        for (pid, process) in self.processes {
-            let mut threads = process.done;
-            for (tid, slot) in process.threads {
-                if let Some(thread) = open[slot].take() {
-                    threads.push(thread.finish(tid));
-                }
-            }
+        for (pid, (dir, mut threads)) in processes {
             if let Some(repairs) = &mut self.repairs {
                 for t in &mut threads {
                     // Taken: what remains was done in threads not recorded.
@@ -486,7 +396,7 @@ impl Session {
                 binary_deleted: self.executable.deleted,
                 build_id: executable.and_then(|o| o.build_id.clone()),
                 objects: self.objects.clone(),
-                dir: process.dir_name,
+                dir,
                 threads,
             });
         }
@@ -501,125 +411,25 @@ impl Session {
             });
         report.events_lost += report.events_lost_unattributed + report.events_malformed;
         let json = serde_json::to_vec_pretty(&report)?;
-        let written = self.out.write_atomically(MANIFEST, &json).err();
+        let written = self.place.out.write_atomically(MANIFEST, &json).err();
         Ok((report, written))
     }
 
     /// The session's output directory.
     pub fn out_dir(&self) -> &std::path::Path {
-        self.out.path()
+        self.place.out.path()
     }
 
     /// The output directory, held (the end-of-session report is written through it).
     pub fn out(&self) -> &OutputDir {
-        &self.out
-    }
-}
-
-/// Where the thread's trace is in `open`, creating its process directory and file on first
-/// sight.
-#[allow(clippy::too_many_arguments)]
-fn thread_of(
-    processes: &mut BTreeMap<u32, Process>,
-    open: &mut Vec<Open>,
-    out: &OutputDir,
-    exe_name: &str,
-    clock: &Clock,
-    version: FdrVersion,
-    pid: u32,
-    h: &profiler_common::EventHeader,
-) -> Result<usize> {
-    let process = match processes.entry(pid) {
-        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::btree_map::Entry::Vacant(e) => {
-            let dir = out.create_subdir(&format!("{}-{pid}", output::name_part(exe_name)))?;
-            let dir_name = dir
-                .path()
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            e.insert(Process {
-                dir,
-                dir_name,
-                threads: BTreeMap::new(),
-                done: Vec::new(),
-                files_per_tid: HashMap::new(),
-            })
-        }
-    };
-    let slot = match process.threads.entry(h.tid) {
-        std::collections::btree_map::Entry::Occupied(e) => *e.get(),
-        std::collections::btree_map::Entry::Vacant(e) => {
-            let n = process.files_per_tid.entry(h.tid).or_insert(0);
-            *n += 1;
-            let name = if *n == 1 {
-                format!("tid-{}.fdr", h.tid)
-            } else {
-                format!("tid-{}.{}.fdr", h.tid, n)
-            };
-            let staging = format!(".{name}.tmp");
-            let file = format!("{}/{}", process.dir_name, name);
-            let handle = process.dir.create_file(&staging)?;
-            let writer = ThreadWriter::with_version(
-                handle,
-                h.tid,
-                pid,
-                CYCLE_FREQUENCY,
-                clock.wall_clock(h.ts_ns),
-                version,
-            )
-            .map_err(|err| anyhow::anyhow!("writing {file}: {err}"))?;
-            // The header and preamble are on disk: only now does the file get its name.
-            process.dir.publish(&staging, &name)?;
-            open.push(Open {
-                pid,
-                tid: h.tid,
-                trace: ThreadTrace::new(writer, file),
-            });
-            *e.insert(open.len() - 1)
-        }
-    };
-    Ok(slot)
-}
-
-/// Converts the kernel's monotonic timestamps to wall-clock time for WallClockTime records.
-struct Clock {
-    /// Realtime minus monotonic, in nanoseconds, sampled once at session start.
-    offset_ns: i128,
-}
-
-impl Clock {
-    fn now() -> Clock {
-        let mono = clock_ns(libc::CLOCK_MONOTONIC);
-        let real = clock_ns(libc::CLOCK_REALTIME);
-        Clock {
-            offset_ns: real - mono,
-        }
-    }
-
-    fn wall_clock(&self, monotonic_ns: u64) -> WallClock {
-        let ns = (monotonic_ns as i128 + self.offset_ns).max(0);
-        WallClock {
-            secs: (ns / 1_000_000_000) as u64,
-            micros: ((ns % 1_000_000_000) / 1_000) as u32,
-        }
+        &self.place.out
     }
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads, so comparable with
 /// the trace's timestamps.
 pub fn monotonic_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC) as u64
-}
-
-fn clock_ns(clock: libc::clockid_t) -> i128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec; both clocks always exist on Linux.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+    files::clock_ns(libc::CLOCK_MONOTONIC) as u64
 }
 
 /// This process's peak resident memory in KiB (`VmHWM` of `/proc/self/status`); `None` if it

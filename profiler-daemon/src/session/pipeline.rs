@@ -8,6 +8,8 @@
 //! before those books are taken, so it is ended (with its trailing losses) once a drain has
 //! emptied every ring ([`EventPipeline::end_exited`]); at the end, every thread the kernel
 //! still has books for is ended ([`EventPipeline::finish`]).
+pub mod parallel;
+
 use super::order::{Gap, Sequencer};
 use crate::kernel::intake::{Event, Intake};
 use anyhow::Result;

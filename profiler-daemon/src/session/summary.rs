@@ -60,6 +60,18 @@ impl Totals {
         })
     }
 
+    /// Adds `other`'s totals (another part of the session's threads) to these.
+    pub fn add(&mut self, other: &Totals) {
+        for &(function_id, t) in &other.list {
+            let at = self.place(function_id) as usize;
+            let mine = &mut self.list[at].1;
+            mine.calls += t.calls;
+            mine.total_ns = mine.total_ns.saturating_add(t.total_ns);
+        }
+        self.by_return_probe += other.by_return_probe;
+        self.by_exit_sled += other.by_exit_sled;
+    }
+
     /// Every function with its totals, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &FunctionTotals)> {
         self.list.iter().map(|(id, t)| (*id, t))

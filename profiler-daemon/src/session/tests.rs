@@ -1,6 +1,6 @@
 use super::*;
 use crate::plan::objects::Executable;
-use profiler_common::{event_flags, EventHeader, SledKind, MAX_ARGS};
+use profiler_common::{event_flags, event_kind, EventHeader, SledKind, MAX_ARGS};
 
 fn event(tid: u32, ts_ns: u64, kind: u8) -> Event {
     Event {
@@ -44,11 +44,11 @@ fn a_thread_whose_file_cannot_be_created_is_counted_not_retried() {
     for i in 0..1000 {
         session.record(&event(2, 2_000 + i, SledKind::Entry as u8), None);
     }
-    assert_eq!(session.unwritable.len(), 1);
+    assert_eq!(session.files.unwritable.len(), 1);
     session.record(&event(1, 5_000, SledKind::Exit as u8), None);
     session.record(&event(2, 6_000, event_kind::THREAD_EXIT), None);
     assert!(
-        session.unwritable.is_empty(),
+        session.files.unwritable.is_empty(),
         "forgotten at the thread's end"
     );
     let report = session.finish(IntakeLosses::default()).unwrap();
@@ -94,7 +94,7 @@ struct SimThread {
 fn reference_session(dir: &std::path::Path, version: FdrVersion) -> SessionReport {
     use crate::session::order::Sequencer;
     let out = OutputDir::create_root(dir).unwrap();
-    let mut session = Session::new(
+    let session = Session::new(
         out,
         Executable {
             name: "prog".into(),
@@ -107,7 +107,7 @@ fn reference_session(dir: &std::path::Path, version: FdrVersion) -> SessionRepor
             reason: "test".into(),
         },
     );
-    session.clock = Clock { offset_ns: 0 };
+    let mut session = session.at_epoch();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut order = Sequencer::default();
     let mut rings: Vec<Vec<Event>> = vec![Vec::new(); 4];

@@ -242,7 +242,9 @@ fn hop_together(mode: &str) {
     let run = launch(
         &format!("migration-threads-{mode}"),
         &calls_fixture(),
-        &["--exits", mode],
+        // Two workers: the threads' consecutive ids put them in different ones, each reading
+        // the rings of every CPU the threads hop across.
+        &["--exits", mode, "--workers", "2"],
         &[
             "--threads",
             &THREADS.to_string(),

@@ -1,0 +1,571 @@
+//! The event pipeline spread over worker threads, for a host whose programs write more events
+//! than one thread can order and write (issue 29: one thread tops out near 20M events/s).
+//!
+//! Each of `W` workers owns a share of the traced threads (thread `tid` is ordered and written
+//! by worker `tid % W`: consecutive thread ids, as a process's threads mostly have, spread
+//! evenly) and reads every ring from a position of its own, taking its threads' events and
+//! skipping the others' after reading their thread id ([`Intake::scan_part`]). So each
+//! thread's events meet in one worker's [`Sequencer`], in exact program order, with no lock, no
+//! copy and no allocation per event; a record's space goes back to the programs once every
+//! worker is past it, after each drain. What that costs: every worker looks at every record
+//! (a few nanoseconds each, against the ~50 ns of ordering and writing one), which is why the
+//! default number of workers grows with the CPUs only one for every four ([`default_workers`]).
+//!
+//! A quiet host keeps costing what one thread costs: the helpers are woken only for a drain
+//! with more than [`PARALLEL_FROM`] bytes waiting in the rings; a smaller one the calling
+//! thread does alone, each worker's part in turn. The calling thread is worker 0; with one
+//! worker the pipeline is the single-threaded one, the space given back as it reads.
+use super::super::order::{Gap, Sequencer};
+use crate::kernel::intake::{Event, Intake, Wakeups};
+use crate::session::files::ThreadFiles;
+use anyhow::{Context as _, Result};
+use profiler_common::ThreadState;
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+/// Where a worker puts the events it is handed, in each thread's program order.
+pub trait Sink: Send + 'static {
+    fn record(&mut self, event: &Event, gap: Option<Gap>);
+}
+
+impl Sink for ThreadFiles {
+    #[inline]
+    fn record(&mut self, event: &Event, gap: Option<Gap>) {
+        ThreadFiles::record(self, event, gap);
+    }
+}
+
+/// Bytes waiting in the rings from which a drain wakes the helpers (about 4,700 events:
+/// 0.2 ms of one worker's time, against the tens of microseconds waking them costs).
+pub const PARALLEL_FROM: u64 = 256 << 10;
+
+/// Most workers by default: past that, the kernel side is the limit (see BENCHMARKS.md).
+pub const MAX_DEFAULT_WORKERS: usize = 8;
+
+/// Workers for `rings` rings (CPUs that produce events): one for every 4, at most
+/// [`MAX_DEFAULT_WORKERS`] and at most the CPUs this process may run on.
+pub fn default_workers(rings: usize) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    rings.div_ceil(4).clamp(1, MAX_DEFAULT_WORKERS).min(cpus)
+}
+
+/// The kernel's rings drained, put in order and written by `W` workers.
+pub struct ParallelPipeline<S: Sink> {
+    shared: Arc<Shared<S>>,
+    /// Workers 1 to `W - 1`, each told to drain through its channel.
+    helpers: Vec<(mpsc::Sender<u64>, std::thread::JoinHandle<()>)>,
+    /// Each helper's word at the end of a drain: whether it read every ring to its end.
+    done: mpsc::Receiver<bool>,
+    wakeups: Wakeups,
+    /// Threads that exited with their ring full, their books taken, not ended yet.
+    exited: Vec<(u32, ThreadState)>,
+}
+
+struct Shared<S> {
+    /// Read by every worker at once during a drain; written (space given back) between.
+    intake: RwLock<Intake>,
+    workers: Vec<Mutex<Worker<S>>>,
+}
+
+struct Worker<S> {
+    index: usize,
+    order: Sequencer,
+    sink: Arc<Mutex<S>>,
+    /// Where this worker is in each ring.
+    positions: Vec<u64>,
+    /// Records of its threads that were not an event.
+    malformed: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A worker that panicked left its part as it was: the rest goes on.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The worker that orders and writes thread `tid`'s events.
+#[inline]
+fn owner(tid: u32, workers: usize) -> usize {
+    tid as usize % workers
+}
+
+impl<S: Sink> Worker<S> {
+    /// Reads every ring from this worker's positions (at most `budget` records of each),
+    /// handing its threads' events to its sink in order. Whether every ring was read to its
+    /// end.
+    fn drain(&mut self, intake: &Intake, budget: u64, workers: usize) -> bool {
+        let me = self.index;
+        let mut sink = lock(&self.sink);
+        let mut sink = |e: &mut Event, g: Option<Gap>| sink.record(e, g);
+        let order = &mut self.order;
+        // A ring holds runs of one thread's events: its owner is computed once a run.
+        let mut last = (u32::MAX, false);
+        let mine = |tid: u32| {
+            if tid != last.0 {
+                last = (tid, owner(tid, workers) == me);
+            }
+            last.1
+        };
+        intake.scan_part(
+            &mut self.positions,
+            budget,
+            mine,
+            &mut self.malformed,
+            |event| order.push(event, &mut sink),
+        )
+    }
+
+    /// Ends threads from their kernel-side books (see [`Sequencer::end_threads`]).
+    fn end_threads(&mut self, books: &[(u32, ThreadState)]) {
+        let mut sink = lock(&self.sink);
+        self.order
+            .end_threads(books, &mut |e: &mut Event, g| sink.record(e, g));
+    }
+
+    /// See [`Sequencer::finish`].
+    fn finish(&mut self, books: &[(u32, ThreadState)]) {
+        let mut sink = lock(&self.sink);
+        self.order
+            .finish(books, &mut |e: &mut Event, g| sink.record(e, g));
+    }
+}
+
+impl<S: Sink> ParallelPipeline<S> {
+    /// A pipeline of one worker per sink (at least one).
+    pub fn new(mut intake: Intake, sinks: Vec<Arc<Mutex<S>>>) -> Result<ParallelPipeline<S>> {
+        anyhow::ensure!(!sinks.is_empty(), "a pipeline needs at least one worker");
+        let count = sinks.len();
+        let wakeups = intake.take_wakeups();
+        let workers = sinks
+            .into_iter()
+            .enumerate()
+            .map(|(index, sink)| {
+                Mutex::new(Worker {
+                    index,
+                    order: Sequencer::default(),
+                    sink,
+                    positions: Vec::new(),
+                    malformed: 0,
+                })
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            intake: RwLock::new(intake),
+            workers,
+        });
+        let (done_tx, done) = mpsc::channel();
+        let mut helpers = Vec::new();
+        for index in 1..count {
+            let (tx, rx) = mpsc::channel::<u64>();
+            let shared = shared.clone();
+            let done_tx = done_tx.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("fdr-pipeline-{index}"))
+                .spawn(move || {
+                    while let Ok(budget) = rx.recv() {
+                        let emptied = shared.drain_part(index, budget);
+                        if done_tx.send(emptied).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .context("starting a pipeline worker")?;
+            helpers.push((tx, handle));
+        }
+        Ok(ParallelPipeline {
+            shared,
+            helpers,
+            done,
+            wakeups,
+            exited: Vec::new(),
+        })
+    }
+
+    /// Workers.
+    pub fn workers(&self) -> usize {
+        self.shared.workers.len()
+    }
+
+    /// Drains at most `budget` records of each ring (every one with `u64::MAX`) into the
+    /// sinks; whether every ring was emptied.
+    pub fn drain(&mut self, budget: u64) -> bool {
+        let shared = &*self.shared;
+        if self.helpers.is_empty() {
+            // One worker: the single-threaded path, space given back as it reads.
+            let mut intake = shared.intake.write().unwrap_or_else(|p| p.into_inner());
+            let mut worker = lock(&shared.workers[0]);
+            let worker = &mut *worker;
+            let mut sink = lock(&worker.sink);
+            let order = &mut worker.order;
+            let (_, emptied) = intake.drain_some(budget, |event| {
+                order.push(event, &mut |e: &mut Event, g| sink.record(e, g))
+            });
+            return emptied;
+        }
+        let unread = shared
+            .intake
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .unread_bytes();
+        let emptied = if unread < PARALLEL_FROM {
+            // Little to do: this thread does each worker's part (every one, whatever the ones
+            // before found), waking none.
+            let mut emptied = true;
+            for index in 0..self.workers() {
+                emptied &= shared.drain_part(index, budget);
+            }
+            emptied
+        } else {
+            // The helpers end only with the pipeline, and a panic in a drain is caught: each
+            // one told answers.
+            for (tx, _) in &self.helpers {
+                let _ = tx.send(budget);
+            }
+            let mut emptied = shared.drain_part(0, budget);
+            for _ in &self.helpers {
+                emptied &= self.done.recv().unwrap_or(false);
+            }
+            emptied
+        };
+        shared.release();
+        emptied
+    }
+
+    /// Ends the threads that exited with their ring full (`exited`: their books, just taken
+    /// from the kernel's table), with those taken before and not ended yet, once a drain
+    /// (at most `budget` records of each ring) has emptied every ring.
+    pub fn end_exited(&mut self, exited: Vec<(u32, ThreadState)>, budget: u64) {
+        self.exited.extend(exited);
+        if !self.exited.is_empty() && self.drain(budget) {
+            let exited = std::mem::take(&mut self.exited);
+            self.end_threads(&exited);
+        }
+    }
+
+    /// Each thread's books to its worker.
+    fn end_threads(&mut self, books: &[(u32, ThreadState)]) {
+        let workers = self.workers();
+        for (index, worker) in self.shared.workers.iter().enumerate() {
+            let mine: Vec<_> = books
+                .iter()
+                .filter(|(tid, _)| owner(*tid, workers) == index)
+                .copied()
+                .collect();
+            if !mine.is_empty() {
+                lock(worker).end_threads(&mine);
+            }
+        }
+    }
+
+    /// The end, once the programs are disarmed: every ring drained, the threads that exited
+    /// ended, then those the kernel still has books for (`books`: live and exited), each with
+    /// the events it lost at its very end; events still waiting for predecessors that never
+    /// came are delivered, the missing ones counted as lost.
+    pub fn finish(&mut self, books: &[(u32, ThreadState)]) {
+        self.drain(u64::MAX);
+        let exited = std::mem::take(&mut self.exited);
+        self.end_threads(&exited);
+        let workers = self.workers();
+        for (index, worker) in self.shared.workers.iter().enumerate() {
+            let mine: Vec<_> = books
+                .iter()
+                .filter(|(tid, _)| owner(*tid, workers) == index)
+                .copied()
+                .collect();
+            lock(worker).finish(&mine);
+        }
+    }
+
+    /// Resolves when a program found its ring filling up and asked to be drained.
+    pub async fn wakeup(&self) -> Result<()> {
+        self.wakeups.wait().await
+    }
+
+    /// Records that could not be decoded, or whose numbers could not be right (counted,
+    /// dropped; never expected from our own programs).
+    pub fn malformed(&self) -> u64 {
+        let intake = self
+            .shared
+            .intake
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .malformed();
+        let workers: u64 = self
+            .shared
+            .workers
+            .iter()
+            .map(|w| {
+                let w = lock(w);
+                w.malformed + w.order.stale()
+            })
+            .sum();
+        intake + workers
+    }
+}
+
+impl<S: Sink> Shared<S> {
+    /// Worker `index`'s part of a drain; whether it read every ring to its end. A panic in
+    /// a sink (a bug) is contained to the drain, so that the caller is still answered.
+    fn drain_part(&self, index: usize, budget: u64) -> bool {
+        std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let intake = self.intake.read().unwrap_or_else(|p| p.into_inner());
+            lock(&self.workers[index]).drain(&intake, budget, self.workers.len())
+        }))
+        .unwrap_or(false)
+    }
+
+    /// Gives each ring's space back up to the position every worker is past.
+    fn release(&self) {
+        let mut intake = self.intake.write().unwrap_or_else(|p| p.into_inner());
+        let workers: Vec<_> = self.workers.iter().map(lock).collect();
+        for ring in 0..intake.rings() {
+            let past = workers
+                .iter()
+                .map(|w| w.positions.get(ring).copied())
+                .min()
+                .flatten();
+            if let Some(past) = past {
+                intake.release(ring, past);
+            }
+        }
+    }
+}
+
+impl<S: Sink> Drop for ParallelPipeline<S> {
+    fn drop(&mut self) {
+        for (tx, handle) in std::mem::take(&mut self.helpers) {
+            drop(tx);
+            let _ = handle.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::intake::RingWriter;
+    use crate::session::pipeline::EventPipeline;
+    use profiler_common::{event_kind, EventHeader, SledKind};
+    use std::collections::BTreeMap;
+
+    /// What a sink saw of each thread, in the order it saw it: (seq, kind, gap).
+    type Seen = BTreeMap<u32, Vec<(u64, u8, Option<u64>)>>;
+
+    #[derive(Default)]
+    struct Collect(Seen);
+
+    impl Sink for Collect {
+        fn record(&mut self, event: &Event, gap: Option<Gap>) {
+            let h = &event.header;
+            self.0
+                .entry(h.tid)
+                .or_default()
+                .push((h.seq, h.kind, gap.map(|g| g.lost)));
+        }
+    }
+
+    /// A fixed stream of rounds: threads moving between `RINGS` rings, some events lost to a
+    /// full ring, some threads ending (their exit record written, or lost and their books
+    /// handed to `end_exited`), new threads starting.
+    const RINGS: usize = 5;
+
+    struct Stream {
+        rng: u64,
+        /// (tid, next seq, lost since the last written, ring)
+        threads: Vec<(u32, u64, u32, usize)>,
+        next_tid: u32,
+    }
+
+    impl Stream {
+        fn new() -> Stream {
+            Stream {
+                rng: 0x2545_f491_4f6c_dd1d,
+                threads: (0..7)
+                    .map(|i| (100 + i, 0, 0, i as usize % RINGS))
+                    .collect(),
+                next_tid: 107,
+            }
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            self.rng % n
+        }
+
+        /// Writes one round; returns the books of the threads whose exit record was lost.
+        fn round(&mut self, rings: &mut [RingWriter]) -> Vec<(u32, ThreadState)> {
+            let mut exited = Vec::new();
+            for i in 0..self.threads.len() {
+                let run = 1 + self.below(40);
+                for _ in 0..run {
+                    let lose = self.below(50) == 0;
+                    let (tid, seq, gap, ring) = &mut self.threads[i];
+                    if lose {
+                        *gap += 1;
+                    } else {
+                        let header = EventHeader {
+                            seq: *seq,
+                            tid: *tid,
+                            pid: 1,
+                            kind: SledKind::Entry as u8,
+                            gap_lost: *gap,
+                            ..EventHeader::default()
+                        };
+                        assert!(rings[*ring].write(&header.to_bytes()));
+                        *gap = 0;
+                    }
+                    *seq += 1;
+                }
+                if self.below(4) == 0 {
+                    self.threads[i].3 = self.below(RINGS as u64) as usize;
+                }
+            }
+            // One thread ends now and then; a new one starts.
+            if self.below(3) == 0 {
+                let at = self.below(self.threads.len() as u64) as usize;
+                let (tid, seq, gap, ring) = self.threads.swap_remove(at);
+                let exit = EventHeader {
+                    seq,
+                    tid,
+                    kind: event_kind::THREAD_EXIT,
+                    gap_lost: gap,
+                    ..EventHeader::default()
+                };
+                if self.below(2) == 0 {
+                    assert!(rings[ring].write(&exit.to_bytes()));
+                } else {
+                    let books = ThreadState {
+                        seq,
+                        gap_lost: gap,
+                        tid,
+                        ..ThreadState::default()
+                    };
+                    exited.push((tid, books));
+                }
+                let ring = self.below(RINGS as u64) as usize;
+                self.threads.push((self.next_tid, 0, 0, ring));
+                self.next_tid += 1;
+            }
+            rings.iter_mut().for_each(RingWriter::publish);
+            exited
+        }
+
+        fn books(&self) -> Vec<(u32, ThreadState)> {
+            self.threads
+                .iter()
+                .map(|&(tid, seq, gap, _)| {
+                    let books = ThreadState {
+                        seq,
+                        gap_lost: gap,
+                        tid,
+                        ..ThreadState::default()
+                    };
+                    (tid, books)
+                })
+                .collect()
+        }
+    }
+
+    const ROUNDS: usize = 200;
+
+    fn single_threaded() -> Seen {
+        let (intake, mut rings) = Intake::in_memory(RINGS, 1 << 16).unwrap();
+        let mut pipeline = EventPipeline::new(intake);
+        let mut sink = Collect::default();
+        let mut stream = Stream::new();
+        for round in 0..ROUNDS {
+            let exited = stream.round(&mut rings);
+            // Small budgets now and then: drains that leave records behind.
+            let budget = if round % 7 == 0 { 3 } else { u64::MAX };
+            pipeline.end_exited(exited, budget, &mut |e, g| sink.record(e, g));
+            pipeline.drain(budget, &mut |e, g| sink.record(e, g));
+        }
+        pipeline.finish(&stream.books(), &mut |e, g| sink.record(e, g));
+        assert_eq!(pipeline.malformed(), 0);
+        sink.0
+    }
+
+    fn parallel(workers: usize) -> Seen {
+        let (intake, mut rings) = Intake::in_memory(RINGS, 1 << 16).unwrap();
+        let sinks: Vec<_> = (0..workers)
+            .map(|_| Arc::new(Mutex::new(Collect::default())))
+            .collect();
+        let mut pipeline = ParallelPipeline::new(intake, sinks.clone()).unwrap();
+        assert_eq!(pipeline.workers(), workers);
+        let mut stream = Stream::new();
+        for round in 0..ROUNDS {
+            let exited = stream.round(&mut rings);
+            let budget = if round % 7 == 0 { 3 } else { u64::MAX };
+            pipeline.end_exited(exited, budget);
+            pipeline.drain(budget);
+        }
+        pipeline.finish(&stream.books());
+        assert_eq!(pipeline.malformed(), 0);
+        drop(pipeline);
+        let mut seen = Seen::new();
+        for (index, sink) in sinks.iter().enumerate() {
+            for (tid, events) in std::mem::take(&mut lock(sink).0) {
+                assert_eq!(
+                    owner(tid, workers),
+                    index,
+                    "thread {tid} in one worker only"
+                );
+                assert!(seen.insert(tid, events).is_none());
+            }
+        }
+        seen
+    }
+
+    /// Every thread's events, gaps and end come out of any number of workers exactly as
+    /// they come out of the single-threaded pipeline, each thread from its one worker.
+    #[test]
+    fn workers_hand_on_each_thread_exactly_as_one_thread_does() {
+        let want = single_threaded();
+        let events: usize = want.values().map(Vec::len).sum();
+        assert!(want.len() > 40 && events > 20_000, "{} threads", want.len());
+        for (tid, events) in &want {
+            // In order, ended once, losses reported.
+            assert!(events.windows(2).all(|w| w[0].0 < w[1].0), "thread {tid}");
+            assert_eq!(events.last().map(|e| e.1), Some(event_kind::THREAD_EXIT));
+        }
+        assert!(want.values().flatten().any(|e| e.2.is_some()), "some gaps");
+        for workers in [1, 2, 3] {
+            assert_eq!(parallel(workers), want, "{workers} workers");
+        }
+    }
+
+    /// A drain of more than [`PARALLEL_FROM`] bytes is done by every worker at once, and
+    /// the rings' space is given back once they all are past it: three rounds of half a ring
+    /// each fit in it.
+    #[test]
+    fn a_busy_drain_gives_the_space_back_once_every_worker_is_past_it() {
+        let (intake, mut rings) = Intake::in_memory(2, 512 << 10).unwrap();
+        let sinks: Vec<_> = (0..2)
+            .map(|_| Arc::new(Mutex::new(Collect::default())))
+            .collect();
+        let mut pipeline = ParallelPipeline::new(intake, sinks.clone()).unwrap();
+        // An even number, each thread half.
+        let records = 2 * (PARALLEL_FROM / (EventHeader::SIZE as u64 + 8));
+        for round in 0..3u64 {
+            for seq in 0..records {
+                let header = EventHeader {
+                    // Each thread's own numbers: 0, 1, 2...
+                    seq: (round * records + seq) / 2,
+                    tid: 10 + (seq % 2) as u32,
+                    ..EventHeader::default()
+                };
+                // Without the space given back, the third round would not fit.
+                assert!(rings[(seq % 2) as usize].write(&header.to_bytes()));
+            }
+            rings.iter_mut().for_each(RingWriter::publish);
+            assert!(pipeline.drain(u64::MAX));
+        }
+        for (tid, sink) in [(10, &sinks[0]), (11, &sinks[1])] {
+            let seen = &lock(sink).0;
+            assert_eq!(seen.len(), 1);
+            assert_eq!(seen[&tid].len() as u64, 3 * records / 2);
+        }
+    }
+}
