@@ -22,8 +22,14 @@ pub struct Gap {
 struct Pending {
     /// Sequence number of the next event to deliver.
     next: u64,
-    /// Events that arrived early, by the first sequence number they account for.
-    waiting: BTreeMap<u64, Event>,
+    /// Events that arrived early, in runs of consecutive ones, by the first sequence number the
+    /// run's first event accounts for. A ring holds a thread's events in their order, so what
+    /// arrives early from one ring is one run: one map entry for thousands of events (a thread
+    /// that moved to a CPU whose ring the drain reads first).
+    waiting: BTreeMap<u64, Vec<Event>>,
+    /// The run the latest early event went to: its key, and the first number its next event
+    /// would account for.
+    open_run: Option<(u64, u64)>,
 }
 
 /// Per-thread reordering.
@@ -82,7 +88,24 @@ impl Sequencer {
             return;
         }
         if first > pending.next {
-            pending.waiting.insert(first, event.clone());
+            let next_of_run = h.seq + 1;
+            match pending.open_run {
+                Some((key, expected)) if expected == first => {
+                    if let Some(run) = pending.waiting.get_mut(&key) {
+                        run.push(event.clone());
+                        pending.open_run = Some((key, next_of_run));
+                        return;
+                    }
+                }
+                _ => {}
+            }
+            if pending.waiting.contains_key(&first) {
+                // Two events accounting for the same numbers: only a corrupt record.
+                self.stale += 1;
+                return;
+            }
+            pending.waiting.insert(first, vec![event.clone()]);
+            pending.open_run = Some((first, next_of_run));
             return;
         }
         if deliver(pending, event, sink) {
@@ -94,12 +117,21 @@ impl Sequencer {
             .first_key_value()
             .is_some_and(|(&k, _)| k == pending.next)
         {
-            let Some((_, mut event)) = pending.waiting.pop_first() else {
+            let Some((key, run)) = pending.waiting.pop_first() else {
                 break;
             };
-            if deliver(pending, &mut event, sink) {
-                self.remove(slot);
-                return;
+            if pending.open_run.is_some_and(|(open, _)| open == key) {
+                pending.open_run = None;
+            }
+            // Consecutive: each is the next of its thread in turn.
+            let mut run = run.into_iter();
+            while let Some(mut event) = run.next() {
+                if deliver(pending, &mut event, sink) {
+                    // Its end: nothing of the thread can come after but a corrupt record.
+                    self.stale += run.len() as u64;
+                    self.remove(slot);
+                    return;
+                }
             }
         }
     }
@@ -167,8 +199,14 @@ impl Sequencer {
         self.index.clear();
         self.last = None;
         for (_, mut pending) in std::mem::take(&mut self.threads) {
-            while let Some((first, mut event)) = pending.waiting.pop_first() {
-                let missing = first - pending.next;
+            for mut event in std::mem::take(&mut pending.waiting).into_values().flatten() {
+                // Runs never overlap but for corrupt records (or a thread id reused while
+                // its predecessor's events still wait): those are counted, not delivered.
+                let first = event.header.seq - u64::from(event.header.gap_lost);
+                let Some(missing) = first.checked_sub(pending.next) else {
+                    self.stale += 1;
+                    continue;
+                };
                 let gap = Gap {
                     lost: missing + u64::from(event.header.gap_lost),
                 };

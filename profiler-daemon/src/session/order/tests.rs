@@ -127,3 +127,71 @@ fn finish_delivers_trailing_losses_and_stragglers() {
     assert_eq!(out[2], (2, 3, ENTRY, Some(Gap { lost: 3 })));
     assert_eq!(s.threads(), 0);
 }
+
+#[test]
+fn early_runs_from_several_rings_are_put_back_in_order_with_their_gaps() {
+    // Thread 7 ran on three CPUs: the ring read first holds 20..=29 (25 and 26 lost before
+    // 27), the second 10..=19 with thread 8's events between them, the last 0..=9 and then
+    // 30 (after it came back). Two runs wait at once, one of them with a loss inside.
+    let mut events: Vec<Event> = (20..30)
+        .filter(|&i| i != 25 && i != 26)
+        .map(|i| ev(7, i, if i == 27 { 2 } else { 0 }, ENTRY))
+        .collect();
+    for i in 10..20 {
+        events.push(ev(7, i, 0, ENTRY));
+        events.push(ev(8, i - 10, 0, ENTRY));
+    }
+    events.extend((0..10).map(|i| ev(7, i, 0, ENTRY)));
+    events.push(ev(7, 30, 0, ENTRY));
+    let (out, s) = run(events);
+    let seven: Vec<(u64, Option<Gap>)> = out
+        .iter()
+        .filter(|o| o.0 == 7)
+        .map(|o| (o.1, o.2))
+        .collect();
+    let expected: Vec<(u64, Option<Gap>)> = (0..31)
+        .filter(|&i| i != 25 && i != 26)
+        .map(|i| (i, (i == 27).then_some(Gap { lost: 2 })))
+        .collect();
+    assert_eq!(seven, expected);
+    let eight: Vec<u64> = out.iter().filter(|o| o.0 == 8).map(|o| o.1).collect();
+    assert_eq!(eight, (0..10).collect::<Vec<_>>());
+    assert_eq!(s.stale(), 0);
+}
+
+#[test]
+fn two_early_events_for_the_same_numbers_are_stale() {
+    let (out, s) = run(vec![
+        ev(1, 5, 0, ENTRY),
+        ev(1, 5, 0, ENTRY),
+        ev(1, 0, 0, ENTRY),
+    ]);
+    assert_eq!(s.stale(), 1);
+    assert_eq!(out.len(), 1);
+}
+
+/// Runs that overlap (only corrupt records, or a thread id reused while its predecessor's
+/// events still wait, can make them) end the session with the overlapping events counted as
+/// stale, not delivered twice nor numbered backwards.
+#[test]
+fn overlapping_runs_are_counted_at_the_end_not_delivered() {
+    let (mut out, mut s) = run(vec![
+        ev(1, 10, 0, ENTRY),
+        ev(1, 11, 0, ENTRY),
+        ev(1, 20, 0, ENTRY),
+        ev(1, 11, 0, ENTRY),
+    ]);
+    assert!(out.is_empty());
+    s.finish(&[], &mut |e: &mut Event, g| {
+        out.push((e.header.tid, e.header.seq, g))
+    });
+    assert_eq!(
+        out,
+        vec![
+            (1, 10, Some(Gap { lost: 10 })),
+            (1, 11, Some(Gap { lost: 0 })),
+            (1, 20, Some(Gap { lost: 8 })),
+        ]
+    );
+    assert_eq!(s.stale(), 1);
+}
