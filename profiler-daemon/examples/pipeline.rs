@@ -5,7 +5,9 @@
 //! through a small call tree, written in runs to the ring of the CPU they run on, and moving
 //! to another of the `--rings` rings now and then, so that a thread's events arrive out of
 //! order across rings as they do from the kernel. A ring that is full loses the event, as the
-//! kernel's does: the thread's next written event says how many came before it. Each round
+//! kernel's does: the thread's next written event says how many came before it. Before each
+//! drain the records just written are evicted from the caches: the kernel writes its records
+//! on the traced threads' CPUs, so the daemon never finds them in its own cache. Each round
 //! writes `--round` events of each thread, then drains the rings through the pipeline `record`
 //! and the service use (`EventPipeline`: intake, per-thread order) into a session writing FDR
 //! files under `--out`, as `record` does; only the drains are timed (wall and this thread's
@@ -20,7 +22,7 @@
 //! written is recorded, every one lost is counted as lost. Prints one JSON object.
 use anyhow::{bail, Context as _, Result};
 use profiler_common::{EventHeader, SledKind, ThreadState};
-use profiler_daemon::kernel::intake::{Intake, RingWriter};
+use profiler_daemon::kernel::intake::Intake;
 use profiler_daemon::plan::exits::ExitsChoice;
 use profiler_daemon::plan::objects::Executable;
 use profiler_daemon::session::output::OutputDir;
@@ -208,7 +210,12 @@ fn main() -> Result<()> {
                 }
             }
         }
-        writers.iter_mut().for_each(RingWriter::publish);
+        // The kernel writes on the traced threads' CPUs: its records are never in the
+        // reader's cache. Nor are these.
+        for writer in &mut writers {
+            writer.evict_unpublished();
+            writer.publish();
+        }
         let (start, start_cpu) = (Instant::now(), process_cpu_time());
         match &mut pipeline {
             Pipeline::One(events) => {

@@ -141,6 +141,23 @@ const BPF_RINGBUF_BUSY_BIT: u32 = 1 << 31;
 const BPF_RINGBUF_DISCARD_BIT: u32 = 1 << 30;
 const BPF_RINGBUF_HDR_SZ: u64 = 8;
 
+/// How far ahead of the record being read the next records are asked for: the programs wrote
+/// them on other CPUs, so each line is a miss the reader would otherwise wait for, one after
+/// another.
+const PREFETCH_AHEAD: usize = 1024;
+
+/// Asks for the cache line at `at` (a hint: never faults, whatever the address).
+#[inline(always)]
+fn prefetch(at: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it does not fault on any address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(at.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
 /// One BPF ring buffer, mapped for reading as libbpf does: the consumer page read-write, the
 /// producer page and the data pages (mapped twice in a row by the kernel, so a record that
 /// wraps around the end is contiguous) read-only. Aya's handle is dropped once the map is
@@ -295,6 +312,7 @@ impl Ring {
                 }
             }
             let offset = (cons & self.mask) as usize;
+            prefetch(self.data.wrapping_add(offset + PREFETCH_AHEAD));
             // SAFETY: `offset` is within the data pages and 8-byte aligned (records are).
             let header = unsafe { &*self.data.add(offset).cast::<AtomicU32>() };
             // Pairs with the kernel's commit (an xchg): the record's bytes are visible.
@@ -424,6 +442,7 @@ impl Ring {
             data: ring.data.cast_mut(),
             mask: ring.mask,
             pos: 0,
+            published: 0,
         };
         Ok((ring, writer))
     }
@@ -439,6 +458,8 @@ pub struct RingWriter {
     mask: u64,
     /// The producer position after the records written so far.
     pos: u64,
+    /// The producer position the reader sees.
+    published: u64,
 }
 
 // SAFETY: the pointers are to shared mappings of the intake's ring; the writer alone moves the
@@ -474,10 +495,29 @@ impl RingWriter {
         true
     }
 
+    /// Evicts the records written since the last [`RingWriter::publish`] from every cache,
+    /// so that the reader finds them where it finds the kernel's, written on other CPUs: not
+    /// in its own cache.
+    pub fn evict_unpublished(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut at = self.published & !63;
+            while at < self.pos {
+                // SAFETY: within the doubled data pages (the offset is below the ring's
+                // size); a cache-line flush changes no byte.
+                unsafe {
+                    core::arch::x86_64::_mm_clflush(self.data.add((at & self.mask) as usize))
+                };
+                at += 64;
+            }
+        }
+    }
+
     /// Makes every record written so far visible to the reader.
     pub fn publish(&mut self) {
         // SAFETY: the producer position is the first, 8-byte aligned word of its page.
         unsafe { &*self.producer.cast::<AtomicU64>() }.store(self.pos, Ordering::Release);
+        self.published = self.pos;
     }
 }
 
