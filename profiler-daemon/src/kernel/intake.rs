@@ -263,9 +263,9 @@ impl Ring {
     /// Hands at most `limit` records to `f`, in order; returns how many. Stops early at the
     /// first record still being written. Discarded records are skipped (not counted).
     #[inline]
-    fn read(&mut self, limit: u64, f: impl FnMut(&[u8])) -> u64 {
+    fn read(&mut self, limit: u64, mut f: impl FnMut(&[u8])) -> u64 {
         let cons = self.consumer_pos().load(Ordering::Relaxed);
-        let (cons, taken) = self.walk(cons, limit, f, true);
+        let (cons, taken) = self.walk(cons, limit, |_, record| f(record), true);
         self.consumer_pos().store(cons, Ordering::Release);
         // As aya does when it catches up: either a later look at the producer sees a record
         // committed meanwhile, or its producer sees our position and can wake us.
@@ -273,12 +273,13 @@ impl Ring {
         taken
     }
 
-    /// Hands at most `limit` records from position `from` to `f`, in order, as
-    /// [`Ring::read`] does, but gives no space back: several readers may each walk the ring
-    /// from a position of their own (the parallel pipeline), the space going back once all
-    /// are past it ([`Ring::release`]). Returns the position reached and how many records.
+    /// Hands at most `limit` records from position `from` to `f` with the position of each,
+    /// in order, as [`Ring::read`] does, but gives no space back: several readers may each
+    /// walk the ring from a position of their own (the parallel pipeline), the space going
+    /// back once all are past it ([`Ring::release`]). Returns the position reached and how
+    /// many records.
     #[inline]
-    fn scan(&self, from: u64, limit: u64, f: impl FnMut(&[u8])) -> (u64, u64) {
+    fn scan(&self, from: u64, limit: u64, f: impl FnMut(u64, &[u8])) -> (u64, u64) {
         self.walk(from, limit, f, false)
     }
 
@@ -297,7 +298,7 @@ impl Ring {
         &self,
         mut cons: u64,
         limit: u64,
-        mut f: impl FnMut(&[u8]),
+        mut f: impl FnMut(u64, &[u8]),
         release: bool,
     ) -> (u64, u64) {
         // Pairs with the kernel's release store: the headers up to it are visible.
@@ -335,7 +336,7 @@ impl Ring {
                         len as usize,
                     )
                 };
-                f(record);
+                f(cons, record);
                 taken += 1;
             }
             cons += (u64::from(len) + BPF_RINGBUF_HDR_SZ + 7) & !7;
@@ -493,6 +494,34 @@ impl RingWriter {
         }
         self.pos += total;
         true
+    }
+
+    /// Writes `record` as [`RingWriter::write`] does, but as a record the kernel has reserved
+    /// and not committed yet: readers stop at it until [`RingWriter::commit`]. Its position;
+    /// `None`, writing nothing, when the ring has no room for it.
+    pub fn reserve(&mut self, record: &[u8]) -> Option<u64> {
+        let at = self.pos;
+        if !self.write(record) {
+            return None;
+        }
+        self.header(at).store(
+            record.len() as u32 | BPF_RINGBUF_BUSY_BIT,
+            Ordering::Release,
+        );
+        Some(at)
+    }
+
+    /// Commits the record [`RingWriter::reserve`] wrote at `at`.
+    pub fn commit(&mut self, at: u64) {
+        let header = self.header(at);
+        let len = header.load(Ordering::Relaxed) & !BPF_RINGBUF_BUSY_BIT;
+        header.store(len, Ordering::Release);
+    }
+
+    /// The record header at position `at`.
+    fn header(&self, at: u64) -> &AtomicU32 {
+        // SAFETY: within the data pages, 8-byte aligned (records are).
+        unsafe { &*self.data.add((at & self.mask) as usize).cast::<AtomicU32>() }
     }
 
     /// Evicts the records written since the last [`RingWriter::publish`] from every cache,
@@ -680,7 +709,7 @@ impl Intake {
         let mut emptied = true;
         let mut event = Event::empty();
         for (ring, at) in self.rings.iter().zip(positions.iter_mut()) {
-            let (to, taken) = ring.scan(*at, per_ring, |record| {
+            let (to, taken) = ring.scan(*at, per_ring, |_, record| {
                 if !mine(EventHeader::tid_of(record).unwrap_or(0)) {
                     return;
                 }
@@ -692,6 +721,56 @@ impl Intake {
                 }
             });
             *at = to;
+            if taken == per_ring {
+                emptied = false;
+            }
+        }
+        emptied
+    }
+
+    /// [`Intake::scan_part`] for every reader at once, on this thread: each ring read once,
+    /// each event handed to `sink` with the reader `owner` names for its thread, if that
+    /// reader is not past it yet (`positions`: each reader's, as `scan_part` keeps them). Every
+    /// reader is then where the one furthest on is. Whether every ring was read to its end;
+    /// records that are not an event are counted in `malformed`.
+    pub fn scan_all(
+        &self,
+        positions: &mut [&mut Vec<u64>],
+        per_ring: u64,
+        mut owner: impl FnMut(u32) -> usize,
+        malformed: &mut u64,
+        mut sink: impl FnMut(usize, &mut Event),
+    ) -> bool {
+        for at in positions.iter_mut() {
+            if at.len() != self.rings.len() {
+                **at = self
+                    .rings
+                    .iter()
+                    .map(|r| r.consumer_pos().load(Ordering::Relaxed))
+                    .collect();
+            }
+        }
+        let mut emptied = true;
+        let mut event = Event::empty();
+        for (index, ring) in self.rings.iter().enumerate() {
+            let Some(from) = positions.iter().map(|at| at[index]).min() else {
+                return true;
+            };
+            let (to, taken) = ring.scan(from, per_ring, |pos, record| {
+                let reader = owner(EventHeader::tid_of(record).unwrap_or(0));
+                if positions.get(reader).is_none_or(|at| pos < at[index]) {
+                    return;
+                }
+                if event.decode(record) {
+                    sink(reader, &mut event);
+                } else {
+                    *malformed += 1;
+                    event = Event::empty();
+                }
+            });
+            for at in positions.iter_mut() {
+                at[index] = at[index].max(to);
+            }
             if taken == per_ring {
                 emptied = false;
             }

@@ -1,9 +1,10 @@
 //! The `pipeline` benchmark (issue 29): the daemon's event pipeline after the kernel (intake →
 //! per-thread order → session → FDR files), fed from rings in memory in the kernel's own
 //! layout, so that it needs no BPF and shows on any machine how many events a second the
-//! daemon can take and what each million costs it. The program is
-//! `profiler-daemon/examples/pipeline.rs`, which checks at its end that every event generated
-//! was recorded or counted lost.
+//! daemon can take and what each million costs it, by number of workers, against the
+//! single-threaded path (the service's, and every drain's before the parallel pipeline) in
+//! the same run. The program is `profiler-daemon/examples/pipeline.rs`, which checks at its
+//! end that every event generated was recorded or counted lost.
 use super::support;
 use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
@@ -11,14 +12,17 @@ use std::process::Command;
 
 /// Traced threads of each run, all on 16 rings (16 CPUs).
 const THREADS: &[u32] = &[1, 4, 16];
+/// Pipeline workers of each run; 0 is the single-threaded path.
+const WORKERS: &[u32] = &[0, 1, 2, 4];
 const RINGS: u32 = 16;
 /// Events of each run (unless `FDR_BENCH_PIPELINE_EVENTS` says otherwise).
-const EVENTS: u64 = 40_000_000;
+const EVENTS: u64 = 20_000_000;
 /// Runs per row; the row shows the median.
-const REPEAT: usize = 3;
+const REPEAT: usize = 5;
 
 struct Row {
     threads: u32,
+    workers: u32,
     events: u64,
     lost: u64,
     rate: f64,
@@ -43,50 +47,67 @@ pub fn run() -> Result<String> {
     let machine = support::machine_description();
     let mut rows = Vec::new();
     for &threads in THREADS {
-        let mut runs = Vec::new();
-        for _ in 0..REPEAT {
-            let out = crate::run::output(
-                Command::new(&program)
-                    .args(["--threads", &threads.to_string()])
-                    .args(["--rings", &RINGS.to_string()])
-                    .args(["--events", &events.to_string()])
-                    .arg("--out")
-                    .arg(scratch.join("out")),
-            )
-            .with_context(|| format!("{} failed", program.display()))?;
-            let json: serde_json::Value =
-                serde_json::from_str(out.trim()).context("the pipeline program's output")?;
-            let number = |key: &str| json[key].as_f64().unwrap_or(f64::NAN);
-            runs.push(Row {
-                threads,
-                events: number("events") as u64,
-                lost: number("lost") as u64,
-                rate: number("events_per_second"),
-                cpu_ms: number("cpu_ms_per_million"),
-            });
+        for &workers in WORKERS {
+            let mut runs = Vec::new();
+            for _ in 0..REPEAT {
+                // What the run before left for the disk is written first, not during this one.
+                // SAFETY: sync(2) has no preconditions.
+                unsafe { libc::sync() };
+                let out = crate::run::output(
+                    Command::new(&program)
+                        .args(["--threads", &threads.to_string()])
+                        .args(["--rings", &RINGS.to_string()])
+                        .args(["--events", &events.to_string()])
+                        .args(["--workers", &workers.to_string()])
+                        .arg("--out")
+                        .arg(scratch.join("out")),
+                )
+                .with_context(|| format!("{} failed", program.display()))?;
+                let json: serde_json::Value =
+                    serde_json::from_str(out.trim()).context("the pipeline program's output")?;
+                let number = |key: &str| json[key].as_f64().unwrap_or(f64::NAN);
+                runs.push(Row {
+                    threads,
+                    workers,
+                    events: number("events") as u64,
+                    lost: number("lost") as u64,
+                    rate: number("events_per_second"),
+                    cpu_ms: number("cpu_ms_per_million"),
+                });
+            }
+            runs.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+            rows.push(runs.swap_remove(REPEAT / 2));
         }
-        runs.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-        rows.push(runs.swap_remove(REPEAT / 2));
     }
     let mut text = String::from("## Event pipeline (in memory, no kernel)\n\n");
     writeln!(text, "{machine}\n")?;
     writeln!(
         text,
-        "`profiler-daemon/examples/pipeline.rs`: traced threads of four processes call and return through a call tree up to 12 deep; the events are written, in the kernel's ring-buffer layout, to {RINGS} rings in memory (8 MiB each, the default), in runs of 256 events to the ring of the CPU a thread is on, a thread moving to another ring every 32,768 events on average. Each round writes 25,000 events of each thread (25 ms, `record`'s drain period, of a thread calling at 1M calls/s), then drains the rings through the pipeline `record` and the service share (`session::pipeline`: intake, per-thread order) into a session writing FDR files to disk, as `record` does. Only the drains are timed; CPU is the draining thread's own. At its end the program checks that the session counted every event written and every one lost. Median of {REPEAT} runs of {events} events.\n"
+        "`profiler-daemon/examples/pipeline.rs`: traced threads of four processes call and return through a call tree up to 12 deep; the events are written, in the kernel's ring-buffer layout, to {RINGS} rings in memory (8 MiB each, the default), in runs of 256 events to the ring of the CPU a thread is on, a thread moving to another ring every 32,768 events on average. Each round writes 25,000 events of each thread (25 ms, `record`'s drain period, of a thread calling at 1M calls/s), evicts them from the caches (the kernel's records are written on other CPUs), then drains the rings into a session writing FDR files to disk, as `record` does: through the single-threaded pipeline (`session::pipeline::EventPipeline`, the service's, and every drain's before issue 29), or through `record`'s parallel one (`ParallelPipeline`) with N workers, the draining thread one of them. Only the drains are timed; CPU is the whole process's during them. At its end the program checks that the session counted every event written and every one lost. Median of {REPEAT} runs of {events} events. The ratio is to 1 worker of the same row.\n"
     )?;
     writeln!(
         text,
-        "| traced threads | pipeline workers | events | lost | events/s | CPU per 1M events |"
+        "| traced threads | pipeline | events | lost | events/s | ratio to 1 worker | CPU per 1M events |"
     )?;
-    writeln!(text, "|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(text, "|---:|---|---:|---:|---:|---:|---:|")?;
     for row in &rows {
+        let one = rows
+            .iter()
+            .find(|r| r.threads == row.threads && r.workers == 1)
+            .map_or(f64::NAN, |r| r.rate);
+        let pipeline = match row.workers {
+            0 => "single-threaded (`EventPipeline`)".to_owned(),
+            1 => "1 worker".to_owned(),
+            n => format!("{n} workers"),
+        };
         writeln!(
             text,
-            "| {} | 1 (today's single-threaded path) | {} | {} | {:.2}M | {:.1} ms |",
+            "| {} | {pipeline} | {} | {} | {:.2}M | {:.2}x | {:.1} ms |",
             row.threads,
             row.events,
             row.lost,
             row.rate / 1e6,
+            row.rate / one,
             row.cpu_ms
         )?;
     }

@@ -12,9 +12,11 @@
 //! default number of workers grows with the CPUs only one for every four ([`default_workers`]).
 //!
 //! A quiet host keeps costing what one thread costs: the helpers are woken only for a drain
-//! with more than [`PARALLEL_FROM`] bytes waiting in the rings; a smaller one the calling
-//! thread does alone, each worker's part in turn. The calling thread is worker 0; with one
-//! worker the pipeline is the single-threaded one, the space given back as it reads.
+//! with more than [`PARALLEL_FROM`] bytes waiting in the rings, and only when the drain before
+//! handed events to more than one worker (one busy traced thread gains nothing from them); any
+//! other drain the calling thread does alone, reading each ring once and handing each event
+//! to its worker's sequencer and sink ([`Intake::scan_all`]). The calling thread is worker 0;
+//! with one worker the pipeline is the single-threaded one, the space given back as it reads.
 use super::super::order::{Gap, Sequencer};
 use crate::kernel::intake::{Event, Intake, Wakeups};
 use crate::session::files::ThreadFiles;
@@ -60,6 +62,14 @@ pub struct ParallelPipeline<S: Sink> {
     wakeups: Wakeups,
     /// Threads that exited with their ring full, their books taken, not ended yet.
     exited: Vec<(u32, ThreadState)>,
+    /// Whether the last drain handed events to more than one worker: if not, the next is
+    /// done by this thread alone (one traced thread, say, gains nothing from the others).
+    spread: bool,
+    /// Each worker's `handled` after the last drain.
+    handled: Vec<u64>,
+    /// Tests: every drain is one of every worker at once.
+    #[cfg(test)]
+    always_parallel: bool,
 }
 
 struct Shared<S> {
@@ -76,6 +86,8 @@ struct Worker<S> {
     positions: Vec<u64>,
     /// Records of its threads that were not an event.
     malformed: u64,
+    /// Events it has handed on.
+    handled: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -98,6 +110,7 @@ impl<S: Sink> Worker<S> {
         let mut sink = lock(&self.sink);
         let mut sink = |e: &mut Event, g: Option<Gap>| sink.record(e, g);
         let order = &mut self.order;
+        let handled = &mut self.handled;
         // A ring holds runs of one thread's events: its owner is computed once a run.
         let mut last = (u32::MAX, false);
         let mine = |tid: u32| {
@@ -111,7 +124,10 @@ impl<S: Sink> Worker<S> {
             budget,
             mine,
             &mut self.malformed,
-            |event| order.push(event, &mut sink),
+            |event| {
+                *handled += 1;
+                order.push(event, &mut sink)
+            },
         )
     }
 
@@ -146,6 +162,7 @@ impl<S: Sink> ParallelPipeline<S> {
                     sink,
                     positions: Vec::new(),
                     malformed: 0,
+                    handled: 0,
                 })
             })
             .collect();
@@ -178,6 +195,10 @@ impl<S: Sink> ParallelPipeline<S> {
             done,
             wakeups,
             exited: Vec::new(),
+            spread: false,
+            handled: vec![0; count],
+            #[cfg(test)]
+            always_parallel: false,
         })
     }
 
@@ -207,14 +228,13 @@ impl<S: Sink> ParallelPipeline<S> {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .unread_bytes();
-        let emptied = if unread < PARALLEL_FROM {
-            // Little to do: this thread does each worker's part (every one, whatever the ones
-            // before found), waking none.
-            let mut emptied = true;
-            for index in 0..self.workers() {
-                emptied &= shared.drain_part(index, budget);
-            }
-            emptied
+        let alone = unread < PARALLEL_FROM || !self.spread;
+        #[cfg(test)]
+        let alone = alone && !self.always_parallel;
+        let emptied = if alone {
+            // Little to do, or all of it for one worker: this thread does it alone, waking
+            // none, reading each ring once.
+            shared.drain_alone(budget)
         } else {
             // The helpers end only with the pipeline, and a panic in a drain is caught: each
             // one told answers.
@@ -228,6 +248,13 @@ impl<S: Sink> ParallelPipeline<S> {
             emptied
         };
         shared.release();
+        let mut busy = 0;
+        for (worker, last) in shared.workers.iter().zip(&mut self.handled) {
+            let handled = lock(worker).handled;
+            busy += usize::from(handled > *last);
+            *last = handled;
+        }
+        self.spread = busy > 1;
         emptied
     }
 
@@ -312,6 +339,42 @@ impl<S: Sink> Shared<S> {
             lock(&self.workers[index]).drain(&intake, budget, self.workers.len())
         }))
         .unwrap_or(false)
+    }
+
+    /// Every worker's part of a drain, on this thread, each ring read once.
+    fn drain_alone(&self, budget: u64) -> bool {
+        let intake = self.intake.read().unwrap_or_else(|p| p.into_inner());
+        let mut workers: Vec<_> = self.workers.iter().map(lock).collect();
+        let count = workers.len();
+        let mut positions = Vec::with_capacity(count);
+        let mut parts = Vec::with_capacity(count);
+        let mut malformed = 0;
+        for worker in &mut workers {
+            let Worker {
+                order,
+                sink,
+                positions: at,
+                handled,
+                ..
+            } = &mut **worker;
+            positions.push(at);
+            parts.push((order, lock(sink), handled));
+        }
+        let emptied = intake.scan_all(
+            &mut positions,
+            budget,
+            |tid| owner(tid, count),
+            &mut malformed,
+            |index, event| {
+                let (order, sink, handled) = &mut parts[index];
+                **handled += 1;
+                order.push(event, &mut |e: &mut Event, g| sink.record(e, g));
+            },
+        );
+        drop(parts);
+        drop(positions);
+        workers[0].malformed += malformed;
+        emptied
     }
 
     /// Gives each ring's space back up to the position every worker is past.
@@ -487,12 +550,16 @@ mod tests {
         sink.0
     }
 
-    fn parallel(workers: usize) -> Seen {
+    /// The stream through `workers` workers; with `busy`, every drain is one of every worker
+    /// at once, else one of this thread alone (the rings here hold less than
+    /// [`PARALLEL_FROM`]).
+    fn parallel(workers: usize, busy: bool) -> Seen {
         let (intake, mut rings) = Intake::in_memory(RINGS, 1 << 16).unwrap();
         let sinks: Vec<_> = (0..workers)
             .map(|_| Arc::new(Mutex::new(Collect::default())))
             .collect();
         let mut pipeline = ParallelPipeline::new(intake, sinks.clone()).unwrap();
+        pipeline.always_parallel = busy;
         assert_eq!(pipeline.workers(), workers);
         let mut stream = Stream::new();
         for round in 0..ROUNDS {
@@ -532,8 +599,56 @@ mod tests {
         }
         assert!(want.values().flatten().any(|e| e.2.is_some()), "some gaps");
         for workers in [1, 2, 3] {
-            assert_eq!(parallel(workers), want, "{workers} workers");
+            for busy in [false, true] {
+                assert_eq!(
+                    parallel(workers, busy),
+                    want,
+                    "{workers} workers, busy {busy}"
+                );
+            }
         }
+    }
+
+    /// A record the kernel has not committed stops every reader; when it is committed
+    /// between two workers' reads (they read at once), one is further on than the other, and
+    /// a drain by this thread alone then hands on what the one behind has not seen, once.
+    #[test]
+    fn workers_that_stopped_at_different_records_each_get_their_threads_once() {
+        let (intake, mut rings) = Intake::in_memory(1, 1 << 16).unwrap();
+        let sinks: Vec<_> = (0..2)
+            .map(|_| Arc::new(Mutex::new(Collect::default())))
+            .collect();
+        let mut pipeline = ParallelPipeline::new(intake, sinks.clone()).unwrap();
+        let ring = &mut rings[0];
+        let header = |tid: u32, seq: u64| {
+            EventHeader {
+                seq,
+                tid,
+                ..EventHeader::default()
+            }
+            .to_bytes()
+        };
+        // Threads 10 (worker 0) and 11 (worker 1); the third record not committed yet.
+        assert!(ring.write(&header(10, 0)));
+        assert!(ring.write(&header(11, 0)));
+        let busy = ring.reserve(&header(10, 1)).unwrap();
+        assert!(ring.write(&header(11, 1)));
+        ring.publish();
+        assert!(pipeline.shared.drain_part(0, u64::MAX));
+        ring.commit(busy);
+        assert!(ring.write(&header(10, 2)));
+        ring.publish();
+        assert!(pipeline.shared.drain_part(1, u64::MAX));
+        pipeline.shared.release();
+        // Worker 1 is past everything; worker 0 is at the record just committed.
+        assert!(pipeline.drain(u64::MAX));
+        pipeline.finish(&[]);
+        let seqs = |index: usize, tid: u32| -> Vec<u64> {
+            lock(&sinks[index]).0[&tid].iter().map(|e| e.0).collect()
+        };
+        assert_eq!(seqs(0, 10), vec![0, 1, 2]);
+        assert_eq!(seqs(1, 11), vec![0, 1]);
+        assert_eq!(pipeline.malformed(), 0);
     }
 
     /// A drain of more than [`PARALLEL_FROM`] bytes is done by every worker at once, and
