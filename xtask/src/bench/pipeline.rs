@@ -27,6 +27,8 @@ struct Row {
     lost: u64,
     rate: f64,
     cpu_ms: f64,
+    /// The slowest and fastest of the runs (events/s).
+    range: (f64, f64),
 }
 
 pub fn run() -> Result<String> {
@@ -50,9 +52,6 @@ pub fn run() -> Result<String> {
         for &workers in WORKERS {
             let mut runs = Vec::new();
             for _ in 0..REPEAT {
-                // What the run before left for the disk is written first, not during this one.
-                // SAFETY: sync(2) has no preconditions.
-                unsafe { libc::sync() };
                 let out = crate::run::output(
                     Command::new(&program)
                         .args(["--threads", &threads.to_string()])
@@ -73,10 +72,14 @@ pub fn run() -> Result<String> {
                     lost: number("lost") as u64,
                     rate: number("events_per_second"),
                     cpu_ms: number("cpu_ms_per_million"),
+                    range: (0.0, 0.0),
                 });
             }
             runs.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-            rows.push(runs.swap_remove(REPEAT / 2));
+            let range = (runs[0].rate, runs[REPEAT - 1].rate);
+            let mut median = runs.swap_remove(REPEAT / 2);
+            median.range = range;
+            rows.push(median);
         }
     }
     let mut text = String::from("## Event pipeline (in memory, no kernel)\n\n");
@@ -87,9 +90,9 @@ pub fn run() -> Result<String> {
     )?;
     writeln!(
         text,
-        "| traced threads | pipeline | events | lost | events/s | ratio to 1 worker | CPU per 1M events |"
+        "| traced threads | pipeline | events | lost | events/s | slowest – fastest run | ratio to 1 worker | CPU per 1M events |"
     )?;
-    writeln!(text, "|---:|---|---:|---:|---:|---:|---:|")?;
+    writeln!(text, "|---:|---|---:|---:|---:|---:|---:|---:|")?;
     for row in &rows {
         let one = rows
             .iter()
@@ -102,11 +105,13 @@ pub fn run() -> Result<String> {
         };
         writeln!(
             text,
-            "| {} | {pipeline} | {} | {} | {:.2}M | {:.2}x | {:.1} ms |",
+            "| {} | {pipeline} | {} | {} | {:.2}M | {:.1}M – {:.1}M | {:.2}x | {:.1} ms |",
             row.threads,
             row.events,
             row.lost,
             row.rate / 1e6,
+            row.range.0 / 1e6,
+            row.range.1 / 1e6,
             row.rate / one,
             row.cpu_ms
         )?;
