@@ -89,7 +89,7 @@ impl EventPipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::intake::RingWriter;
+    use crate::kernel::intake::in_memory::RingWriter;
     use profiler_common::{event_kind, EventHeader, SledKind};
 
     fn write(ring: &mut RingWriter, tid: u32, seq: u64) {

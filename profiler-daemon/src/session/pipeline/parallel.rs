@@ -406,7 +406,7 @@ impl<S: Sink> Drop for ParallelPipeline<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::intake::RingWriter;
+    use crate::kernel::intake::in_memory::RingWriter;
     use crate::session::pipeline::EventPipeline;
     use profiler_common::{event_kind, EventHeader, SledKind};
     use std::collections::BTreeMap;
