@@ -479,38 +479,20 @@ impl Intake {
         malformed: &mut u64,
         mut sink: impl FnMut(&mut Event),
     ) -> bool {
-        if positions.len() != self.rings.len() {
-            *positions = self
-                .rings
-                .iter()
-                .map(|r| r.consumer_pos().load(Ordering::Relaxed))
-                .collect();
-        }
-        let mut emptied = true;
-        let mut event = Event::empty();
-        for (ring, at) in self.rings.iter().zip(positions.iter_mut()) {
-            let (to, taken) = ring.scan(*at, per_ring, |_, record| {
-                if !mine(EventHeader::tid_of(record).unwrap_or(0)) {
-                    return;
-                }
-                if event.decode(record) {
-                    sink(&mut event);
-                } else {
-                    *malformed += 1;
-                    event = Event::empty();
-                }
-            });
-            *at = to;
-            if taken == per_ring {
-                emptied = false;
-            }
-        }
-        emptied
+        // One reader of `scan_all`'s: reader 0, and no reader 1 for the others' records.
+        self.scan_all(
+            &mut [positions],
+            per_ring,
+            |tid| usize::from(!mine(tid)),
+            malformed,
+            |_, event| sink(event),
+        )
     }
 
     /// [`Intake::scan_part`] for every reader at once, on this thread: each ring read once,
     /// each event handed to `sink` with the reader `owner` names for its thread, if that
-    /// reader is not past it yet (`positions`: each reader's, as `scan_part` keeps them). Every
+    /// reader is not past it yet (`positions`: each reader's, as `scan_part` keeps them; a
+    /// reader `owner` names past the last has its records skipped). Every
     /// reader is then where the one furthest on is. Whether every ring was read to its end;
     /// records that are not an event are counted in `malformed`.
     pub fn scan_all(
@@ -522,6 +504,7 @@ impl Intake {
         mut sink: impl FnMut(usize, &mut Event),
     ) -> bool {
         for at in positions.iter_mut() {
+            // A reader's first drain starts where the consumer is.
             if at.len() != self.rings.len() {
                 **at = self
                     .rings

@@ -101,6 +101,15 @@ fn owner(tid: u32, workers: usize) -> usize {
     tid as usize % workers
 }
 
+/// The books of the threads worker `index` (of `workers`) handles.
+fn books_of(books: &[(u32, ThreadState)], index: usize, workers: usize) -> Vec<(u32, ThreadState)> {
+    books
+        .iter()
+        .filter(|(tid, _)| owner(*tid, workers) == index)
+        .copied()
+        .collect()
+}
+
 impl<S: Sink> Worker<S> {
     /// Reads every ring from this worker's positions (at most `budget` records of each),
     /// handing its threads' events to its sink in order. Whether every ring was read to its
@@ -273,11 +282,7 @@ impl<S: Sink> ParallelPipeline<S> {
     fn end_threads(&mut self, books: &[(u32, ThreadState)]) {
         let workers = self.workers();
         for (index, worker) in self.shared.workers.iter().enumerate() {
-            let mine: Vec<_> = books
-                .iter()
-                .filter(|(tid, _)| owner(*tid, workers) == index)
-                .copied()
-                .collect();
+            let mine = books_of(books, index, workers);
             if !mine.is_empty() {
                 lock(worker).end_threads(&mine);
             }
@@ -294,12 +299,7 @@ impl<S: Sink> ParallelPipeline<S> {
         self.end_threads(&exited);
         let workers = self.workers();
         for (index, worker) in self.shared.workers.iter().enumerate() {
-            let mine: Vec<_> = books
-                .iter()
-                .filter(|(tid, _)| owner(*tid, workers) == index)
-                .copied()
-                .collect();
-            lock(worker).finish(&mine);
+            lock(worker).finish(&books_of(books, index, workers));
         }
     }
 
