@@ -98,6 +98,9 @@ struct Open {
 }
 
 /// The files of some of a session's threads (all of them, but for the parallel pipeline).
+// A cache line pair of its own: its counts change on every event, and each of the parallel
+// pipeline's workers has one, allocated one after the other.
+#[repr(align(128))]
 pub struct ThreadFiles {
     place: Arc<Place>,
     processes: BTreeMap<u32, Process>,
