@@ -495,6 +495,20 @@ pub mod repair_state {
 /// Default size of each per-CPU ring buffer in bytes (a power of two, as the kernel requires).
 pub const DEFAULT_RING_BYTES: u32 = 8 << 20;
 
+/// The ring an event of thread `tid` on CPU `cpu` is written to, when each CPU's events are
+/// spread over `rings_per_cpu` rings by thread (`globals::RINGS_PER_CPU`): CPU `cpu`'s rings
+/// are `cpu * rings_per_cpu ..`, and thread `tid` always writes to the one `tid %
+/// rings_per_cpu` along, so that a reader that handles the threads with that remainder
+/// finds all of theirs in its own rings, and no one else's.
+#[inline(always)]
+pub fn ring_index(cpu: u32, tid: u32, rings_per_cpu: u32) -> u32 {
+    if rings_per_cpu <= 1 {
+        cpu
+    } else {
+        cpu * rings_per_cpu + tid % rings_per_cpu
+    }
+}
+
 /// Benchmark-only switches (`globals::ABLATE` bits) that skip one part of the per-event work,
 /// so `cargo xtask bench` can show what each part costs. Never set in a real session.
 pub mod ablate {
@@ -523,6 +537,9 @@ pub mod globals {
     pub const MAX_EVENT_BYTES: &str = "CFG_MAX_EVENT_BYTES";
     /// u64: bytes waiting in a ring buffer above which a write wakes the reader.
     pub const WAKEUP_BYTES: &str = "CFG_WAKEUP_BYTES";
+    /// u32: rings per CPU, each for the threads of one remainder of their id (see
+    /// [`super::ring_index`]); 1: one ring per CPU.
+    pub const RINGS_PER_CPU: &str = "CFG_RINGS_PER_CPU";
     /// u32: byte offset of `exit_code` in the kernel's `struct task_struct` (from its BTF);
     /// 0 when unknown, and then a thread's end carries no exit code.
     pub const EXIT_CODE_OFFSET: &str = "CFG_EXIT_CODE_OFFSET";

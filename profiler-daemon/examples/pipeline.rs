@@ -3,7 +3,7 @@
 //! Events are generated in memory in the rings' own format (the kernel's ring-buffer layout,
 //! `Intake::in_memory`): `--threads` threads of four processes, each calling and returning
 //! through a small call tree, written in runs to the ring of the CPU they run on, and moving
-//! to another of the `--rings` rings now and then, so that a thread's events arrive out of
+//! to another of the `--cpus` CPUs now and then, so that a thread's events arrive out of
 //! order across rings as they do from the kernel. A ring that is full loses the event, as the
 //! kernel's does: the thread's next written event says how many came before it. Before each
 //! drain the records just written are evicted from the caches: the kernel writes its records
@@ -15,8 +15,12 @@
 //!
 //! `--workers N` runs the parallel pipeline `record` uses (`ParallelPipeline`: N workers, the
 //! calling thread one of them); `--workers 0` the single-threaded `EventPipeline` the service
-//! uses, the path every drain took before the parallel one. CPU time is the whole process's
-//! during the drains (the generating thread waits meanwhile).
+//! uses, the path every drain took before the parallel one. As `record` does, each CPU's
+//! events go to one ring per worker, by thread id (`profiler_common::ring_index`), the CPU's
+//! `--ring-size` shared between them, so that each worker reads its own rings only;
+//! `--shared-rings` keeps one ring per CPU, which every worker reads, skipping the others'
+//! records. CPU time is the whole process's during the drains (the generating thread waits
+//! meanwhile).
 //!
 //! At the end the session's own counts are checked against what was generated: every event
 //! written is recorded, every one lost is counted as lost. Prints one JSON object.
@@ -33,24 +37,28 @@ use std::time::{Duration, Instant};
 
 struct Options {
     threads: u32,
-    rings: usize,
+    /// CPUs the threads run on, each with its rings.
+    cpus: usize,
     events: u64,
     ring_size: u64,
     /// Events each thread writes between two drains.
     round: u64,
     /// 0: the single-threaded pipeline.
     workers: usize,
+    /// One ring per CPU whatever the workers.
+    shared_rings: bool,
     out: std::path::PathBuf,
 }
 
 fn options() -> Result<Options> {
     let mut o = Options {
         threads: 16,
-        rings: 16,
+        cpus: 16,
         events: 40_000_000,
         ring_size: 8 << 20,
         round: 25_000,
         workers: 1,
+        shared_rings: false,
         out: std::env::temp_dir().join("fdr-pipeline-bench"),
     };
     let mut args = std::env::args().skip(1);
@@ -58,17 +66,18 @@ fn options() -> Result<Options> {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--threads" => o.threads = value()?.parse()?,
-            "--rings" => o.rings = value()?.parse()?,
+            "--cpus" => o.cpus = value()?.parse()?,
             "--events" => o.events = value()?.parse()?,
             "--ring-size" => o.ring_size = value()?.parse()?,
             "--round" => o.round = value()?.parse()?,
             "--workers" => o.workers = value()?.parse()?,
+            "--shared-rings" => o.shared_rings = true,
             "--out" => o.out = value()?.into(),
             other => bail!("unknown argument {other:?}"),
         }
     }
-    if o.threads == 0 || o.rings == 0 {
-        bail!("--threads and --rings must be at least 1");
+    if o.threads == 0 || o.cpus == 0 {
+        bail!("--threads and --cpus must be at least 1");
     }
     Ok(o)
 }
@@ -161,7 +170,10 @@ fn main() -> Result<()> {
             reason: "pipeline benchmark".into(),
         },
     );
-    let (intake, mut writers) = Intake::in_memory(o.rings, o.ring_size)?;
+    let rings_per_cpu = if o.shared_rings { 1 } else { o.workers.max(1) };
+    // As `Tracer::load` sizes them: the CPU's size shared, each a power of two.
+    let ring_size = 1 << (o.ring_size / rings_per_cpu as u64).max(4096).ilog2();
+    let (intake, mut writers) = Intake::in_memory_split(o.cpus, rings_per_cpu, ring_size)?;
     let mut pipeline = if o.workers == 0 {
         Pipeline::One(EventPipeline::new(intake))
     } else {
@@ -174,7 +186,7 @@ fn main() -> Result<()> {
             seq: 0,
             gap: 0,
             depth: 0,
-            cpu: i as usize % o.rings,
+            cpu: i as usize % o.cpus,
             rng: 0x9e37_79b9_7f4a_7c15 ^ u64::from(i + 1),
         })
         .collect();
@@ -197,7 +209,12 @@ fn main() -> Result<()> {
                     ts_ns += 7;
                     let header = thread.next_event(ts_ns);
                     generated += 1;
-                    if writers[thread.cpu].write(&header.to_bytes()) {
+                    let ring = profiler_common::ring_index(
+                        thread.cpu as u32,
+                        thread.tid,
+                        rings_per_cpu as u32,
+                    );
+                    if writers[ring as usize].write(&header.to_bytes()) {
                         thread.gap = 0;
                         written += 1;
                     } else {
@@ -206,7 +223,7 @@ fn main() -> Result<()> {
                     }
                 }
                 if thread.next_random().is_multiple_of(MIGRATE_EVERY) {
-                    thread.cpu = (thread.next_random() % o.rings as u64) as usize;
+                    thread.cpu = (thread.next_random() % o.cpus as u64) as usize;
                 }
             }
         }
@@ -276,8 +293,9 @@ fn main() -> Result<()> {
         "{}",
         serde_json::json!({
             "threads": o.threads,
-            "rings": o.rings,
-            "ring_size": o.ring_size,
+            "cpus": o.cpus,
+            "rings_per_cpu": rings_per_cpu,
+            "ring_size": ring_size,
             "round": o.round,
             "workers": o.workers,
             "rounds": rounds,

@@ -98,6 +98,9 @@ static CFG_NARGS: u32 = 1;
 static CFG_MAX_EVENT_BYTES: u32 = 4096;
 #[unsafe(no_mangle)]
 static CFG_WAKEUP_BYTES: u64 = 4 << 20;
+/// Rings per CPU, by thread id (see [`profiler_common::ring_index`]).
+#[unsafe(no_mangle)]
+static CFG_RINGS_PER_CPU: u32 = 1;
 /// Offset of `exit_code` in `struct task_struct`, found by the daemon in the kernel's BTF; 0
 /// when unknown.
 #[unsafe(no_mangle)]
@@ -224,9 +227,12 @@ fn thread_state(create: bool) -> Option<&'static mut ThreadState> {
     Some(s)
 }
 
-/// The ring buffer of this CPU, as the map pointer the ring-buffer helpers take.
-fn ring(cpu: u32) -> Option<*mut c_void> {
-    RINGS.get(cpu).map(|r| r as *const _ as *mut c_void)
+/// The ring buffer of this CPU for thread `tid`, as the map pointer the ring-buffer helpers
+/// take.
+#[inline(always)]
+fn ring(cpu: u32, tid: u32) -> Option<*mut c_void> {
+    let index = profiler_common::ring_index(cpu, tid, setting(&CFG_RINGS_PER_CPU));
+    RINGS.get(index).map(|r| r as *const _ as *mut c_void)
 }
 
 /// Submit flags: no wakeup, unless (checked every 64th event of a thread, the query being
@@ -547,7 +553,7 @@ pub fn sled(ctx: ProbeContext) -> u32 {
     let flags = account_call(state, &cookie, sp);
     let mut h = header(state, &cookie, cpu, sp);
     h.flags = flags;
-    let written = match ring(cpu) {
+    let written = match ring(cpu, state.tid) {
         None => false,
         Some(ring) => {
             if cookie.kind == SledKind::CustomEvent as u8
@@ -690,7 +696,7 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
     };
     let mut h = header(state, &cookie, cpu, slot);
     h.flags = event_flags::BY_RETURN_PROBE;
-    let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));
+    let written = ring(cpu, state.tid).is_some_and(|ring| write(ring, &h, h.seq));
     settle(state, written);
     0
 }
@@ -773,7 +779,7 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
             h.flags |= event_flags::EXIT_CODE;
         }
     }
-    let written = ring(cpu).is_some_and(|ring| write(ring, &h, h.seq));
+    let written = ring(cpu, state.tid).is_some_and(|ring| write(ring, &h, h.seq));
     if !written {
         // Leave the books for the daemon to collect (their trailing losses).
         count(counter::EXIT_RECORDS_LOST, 1);

@@ -34,11 +34,21 @@ pub fn object_loader() -> EbpfLoader<'static> {
 /// `BPF_MAP_TYPE_RINGBUF` (uapi value).
 const BPF_MAP_TYPE_RINGBUF: u32 = 27;
 
+/// The CPUs the kernel may run programs on (one set of rings each).
+pub fn possible_cpus() -> Result<usize> {
+    aya::util::nr_cpus().map_err(|(what, e)| anyhow!("cannot count CPUs ({what}): {e}"))
+}
+
 /// What to load.
 #[derive(Clone, Copy, Debug)]
 pub struct LoadOptions {
-    /// Bytes per per-CPU ring buffer (a power of two, at least a page).
+    /// Bytes of ring buffer per CPU (a power of two, at least a page), shared by its
+    /// `rings_per_cpu` rings.
     pub ring_bytes: u32,
+    /// Rings per CPU, each written by the threads of one remainder of their id
+    /// (`profiler_common::ring_index`): one per pipeline worker, so that each worker reads
+    /// only its own threads' records. 1: one ring per CPU.
+    pub rings_per_cpu: u32,
     /// Argument registers recorded at LOG_ARGS_ENTRY sleds.
     pub nargs: u8,
     /// Payload bytes kept per custom/typed event.
@@ -123,19 +133,24 @@ impl From<Scope> for UProbeScope {
 }
 
 impl Tracer {
-    /// Loads the programs and creates one ring buffer of `options.ring_bytes` per possible CPU.
+    /// Loads the programs and creates `options.rings_per_cpu` ring buffers per possible CPU,
+    /// sharing `options.ring_bytes` (rings in CPU order: see [`Tracer::take_rings`]).
     pub fn load(options: LoadOptions) -> Result<Tracer> {
         let page = page_size();
-        let ring_bytes = options.ring_bytes;
-        if !ring_bytes.is_power_of_two() || ring_bytes < page {
-            bail!(
-                "--buffer-size must be a power of two of at least {page} bytes, not {ring_bytes}"
-            );
+        let per_cpu = options.ring_bytes;
+        if !per_cpu.is_power_of_two() || per_cpu < page {
+            bail!("--buffer-size must be a power of two of at least {page} bytes, not {per_cpu}");
         }
+        let split = options.rings_per_cpu;
+        if !(1..=64).contains(&split) {
+            bail!("{split} rings per CPU: must be 1 to 64");
+        }
+        // Each of a CPU's rings a power of two (as the kernel requires) of at least a page: a
+        // split that is not a power of two leaves the rest of the per-CPU size unused.
+        let ring_bytes = (per_cpu / split).max(page);
+        let ring_bytes = 1 << ring_bytes.ilog2();
         raise_memlock_limit();
-        let cpus =
-            aya::util::nr_cpus().map_err(|(what, e)| anyhow!("cannot count CPUs ({what}): {e}"))?;
-        let cpus = u32::try_from(cpus).context("too many CPUs")?;
+        let cpus = u32::try_from(possible_cpus()?).context("too many CPUs")?;
         let nargs = u32::from(options.nargs);
         // Wake the reader when a buffer is half full: the 10 ms timer keeps up with ordinary
         // rates, this covers bursts.
@@ -193,10 +208,11 @@ impl Tracer {
             .override_global(globals::NARGS, &nargs, true)
             .override_global(globals::MAX_EVENT_BYTES, &options.max_event_bytes, true)
             .override_global(globals::WAKEUP_BYTES, &wakeup, true)
+            .override_global(globals::RINGS_PER_CPU, &split, true)
             .override_global(globals::EXIT_CODE_OFFSET, &exit_code_offset, true)
             .override_global(globals::ABLATE, &options.ablate, true)
             .override_global(KERNEL_LOG_LEVEL, &kernel_log_level, true)
-            .map_max_entries(RINGS_MAP, cpus)
+            .map_max_entries(RINGS_MAP, cpus * split)
             .load(EBPF_OBJECT)
             .map_err(|e| anyhow!("loading the eBPF programs failed: {}", one_line(&e)))?;
         for name in [
@@ -217,16 +233,17 @@ impl Tracer {
                 .map_mut(RINGS_MAP)
                 .context("the eBPF object has no ring map")?;
             let mut outer: ArrayOfMaps<&mut MapData, RingBuf<MapData>> = outer.try_into()?;
-            for cpu in 0..cpus {
+            for index in 0..cpus * split {
                 let obj = aya_obj::Map::new_from_params(BPF_MAP_TYPE_RINGBUF, 0, 0, ring_bytes, 0);
-                let data = MapData::create(obj, &format!("fdr_ring{cpu}"), None).map_err(|e| {
-                    anyhow!(
-                        "cannot create a {ring_bytes}-byte ring buffer: {}",
-                        one_line(&e)
-                    )
-                })?;
+                let data =
+                    MapData::create(obj, &format!("fdr_ring{index}"), None).map_err(|e| {
+                        anyhow!(
+                            "cannot create a {ring_bytes}-byte ring buffer: {}",
+                            one_line(&e)
+                        )
+                    })?;
                 let ring = RingBuf::try_from(Map::RingBuf(data))?;
-                outer.set(cpu, &ring, 0)?;
+                outer.set(index, &ring, 0)?;
                 rings.push(ring);
             }
         }
@@ -399,7 +416,8 @@ impl Tracer {
         }
     }
 
-    /// Takes the per-CPU ring buffers out (the reader owns them from then on).
+    /// Takes the ring buffers out (the reader owns them from then on): `rings_per_cpu` for
+    /// each CPU in turn, as `profiler_common::ring_index` numbers them.
     pub fn take_rings(&mut self) -> Vec<RingBuf<MapData>> {
         std::mem::take(&mut self.rings)
     }

@@ -369,6 +369,9 @@ impl Drop for Ring {
 /// The reading end of the kernel → daemon event path.
 pub struct Intake {
     rings: Vec<Ring>,
+    /// Rings per CPU, each for the threads of one remainder of their id
+    /// (`profiler_common::ring_index`).
+    rings_per_cpu: usize,
     wakeups: Wakeups,
     malformed: u64,
 }
@@ -379,8 +382,14 @@ pub struct Intake {
 pub struct Wakeups(Option<AsyncFd<OwnedFd>>);
 
 impl Intake {
-    /// Takes over the per-CPU rings. Needs a tokio runtime with I/O enabled.
-    pub fn new(rings: Vec<RingBuf<MapData>>) -> Result<Intake> {
+    /// Takes over the rings, `rings_per_cpu` of each CPU in turn (as
+    /// `profiler_common::ring_index` numbers them). Needs a tokio runtime with I/O enabled.
+    pub fn new(rings: Vec<RingBuf<MapData>>, rings_per_cpu: usize) -> Result<Intake> {
+        anyhow::ensure!(
+            rings_per_cpu >= 1 && rings.len().is_multiple_of(rings_per_cpu),
+            "{} rings cannot be {rings_per_cpu} per CPU",
+            rings.len()
+        );
         let rings = rings
             .into_iter()
             .map(Ring::new)
@@ -418,6 +427,7 @@ impl Intake {
                 .context("registering the ring buffers with the event loop")?;
         Ok(Intake {
             rings,
+            rings_per_cpu,
             wakeups: Wakeups(Some(wakeups)),
             malformed: 0,
         })
@@ -465,24 +475,27 @@ impl Intake {
     }
 
     /// Hands the events of the threads `mine` selects to `sink`, as [`Intake::drain_some`]
-    /// does, reading each ring from this reader's own position in `positions` (one per ring,
-    /// from the consumer's on the first call) and giving no space back: several readers walk
-    /// the rings at once, each taking its threads' events, and [`Intake::release`] gives the
-    /// space back once every one is past it. Records of other threads are skipped unread but
-    /// for their thread id. Returns whether every ring was read to its end; records that are
-    /// not an event are counted in `malformed` by the reader that `mine(0)` selects.
+    /// does, reading each ring `ring` selects from this reader's own position in `positions`
+    /// (one per ring, from the consumer's on the first call) and giving no space back:
+    /// several readers walk the rings at once, each taking its threads' events, and
+    /// [`Intake::release`] gives the space back once every one is past it. Records of other
+    /// threads are skipped unread but for their thread id. Returns whether every ring read
+    /// was read to its end; records that are not an event are counted in `malformed` by the
+    /// reader that `mine(0)` selects.
     pub fn scan_part(
         &self,
         positions: &mut Vec<u64>,
         per_ring: u64,
+        ring: impl FnMut(usize) -> bool,
         mut mine: impl FnMut(u32) -> bool,
         malformed: &mut u64,
         mut sink: impl FnMut(&mut Event),
     ) -> bool {
-        // One reader of `scan_all`'s: reader 0, and no reader 1 for the others' records.
-        self.scan_all(
+        // One reader of `scan_rings`': reader 0, and no reader 1 for the others' records.
+        self.scan_rings(
             &mut [positions],
             per_ring,
+            ring,
             |tid| usize::from(!mine(tid)),
             malformed,
             |_, event| sink(event),
@@ -499,6 +512,19 @@ impl Intake {
         &self,
         positions: &mut [&mut Vec<u64>],
         per_ring: u64,
+        owner: impl FnMut(u32) -> usize,
+        malformed: &mut u64,
+        sink: impl FnMut(usize, &mut Event),
+    ) -> bool {
+        self.scan_rings(positions, per_ring, |_| true, owner, malformed, sink)
+    }
+
+    /// [`Intake::scan_all`] of the rings `ring` selects.
+    fn scan_rings(
+        &self,
+        positions: &mut [&mut Vec<u64>],
+        per_ring: u64,
+        mut ring: impl FnMut(usize) -> bool,
         mut owner: impl FnMut(u32) -> usize,
         malformed: &mut u64,
         mut sink: impl FnMut(usize, &mut Event),
@@ -515,11 +541,14 @@ impl Intake {
         }
         let mut emptied = true;
         let mut event = Event::empty();
-        for (index, ring) in self.rings.iter().enumerate() {
+        for (index, this) in self.rings.iter().enumerate() {
+            if !ring(index) {
+                continue;
+            }
             let Some(from) = positions.iter().map(|at| at[index]).min() else {
                 return true;
             };
-            let (to, taken) = ring.scan(from, per_ring, |pos, record| {
+            let (to, taken) = this.scan(from, per_ring, |pos, record| {
                 let reader = owner(EventHeader::tid_of(record).unwrap_or(0));
                 if positions.get(reader).is_none_or(|at| pos < at[index]) {
                     return;
@@ -551,6 +580,12 @@ impl Intake {
     /// Rings.
     pub fn rings(&self) -> usize {
         self.rings.len()
+    }
+
+    /// Rings per CPU: ring `r` holds only the events of threads whose id leaves the
+    /// remainder `r % rings_per_cpu` (`profiler_common::ring_index`).
+    pub fn rings_per_cpu(&self) -> usize {
+        self.rings_per_cpu
     }
 
     /// Bytes the programs have written and the intake not read yet, in all rings.

@@ -41,12 +41,14 @@ pub struct RecordArgs {
     #[arg(long, value_name = "SECS", value_parser = parse_duration)]
     pub duration: Option<std::time::Duration>,
 
-    /// Size in bytes of the kernel's event ring buffer (a power of two).
+    /// Bytes of the kernel's event ring buffers per CPU (a power of two), split into one ring
+    /// per worker (see --workers).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES)]
     pub buffer_size: u32,
 
     /// Threads that order and write the events (default: one for every 4 CPUs, at most 8):
-    /// each traced thread's events are handled by one of them.
+    /// each traced thread's events are handled by one of them, and written by the kernel to
+    /// a ring of each CPU of that worker's own.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub workers: Option<u16>,
 

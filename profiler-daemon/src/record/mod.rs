@@ -146,9 +146,16 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         Some(wanted) => wanted.choice(),
         None => crate::plan::exits::choose(cli.exits, &planned.image),
     };
+    // Each worker reads rings of its own: the programs write each CPU's events to one ring
+    // per worker, by thread.
+    let workers = match cli.workers {
+        Some(n) => usize::from(n),
+        None => default_workers(crate::kernel::bpf::possible_cpus()?),
+    };
     // Loading validates --buffer-size too; only then is anything created on disk.
     let mut tracer = Tracer::load(LoadOptions {
         ring_bytes: cli.buffer_size,
+        rings_per_cpu: u32::try_from(workers).context("--workers")?,
         nargs: cli.args,
         max_event_bytes: cli.max_event_bytes,
         floor: cli.floor,
@@ -316,13 +323,14 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         );
     }
     let rings = tracer.take_rings();
+    let rings_per_cpu = tracer.options().rings_per_cpu as usize;
     let books = tracer.take_books()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the event loop")?;
     runtime.block_on(async {
-        let intake = Intake::new(rings)?;
+        let intake = Intake::new(rings, rings_per_cpu)?;
         let probing = Probing {
             discovery: planned.discovery,
             filter,
@@ -579,9 +587,8 @@ async fn record(
     let mut last_flush = Instant::now();
     let mut last_stuck_check = Instant::now();
     let mut child_exit = None;
-    let workers = cli
-        .workers
-        .map_or_else(|| default_workers(intake.rings()), usize::from);
+    // One worker per ring of a CPU: each reads its own (see `Tracer::load`).
+    let workers = intake.rings_per_cpu();
     let mut events = ParallelPipeline::new(intake, session.parts(workers))?;
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

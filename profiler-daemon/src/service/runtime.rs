@@ -46,6 +46,8 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
     let mut config = ServiceConfig::load(config_path)?;
     let mut tracer = Tracer::load(LoadOptions {
         ring_bytes: profiler_common::DEFAULT_RING_BYTES,
+        // One pipeline thread reads every ring (see `session::pipeline`).
+        rings_per_cpu: 1,
         nargs: config.targets.iter().map(|t| t.args).max().unwrap_or(1),
         max_event_bytes: config
             .targets
@@ -104,7 +106,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
     // before the service says it is ready.
     let (intake, listener) = {
         let _context = runtime.enter();
-        (Intake::new(tracer.take_rings())?, control::bind(socket)?)
+        (Intake::new(tracer.take_rings(), 1)?, control::bind(socket)?)
     };
     tracer.set_armed(true)?;
     tracing::info!(

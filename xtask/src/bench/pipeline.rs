@@ -12,9 +12,10 @@ use std::process::Command;
 
 /// Traced threads of each run, all on 16 rings (16 CPUs).
 const THREADS: &[u32] = &[1, 4, 16];
-/// Pipeline workers of each run; 0 is the single-threaded path.
-const WORKERS: &[u32] = &[0, 1, 2, 4];
-const RINGS: u32 = 16;
+/// Pipeline workers of each run (0 is the single-threaded path), and whether every worker
+/// reads one shared ring per CPU (`--shared-rings`) rather than rings of its own.
+const WORKERS: &[(u32, bool)] = &[(0, false), (1, false), (2, true), (2, false), (4, false)];
+const CPUS: u32 = 16;
 /// Events of each run (unless `FDR_BENCH_PIPELINE_EVENTS` says otherwise).
 const EVENTS: u64 = 20_000_000;
 /// Runs per row; the row shows the median.
@@ -23,6 +24,7 @@ const REPEAT: usize = 5;
 struct Row {
     threads: u32,
     workers: u32,
+    shared: bool,
     events: u64,
     lost: u64,
     rate: f64,
@@ -49,25 +51,29 @@ pub fn run() -> Result<String> {
     let machine = support::machine_description();
     let mut rows = Vec::new();
     for &threads in THREADS {
-        for &workers in WORKERS {
+        for &(workers, shared) in WORKERS {
             let mut runs = Vec::new();
             for _ in 0..REPEAT {
-                let out = crate::run::output(
-                    Command::new(&program)
-                        .args(["--threads", &threads.to_string()])
-                        .args(["--rings", &RINGS.to_string()])
-                        .args(["--events", &events.to_string()])
-                        .args(["--workers", &workers.to_string()])
-                        .arg("--out")
-                        .arg(scratch.join("out")),
-                )
-                .with_context(|| format!("{} failed", program.display()))?;
+                let mut command = Command::new(&program);
+                command
+                    .args(["--threads", &threads.to_string()])
+                    .args(["--cpus", &CPUS.to_string()])
+                    .args(["--events", &events.to_string()])
+                    .args(["--workers", &workers.to_string()])
+                    .arg("--out")
+                    .arg(scratch.join("out"));
+                if shared {
+                    command.arg("--shared-rings");
+                }
+                let out = crate::run::output(&mut command)
+                    .with_context(|| format!("{} failed", program.display()))?;
                 let json: serde_json::Value =
                     serde_json::from_str(out.trim()).context("the pipeline program's output")?;
                 let number = |key: &str| json[key].as_f64().unwrap_or(f64::NAN);
                 runs.push(Row {
                     threads,
                     workers,
+                    shared,
                     events: number("events") as u64,
                     lost: number("lost") as u64,
                     rate: number("events_per_second"),
@@ -86,7 +92,7 @@ pub fn run() -> Result<String> {
     writeln!(text, "{machine}\n")?;
     writeln!(
         text,
-        "`profiler-daemon/examples/pipeline.rs`: traced threads of four processes call and return through a call tree up to 12 deep; the events are written, in the kernel's ring-buffer layout, to {RINGS} rings in memory (8 MiB each, the default), in runs of 256 events to the ring of the CPU a thread is on, a thread moving to another ring every 32,768 events on average. Each round writes 25,000 events of each thread (25 ms, `record`'s drain period, of a thread calling at 1M calls/s), evicts them from the caches (the kernel's records are written on other CPUs), then drains the rings into a session writing FDR files to disk, as `record` does: through the single-threaded pipeline (`session::pipeline::EventPipeline`, the service's, and every drain's before issue 29), or through `record`'s parallel one (`ParallelPipeline`) with N workers, the draining thread one of them. Only the drains are timed; CPU is the whole process's during them. At its end the program checks that the session counted every event written and every one lost. Median of {REPEAT} runs of {events} events. The ratio is to 1 worker of the same row.\n"
+        "`profiler-daemon/examples/pipeline.rs`: traced threads of four processes call and return through a call tree up to 12 deep; the events are written, in the kernel's ring-buffer layout, to rings in memory for {CPUS} CPUs (8 MiB per CPU, the default), in runs of 256 events to a ring of the CPU a thread is on, a thread moving to another CPU every 32,768 events on average. As `record` has the programs do, each CPU's 8 MiB is split into one ring per worker, a thread writing to the one of its worker (`profiler_common::ring_index`), so that each worker reads its own rings only; \"shared rings\" is the design before, one ring per CPU that every worker reads, skipping the others' records. Each round writes 25,000 events of each thread (25 ms, `record`'s drain period, of a thread calling at 1M calls/s), evicts them from the caches (the kernel's records are written on other CPUs), then drains the rings into a session writing FDR files to disk, as `record` does: through the single-threaded pipeline (`session::pipeline::EventPipeline`, the service's, and every drain's before issue 29), or through `record`'s parallel one (`ParallelPipeline`) with N workers, the draining thread one of them. Only the drains are timed; CPU is the whole process's during them. At its end the program checks that the session counted every event written and every one lost. Median of {REPEAT} runs of {events} events. The ratio is to 1 worker of the same row.\n"
     )?;
     writeln!(
         text,
@@ -96,12 +102,13 @@ pub fn run() -> Result<String> {
     for row in &rows {
         let one = rows
             .iter()
-            .find(|r| r.threads == row.threads && r.workers == 1)
+            .find(|r| r.threads == row.threads && r.workers == 1 && !r.shared)
             .map_or(f64::NAN, |r| r.rate);
-        let pipeline = match row.workers {
-            0 => "single-threaded (`EventPipeline`)".to_owned(),
-            1 => "1 worker".to_owned(),
-            n => format!("{n} workers"),
+        let pipeline = match (row.workers, row.shared) {
+            (0, _) => "single-threaded (`EventPipeline`)".to_owned(),
+            (1, _) => "1 worker".to_owned(),
+            (n, false) => format!("{n} workers"),
+            (n, true) => format!("{n} workers, shared rings"),
         };
         writeln!(
             text,

@@ -11,7 +11,21 @@ impl Intake {
     /// page size) in this process's memory, laid out as the kernel lays out a BPF ring buffer,
     /// with the writing end of each: the whole pipeline after the kernel, run and measured
     /// without BPF (`cargo xtask bench pipeline`, and tests). No wakeups: drain on a timer.
+    /// One ring per CPU; see [`Intake::in_memory_split`].
     pub fn in_memory(count: usize, size: u64) -> Result<(Intake, Vec<RingWriter>)> {
+        Intake::in_memory_split(count, 1, size)
+    }
+
+    /// [`Intake::in_memory`] with `rings_per_cpu` rings for each of `cpus` CPUs, the writer
+    /// of thread `tid`'s events on CPU `cpu` being `profiler_common::ring_index(cpu, tid,
+    /// rings_per_cpu)`, as the programs choose it.
+    pub fn in_memory_split(
+        cpus: usize,
+        rings_per_cpu: usize,
+        size: u64,
+    ) -> Result<(Intake, Vec<RingWriter>)> {
+        anyhow::ensure!(rings_per_cpu >= 1, "at least one ring per CPU");
+        let count = cpus * rings_per_cpu;
         let mut rings = Vec::with_capacity(count);
         let mut writers = Vec::with_capacity(count);
         for _ in 0..count {
@@ -22,6 +36,7 @@ impl Intake {
         Ok((
             Intake {
                 rings,
+                rings_per_cpu,
                 wakeups: Wakeups(None),
                 malformed: 0,
             },

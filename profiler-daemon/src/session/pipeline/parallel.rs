@@ -3,13 +3,16 @@
 //!
 //! Each of `W` workers owns a share of the traced threads (thread `tid` is ordered and written
 //! by worker `tid % W`: consecutive thread ids, as a process's threads mostly have, spread
-//! evenly) and reads every ring from a position of its own, taking its threads' events and
-//! skipping the others' after reading their thread id ([`Intake::scan_part`]). So each
-//! thread's events meet in one worker's [`Sequencer`], in exact program order, with no lock, no
-//! copy and no allocation per event; a record's space goes back to the programs once every
-//! worker is past it, after each drain. What that costs: every worker looks at every record
-//! (a few nanoseconds each, against the ~50 ns of ordering and writing one), which is why the
-//! default number of workers grows with the CPUs only one for every four ([`default_workers`]).
+//! evenly), so each thread's events meet in one worker's [`Sequencer`], in exact program
+//! order, with no lock, no copy and no allocation per event. `record` has the programs write
+//! each CPU's events to `W` rings, thread `tid`'s to the one `tid % W` along
+//! (`profiler_common::ring_index`): then each worker reads only its own rings, from positions
+//! of its own, and finds only its own threads' records in them (the pipeline is *routed*).
+//! Rings shared by every worker (one per CPU, as the service has) work too: each worker then
+//! reads every ring, skipping the others' records after reading their thread id
+//! ([`Intake::scan_part`]), which costs each worker a cache miss per record of the others'.
+//! Either way a record's space goes back to the programs once every worker reading its ring
+//! is past it, after each drain.
 //!
 //! A quiet host keeps costing what one thread costs: the helpers are woken only for a drain
 //! with more than [`PARALLEL_FROM`] bytes waiting in the rings, and only when the drain before
@@ -45,11 +48,14 @@ pub const PARALLEL_FROM: u64 = 256 << 10;
 /// Most workers by default: past that, the kernel side is the limit (see BENCHMARKS.md).
 pub const MAX_DEFAULT_WORKERS: usize = 8;
 
-/// Workers for `rings` rings (CPUs that produce events): one for every 4, at most
-/// [`MAX_DEFAULT_WORKERS`] and at most the CPUs this process may run on.
-pub fn default_workers(rings: usize) -> usize {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    rings.div_ceil(4).clamp(1, MAX_DEFAULT_WORKERS).min(cpus)
+/// Workers for `cpus` CPUs that produce events: one for every 4, at most
+/// [`MAX_DEFAULT_WORKERS`] and at most the CPUs this process may run on. One worker takes
+/// the events of about ten CPUs that trace flat out (~27M events/s, see BENCHMARKS.md); more
+/// leaves room for a daemon that competes with the traced threads for the CPUs, at the cost
+/// of each CPU's ring memory being split further (one ring per worker).
+pub fn default_workers(cpus: usize) -> usize {
+    let mine = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cpus.div_ceil(4).clamp(1, MAX_DEFAULT_WORKERS).min(mine)
 }
 
 /// The kernel's rings drained, put in order and written by `W` workers.
@@ -76,8 +82,17 @@ struct Shared<S> {
     /// Read by every worker at once during a drain; written (space given back) between.
     intake: RwLock<Intake>,
     workers: Vec<Mutex<Worker<S>>>,
+    /// Whether each ring holds the events of one worker's threads only (the programs spread
+    /// each CPU's events over a multiple of the workers' number of rings, by thread id):
+    /// then each worker reads its own rings only, the ones [`Shared::reader`] names.
+    routed: bool,
+    rings_per_cpu: usize,
 }
 
+// Each worker's own cache lines (two: the prefetcher fetches lines in pairs): its counts and
+// its sequencer change on every event, and a neighbour's on the same line would cost every
+// event of both a cache miss.
+#[repr(align(128))]
 struct Worker<S> {
     index: usize,
     order: Sequencer,
@@ -114,7 +129,13 @@ impl<S: Sink> Worker<S> {
     /// Reads every ring from this worker's positions (at most `budget` records of each),
     /// handing its threads' events to its sink in order. Whether every ring was read to its
     /// end.
-    fn drain(&mut self, intake: &Intake, budget: u64, workers: usize) -> bool {
+    fn drain(
+        &mut self,
+        intake: &Intake,
+        budget: u64,
+        workers: usize,
+        rings: impl FnMut(usize) -> bool,
+    ) -> bool {
         let me = self.index;
         let mut sink = lock(&self.sink);
         let mut sink = |e: &mut Event, g: Option<Gap>| sink.record(e, g);
@@ -131,6 +152,7 @@ impl<S: Sink> Worker<S> {
         intake.scan_part(
             &mut self.positions,
             budget,
+            rings,
             mine,
             &mut self.malformed,
             |event| {
@@ -175,9 +197,12 @@ impl<S: Sink> ParallelPipeline<S> {
                 })
             })
             .collect();
+        let rings_per_cpu = intake.rings_per_cpu();
         let shared = Arc::new(Shared {
             intake: RwLock::new(intake),
             workers,
+            routed: rings_per_cpu.is_multiple_of(count),
+            rings_per_cpu,
         });
         let (done_tx, done) = mpsc::channel();
         let mut helpers = Vec::new();
@@ -336,7 +361,8 @@ impl<S: Sink> Shared<S> {
     fn drain_part(&self, index: usize, budget: u64) -> bool {
         std::panic::catch_unwind(AssertUnwindSafe(|| {
             let intake = self.intake.read().unwrap_or_else(|p| p.into_inner());
-            lock(&self.workers[index]).drain(&intake, budget, self.workers.len())
+            let rings = |ring| !self.routed || self.reader(ring) == index;
+            lock(&self.workers[index]).drain(&intake, budget, self.workers.len(), rings)
         }))
         .unwrap_or(false)
     }
@@ -377,10 +403,30 @@ impl<S: Sink> Shared<S> {
         emptied
     }
 
+    /// The one worker that reads ring `ring` when [`Shared::routed`]: the one whose threads
+    /// write to it (`profiler_common::ring_index`).
+    fn reader(&self, ring: usize) -> usize {
+        ring % self.rings_per_cpu % self.workers.len()
+    }
+
     /// Gives each ring's space back up to the position every worker is past.
     fn release(&self) {
         let mut intake = self.intake.write().unwrap_or_else(|p| p.into_inner());
-        let workers: Vec<_> = self.workers.iter().map(lock).collect();
+        let mut workers: Vec<_> = self.workers.iter().map(lock).collect();
+        if self.routed {
+            // Only each ring's reader moved on in it: the others are where it is (none of
+            // their threads' events are in it), for this and a drain that reads every ring.
+            for ring in 0..intake.rings() {
+                let Some(&past) = workers[self.reader(ring)].positions.get(ring) else {
+                    continue;
+                };
+                for worker in &mut workers {
+                    if let Some(at) = worker.positions.get_mut(ring) {
+                        *at = past;
+                    }
+                }
+            }
+        }
         for ring in 0..intake.rings() {
             let past = workers
                 .iter()
@@ -457,8 +503,16 @@ mod tests {
             self.rng % n
         }
 
-        /// Writes one round; returns the books of the threads whose exit record was lost.
-        fn round(&mut self, rings: &mut [RingWriter]) -> Vec<(u32, ThreadState)> {
+        /// Writes one round, each CPU's events to its `rings_per_cpu` rings by thread as the
+        /// programs do; returns the books of the threads whose exit record was lost.
+        fn round(
+            &mut self,
+            rings: &mut [RingWriter],
+            rings_per_cpu: usize,
+        ) -> Vec<(u32, ThreadState)> {
+            let ring_of = |cpu: usize, tid: u32| {
+                profiler_common::ring_index(cpu as u32, tid, rings_per_cpu as u32) as usize
+            };
             let mut exited = Vec::new();
             for i in 0..self.threads.len() {
                 let run = 1 + self.below(40);
@@ -476,7 +530,7 @@ mod tests {
                             gap_lost: *gap,
                             ..EventHeader::default()
                         };
-                        assert!(rings[*ring].write(&header.to_bytes()));
+                        assert!(rings[ring_of(*ring, *tid)].write(&header.to_bytes()));
                         *gap = 0;
                     }
                     *seq += 1;
@@ -497,7 +551,7 @@ mod tests {
                     ..EventHeader::default()
                 };
                 if self.below(2) == 0 {
-                    assert!(rings[ring].write(&exit.to_bytes()));
+                    assert!(rings[ring_of(ring, tid)].write(&exit.to_bytes()));
                 } else {
                     let books = ThreadState {
                         seq,
@@ -539,7 +593,7 @@ mod tests {
         let mut sink = Collect::default();
         let mut stream = Stream::new();
         for round in 0..ROUNDS {
-            let exited = stream.round(&mut rings);
+            let exited = stream.round(&mut rings, 1);
             // Small budgets now and then: drains that leave records behind.
             let budget = if round % 7 == 0 { 3 } else { u64::MAX };
             pipeline.end_exited(exited, budget, &mut |e, g| sink.record(e, g));
@@ -552,9 +606,9 @@ mod tests {
 
     /// The stream through `workers` workers; with `busy`, every drain is one of every worker
     /// at once, else one of this thread alone (the rings here hold less than
-    /// [`PARALLEL_FROM`]).
-    fn parallel(workers: usize, busy: bool) -> Seen {
-        let (intake, mut rings) = Intake::in_memory(RINGS, 1 << 16).unwrap();
+    /// [`PARALLEL_FROM`]); each CPU's events in `rings_per_cpu` rings.
+    fn parallel(workers: usize, busy: bool, rings_per_cpu: usize) -> Seen {
+        let (intake, mut rings) = Intake::in_memory_split(RINGS, rings_per_cpu, 1 << 16).unwrap();
         let sinks: Vec<_> = (0..workers)
             .map(|_| Arc::new(Mutex::new(Collect::default())))
             .collect();
@@ -563,7 +617,7 @@ mod tests {
         assert_eq!(pipeline.workers(), workers);
         let mut stream = Stream::new();
         for round in 0..ROUNDS {
-            let exited = stream.round(&mut rings);
+            let exited = stream.round(&mut rings, rings_per_cpu);
             let budget = if round % 7 == 0 { 3 } else { u64::MAX };
             pipeline.end_exited(exited, budget);
             pipeline.drain(budget);
@@ -586,7 +640,9 @@ mod tests {
     }
 
     /// Every thread's events, gaps and end come out of any number of workers exactly as
-    /// they come out of the single-threaded pipeline, each thread from its one worker.
+    /// they come out of the single-threaded pipeline, each thread from its one worker:
+    /// whether every worker reads every ring, or each its own (each CPU's events spread over
+    /// rings by thread, as many as the workers or a multiple).
     #[test]
     fn workers_hand_on_each_thread_exactly_as_one_thread_does() {
         let want = single_threaded();
@@ -598,12 +654,12 @@ mod tests {
             assert_eq!(events.last().map(|e| e.1), Some(event_kind::THREAD_EXIT));
         }
         assert!(want.values().flatten().any(|e| e.2.is_some()), "some gaps");
-        for workers in [1, 2, 3] {
+        for (workers, rings_per_cpu) in [(1, 1), (2, 1), (3, 1), (2, 2), (3, 3), (2, 4)] {
             for busy in [false, true] {
                 assert_eq!(
-                    parallel(workers, busy),
+                    parallel(workers, busy, rings_per_cpu),
                     want,
-                    "{workers} workers, busy {busy}"
+                    "{workers} workers, {rings_per_cpu} rings per CPU, busy {busy}"
                 );
             }
         }
@@ -652,35 +708,42 @@ mod tests {
     }
 
     /// A drain of more than [`PARALLEL_FROM`] bytes is done by every worker at once, and
-    /// the rings' space is given back once they all are past it: three rounds of half a ring
-    /// each fit in it.
+    /// the rings' space is given back once they all are past it: four rounds of half a ring
+    /// each fit in it. Each ring holds one thread's events: on two CPUs, both workers reading
+    /// both rings; or on one CPU with a ring for each worker, each reading its own only
+    /// (the other must not hold the space back).
     #[test]
     fn a_busy_drain_gives_the_space_back_once_every_worker_is_past_it() {
-        let (intake, mut rings) = Intake::in_memory(2, 512 << 10).unwrap();
-        let sinks: Vec<_> = (0..2)
-            .map(|_| Arc::new(Mutex::new(Collect::default())))
-            .collect();
-        let mut pipeline = ParallelPipeline::new(intake, sinks.clone()).unwrap();
-        // An even number, each thread half.
-        let records = 2 * (PARALLEL_FROM / (EventHeader::SIZE as u64 + 8));
-        for round in 0..3u64 {
-            for seq in 0..records {
-                let header = EventHeader {
-                    // Each thread's own numbers: 0, 1, 2...
-                    seq: (round * records + seq) / 2,
-                    tid: 10 + (seq % 2) as u32,
-                    ..EventHeader::default()
-                };
-                // Without the space given back, the third round would not fit.
-                assert!(rings[(seq % 2) as usize].write(&header.to_bytes()));
+        for (cpus, rings_per_cpu) in [(2, 1), (1, 2)] {
+            let (intake, mut rings) =
+                Intake::in_memory_split(cpus, rings_per_cpu, 512 << 10).unwrap();
+            let sinks: Vec<_> = (0..2)
+                .map(|_| Arc::new(Mutex::new(Collect::default())))
+                .collect();
+            let mut pipeline = ParallelPipeline::new(intake, sinks.clone()).unwrap();
+            assert_eq!(pipeline.shared.routed, rings_per_cpu == 2);
+            // An even number, each thread half.
+            let records = 2 * (PARALLEL_FROM / (EventHeader::SIZE as u64 + 8));
+            for round in 0..4u64 {
+                for seq in 0..records {
+                    let header = EventHeader {
+                        // Each thread's own numbers: 0, 1, 2...
+                        seq: (round * records + seq) / 2,
+                        tid: 10 + (seq % 2) as u32,
+                        ..EventHeader::default()
+                    };
+                    // Without the space given back, the fourth round would not fit.
+                    assert!(rings[(seq % 2) as usize].write(&header.to_bytes()));
+                }
+                rings.iter_mut().for_each(RingWriter::publish);
+                assert!(pipeline.drain(u64::MAX));
+                assert!(pipeline.spread || round == 0, "both workers were busy");
             }
-            rings.iter_mut().for_each(RingWriter::publish);
-            assert!(pipeline.drain(u64::MAX));
-        }
-        for (tid, sink) in [(10, &sinks[0]), (11, &sinks[1])] {
-            let seen = &lock(sink).0;
-            assert_eq!(seen.len(), 1);
-            assert_eq!(seen[&tid].len() as u64, 3 * records / 2);
+            for (tid, sink) in [(10, &sinks[0]), (11, &sinks[1])] {
+                let seen = &lock(sink).0;
+                assert_eq!(seen.len(), 1);
+                assert_eq!(seen[&tid].len() as u64, 4 * records / 2);
+            }
         }
     }
 }
