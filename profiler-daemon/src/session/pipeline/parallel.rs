@@ -126,9 +126,9 @@ fn books_of(books: &[(u32, ThreadState)], index: usize, workers: usize) -> Vec<(
 }
 
 impl<S: Sink> Worker<S> {
-    /// Reads every ring from this worker's positions (at most `budget` records of each),
-    /// handing its threads' events to its sink in order. Whether every ring was read to its
-    /// end.
+    /// Reads the rings `rings` selects from this worker's positions (at most `budget` records
+    /// of each), handing its threads' events to its sink in order. Whether every ring read
+    /// was read to its end.
     fn drain(
         &mut self,
         intake: &Intake,
