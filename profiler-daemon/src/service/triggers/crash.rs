@@ -59,6 +59,9 @@ struct Crash {
     pid: u32,
     signal: u32,
     seen: Instant,
+    /// When its thread ended (the kernel's clock): crashes seen in one drain come ring by
+    /// ring, not in the order they happened.
+    ts_ns: u64,
 }
 
 /// The name of a crash's signal in logs and snapshot names (`sigsegv`).
@@ -121,6 +124,7 @@ impl Trigger for Crashes {
                 pid: h.pid,
                 signal,
                 seen: now,
+                ts_ns: h.ts_ns,
             });
         }
     }
@@ -160,7 +164,12 @@ impl Trigger for Crashes {
                         b.interval
                     );
                 }
-                b.pending = Some((crash, covered));
+                // The snapshot is named after the newest crash it covers.
+                let newest = match b.pending {
+                    Some((pending, _)) if pending.ts_ns > crash.ts_ns => pending,
+                    _ => crash,
+                };
+                b.pending = Some((newest, covered));
                 continue;
             }
             due.push(b.write(&crash, 1));
@@ -186,5 +195,46 @@ impl Trigger for Crashes {
                     .map_or(serde_json::Value::Null, |(_, n)| (*n).into()),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segfault(pid: u32, ts_ns: u64) -> EventHeader {
+        EventHeader {
+            kind: event_kind::THREAD_EXIT,
+            flags: event_flags::EXIT_CODE,
+            function_id: 11,
+            pid,
+            tid: pid,
+            ts_ns,
+            ..EventHeader::default()
+        }
+    }
+
+    /// A crash loop's snapshot is named after its newest crash, whatever order the crashes'
+    /// ends were drained in (ring by ring, not by time).
+    #[test]
+    fn a_coalesced_snapshot_names_the_newest_crash() {
+        let mut crashes = Crashes::default();
+        crashes.binaries.insert(
+            1,
+            Binary {
+                target: "t".into(),
+                interval: Duration::from_secs(3600),
+                last: None,
+                pending: None,
+                coalesced: 0,
+            },
+        );
+        crashes.observe(1, &segfault(100, 10));
+        let names = |due: Vec<Due>| due.into_iter().map(|d| d.name).collect::<Vec<_>>();
+        assert_eq!(names(crashes.due(true)), ["sigsegv-100"]);
+        // Within the interval: covered by one snapshot, the newest crash drained first.
+        crashes.observe(1, &segfault(300, 30));
+        crashes.observe(1, &segfault(200, 20));
+        assert_eq!(names(crashes.due(true)), ["sigsegv-300-2-crashes"]);
     }
 }
