@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 /// Seconds of recording, unless `FDR_BENCH_DAEMON_SECS` says otherwise.
 const DEFAULT_SECS: u64 = 60;
-/// Workload threads of each run: one run per entry (unless `FDR_BENCH_DAEMON_THREADS` says
-/// otherwise).
-const THREADS: &[u32] = &[1, 2];
+/// Workload threads and pipeline workers (`--workers`) of each run: one run per entry (unless
+/// `FDR_BENCH_DAEMON_THREADS` names the thread counts, each run with one worker).
+const RUNS: &[(u32, u32)] = &[(1, 1), (2, 1), (2, 2)];
 /// Bytes of each CPU's ring buffer: 4x the default, so that nothing is lost at these rates.
 const BUFFER_SIZE: u64 = 32 << 20;
 /// Seconds the workload runs beyond the recording (it is stopped once the daemon is gone).
@@ -46,6 +46,7 @@ struct Sample {
 /// One run's result.
 struct Run {
     threads: u32,
+    workers: u32,
     events: u64,
     lost: u64,
     /// The daemon's life, seconds.
@@ -68,25 +69,25 @@ pub fn run() -> Result<String> {
         .unwrap_or(DEFAULT_SECS);
     // FDR_BENCH_DAEMON_THREADS=1,2: which runs (the 10-minute run of the target takes 10
     // minutes per entry).
-    let threads: Vec<u32> = match std::env::var("FDR_BENCH_DAEMON_THREADS") {
+    let plan: Vec<(u32, u32)> = match std::env::var("FDR_BENCH_DAEMON_THREADS") {
         Ok(v) => v
             .split(',')
-            .map(|t| t.trim().parse().ok().filter(|&n| n > 0))
-            .collect::<Option<Vec<u32>>>()
+            .map(|t| t.trim().parse().ok().filter(|&n| n > 0).map(|n| (n, 1)))
+            .collect::<Option<Vec<(u32, u32)>>>()
             .with_context(|| format!("FDR_BENCH_DAEMON_THREADS={v:?}: want numbers like 1,2"))?,
-        Err(_) => THREADS.to_vec(),
+        Err(_) => RUNS.to_vec(),
     };
     let daemon = support::daemon()?;
     let work = support::scratch("daemon")?;
     let bin = support::build_calls(&work)?;
     let machine = support::machine_description();
     let mut runs = Vec::new();
-    for &threads in &threads {
-        let dir = work.join(format!("threads-{threads}"));
+    for &(threads, workers) in &plan {
+        let dir = work.join(format!("threads-{threads}-workers-{workers}"));
         std::fs::create_dir_all(&dir)?;
-        let run = measure(&daemon, &bin, &dir, threads, secs)?;
+        let run = measure(&daemon, &bin, &dir, threads, workers, secs)?;
         eprintln!(
-            "xtask bench daemon: {threads} threads: {} events, {:.2} s CPU in {:.1} s",
+            "xtask bench daemon: {threads} threads, {workers} workers: {} events, {:.2} s CPU in {:.1} s",
             run.events, run.cpu, run.wall
         );
         runs.push(run);
@@ -96,8 +97,16 @@ pub fn run() -> Result<String> {
     Ok(render(secs, &machine, &runs))
 }
 
-/// Records `threads` threads of the workload for `secs` seconds by pid.
-fn measure(daemon: &Path, bin: &Path, dir: &Path, threads: u32, secs: u64) -> Result<Run> {
+/// Records `threads` threads of the workload for `secs` seconds by pid, with `workers`
+/// pipeline workers.
+fn measure(
+    daemon: &Path,
+    bin: &Path,
+    dir: &Path,
+    threads: u32,
+    workers: u32,
+    secs: u64,
+) -> Result<Run> {
     let workload = Background(
         Command::new(bin)
             .args(["--threads", &threads.to_string()])
@@ -114,6 +123,7 @@ fn measure(daemon: &Path, bin: &Path, dir: &Path, threads: u32, secs: u64) -> Re
         .args(["--pid", &workload.0.id().to_string(), "--exits", "return"])
         .args(["--duration", &secs.to_string()])
         .args(["--buffer-size", &BUFFER_SIZE.to_string(), "--no-report"])
+        .args(["--workers", &workers.to_string()])
         .arg("--out")
         .arg(&trace)
         .stdout(Stdio::null())
@@ -175,6 +185,7 @@ fn measure(daemon: &Path, bin: &Path, dir: &Path, threads: u32, secs: u64) -> Re
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     Ok(Run {
         threads,
+        workers,
         events: count("events")?,
         lost: count("events_lost")?,
         wall,
@@ -212,7 +223,9 @@ fn render(secs: u64, machine: &str, runs: &[Run]) -> String {
          (tests/fixtures/calls.c built with the tests' flags: N threads calling `cx_tiny` in a \
          loop) runs alone; 0.2 s later the release daemon records it by pid, \
          `target/release/fdr-profiled --pid PID --exits return --duration {secs} --buffer-size \
-         {BUFFER_SIZE} --no-report --out target/bench/daemon/threads-N/trace`, and the workload \
+         {BUFFER_SIZE} --no-report --workers W --out target/bench/daemon/threads-N-workers-W/trace` (W \
+         pipeline workers, each with a ring of each CPU of its own: the buffer size is split \
+         between them), and the workload \
          is stopped once the daemon has exited. The daemon has no child, so `wait4` on it gives \
          its own user + system CPU time and peak RSS (`ru_maxrss`) over its whole life \
          (start-up, attach and the final flush included); its RSS is read from \
@@ -225,17 +238,18 @@ fn render(secs: u64, machine: &str, runs: &[Run]) -> String {
     let _ = writeln!(s, "{machine}\n");
     let _ = writeln!(
         s,
-        "| workload threads | events | events/s | lost | daemon wall | daemon CPU (user + sys) \
+        "| workload threads | workers | events | events/s | lost | daemon wall | daemon CPU (user + sys) \
          | CPU per 1M events | share of one core | peak RSS | RSS at 25% / end | RssAnon at 25% \
          / end |"
     );
-    s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in runs {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {} | {:.1} s | {:.2} s | {:.1} ms | {:.1}% | {:.1} MiB | \
+            "| {} | {} | {} | {:.0} | {} | {:.1} s | {:.2} s | {:.1} ms | {:.1}% | {:.1} MiB | \
              {:.1} / {:.1} MiB | {:.1} / {:.1} MiB |",
             r.threads,
+            r.workers,
             r.events,
             rate(r),
             r.lost,
