@@ -495,6 +495,14 @@ pub mod repair_state {
 /// Default size of each per-CPU ring buffer in bytes (a power of two, as the kernel requires).
 pub const DEFAULT_RING_BYTES: u32 = 8 << 20;
 
+/// Bytes of each of a CPU's `rings_per_cpu` rings when they share `per_cpu` bytes: a power of
+/// two (as the kernel requires) of at least `page` bytes; a split that is not a power of two
+/// leaves the rest of `per_cpu` unused.
+pub fn ring_bytes(per_cpu: u64, rings_per_cpu: u64, page: u64) -> u64 {
+    let each = (per_cpu / rings_per_cpu.max(1)).max(page).max(1);
+    1 << each.ilog2()
+}
+
 /// The ring an event of thread `tid` on CPU `cpu` is written to, when each CPU's events are
 /// spread over `rings_per_cpu` rings by thread (`globals::RINGS_PER_CPU`): CPU `cpu`'s rings
 /// are `cpu * rings_per_cpu ..`, and thread `tid` always writes to the one `tid %

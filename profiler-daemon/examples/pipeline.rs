@@ -172,7 +172,9 @@ fn main() -> Result<()> {
     );
     let rings_per_cpu = if o.shared_rings { 1 } else { o.workers.max(1) };
     // As `Tracer::load` sizes them: the CPU's size shared, each a power of two.
-    let ring_size = 1 << (o.ring_size / rings_per_cpu as u64).max(4096).ilog2();
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    let ring_size = profiler_common::ring_bytes(o.ring_size, rings_per_cpu as u64, page);
     let (intake, mut writers) = Intake::in_memory_split(o.cpus, rings_per_cpu, ring_size)?;
     let mut pipeline = if o.workers == 0 {
         Pipeline::One(EventPipeline::new(intake))

@@ -145,10 +145,8 @@ impl Tracer {
         if !(1..=64).contains(&split) {
             bail!("{split} rings per CPU: must be 1 to 64");
         }
-        // Each of a CPU's rings a power of two (as the kernel requires) of at least a page: a
-        // split that is not a power of two leaves the rest of the per-CPU size unused.
-        let ring_bytes = (per_cpu / split).max(page);
-        let ring_bytes = 1 << ring_bytes.ilog2();
+        let ring_bytes =
+            profiler_common::ring_bytes(per_cpu.into(), split.into(), page.into()) as u32;
         raise_memlock_limit();
         let cpus = u32::try_from(possible_cpus()?).context("too many CPUs")?;
         let nargs = u32::from(options.nargs);
