@@ -13,9 +13,9 @@
 //! files under `--out`, as `record` does; only the drains are timed (wall and this thread's
 //! CPU time).
 //!
-//! `--workers N` runs the parallel pipeline `record` uses (`ParallelPipeline`: N workers, the
-//! calling thread one of them); `--workers 0` the single-threaded `EventPipeline` the service
-//! uses, the path every drain took before the parallel one. As `record` does, each CPU's
+//! `--workers N` runs it with N workers, the calling thread one of them (1: the calling
+//! thread alone, as the service runs it, reading each ring once and giving its space back as
+//! it goes: the path every drain took before the parallel one). As `record` does, each CPU's
 //! events go to one ring per worker, by thread id (`profiler_common::ring_index`), the CPU's
 //! `--ring-size` shared between them, so that each worker reads its own rings only;
 //! `--shared-rings` keeps one ring per CPU, which every worker reads, skipping the others'
@@ -30,8 +30,7 @@ use profiler_daemon::kernel::intake::Intake;
 use profiler_daemon::plan::exits::ExitsChoice;
 use profiler_daemon::plan::objects::Executable;
 use profiler_daemon::session::output::OutputDir;
-use profiler_daemon::session::pipeline::parallel::ParallelPipeline;
-use profiler_daemon::session::pipeline::EventPipeline;
+use profiler_daemon::session::pipeline::{locked, EventPipeline};
 use profiler_daemon::session::{IntakeLosses, Session};
 use std::time::{Duration, Instant};
 
@@ -170,17 +169,19 @@ fn main() -> Result<()> {
             reason: "pipeline benchmark".into(),
         },
     );
-    let rings_per_cpu = if o.shared_rings { 1 } else { o.workers.max(1) };
+    if o.workers == 0 {
+        bail!("--workers: at least 1");
+    }
+    let rings_per_cpu = if o.shared_rings { 1 } else { o.workers };
     // As `Tracer::load` sizes them: the CPU's size shared, each a power of two.
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
     let ring_size = profiler_common::ring_bytes(o.ring_size, rings_per_cpu as u64, page);
     let (intake, mut writers) = Intake::in_memory_split(o.cpus, rings_per_cpu, ring_size)?;
-    let mut pipeline = if o.workers == 0 {
-        Pipeline::One(EventPipeline::new(intake))
-    } else {
-        Pipeline::Parallel(ParallelPipeline::new(intake, session.parts(o.workers))?)
-    };
+    // This thread is worker 0, with a part of the session's files of its own (as `record`).
+    let mut parts = session.parts(o.workers);
+    let own = parts.remove(0);
+    let mut pipeline = EventPipeline::new(intake, parts)?;
     let mut threads: Vec<Thread> = (0..o.threads)
         .map(|i| Thread {
             pid: 1000 + i % 4,
@@ -236,14 +237,7 @@ fn main() -> Result<()> {
             writer.publish();
         }
         let (start, start_cpu) = (Instant::now(), process_cpu_time());
-        match &mut pipeline {
-            Pipeline::One(events) => {
-                events.drain(u64::MAX, &mut |e, g| session.record(e, g));
-            }
-            Pipeline::Parallel(events) => {
-                events.drain(u64::MAX);
-            }
-        }
+        pipeline.drain(u64::MAX, &mut locked(&own));
         wall += start.elapsed();
         cpu += process_cpu_time() - start_cpu;
         rounds += 1;
@@ -263,16 +257,8 @@ fn main() -> Result<()> {
         })
         .collect();
     let (start, start_cpu) = (Instant::now(), process_cpu_time());
-    let malformed = match &mut pipeline {
-        Pipeline::One(events) => {
-            events.finish(&books, &mut |e, g| session.record(e, g));
-            events.malformed()
-        }
-        Pipeline::Parallel(events) => {
-            events.finish(&books);
-            events.malformed()
-        }
-    };
+    pipeline.finish(&books, &mut locked(&own));
+    let malformed = pipeline.malformed();
     drop(pipeline);
     let report = session.finish(IntakeLosses {
         unattributed_lost: 0,
@@ -311,11 +297,6 @@ fn main() -> Result<()> {
         })
     );
     Ok(())
-}
-
-enum Pipeline {
-    One(EventPipeline),
-    Parallel(ParallelPipeline<profiler_daemon::session::ThreadFiles>),
 }
 
 fn walk_size(dir: &std::path::Path) -> u64 {

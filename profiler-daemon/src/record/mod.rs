@@ -20,7 +20,7 @@ use crate::plan::objects as planned;
 use crate::plan::select::FunctionFilter;
 use crate::repair::keeper as repair;
 use crate::session::output::OutputDir;
-use crate::session::pipeline::parallel::{default_workers, ParallelPipeline};
+use crate::session::pipeline::{default_workers, locked, EventPipeline};
 use crate::session::summary::RepairsByThread;
 use crate::session::{IntakeLosses, Session};
 use crate::traced::launch::{self, ChildExit, HeldChild};
@@ -589,13 +589,17 @@ async fn record(
     let mut child_exit = None;
     // One worker per ring of a CPU: each reads its own (see `Tracer::load`).
     let workers = intake.rings_per_cpu();
-    let mut events = ParallelPipeline::new(intake, session.parts(workers))?;
+    // This thread is worker 0: its part of the files is locked for each call of the pipeline
+    // (the session locks every part to flush them between).
+    let mut parts = session.parts(workers);
+    let own = parts.remove(0);
+    let mut events = EventPipeline::new(intake, parts)?;
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = drain.tick() => {
-                events.drain(DRAIN_BUDGET);
+                events.drain(DRAIN_BUDGET, &mut locked(&own));
                 probing.tracer.show_kernel_log();
                 // The keeper lets the process go by itself (it exec'd a program that raised
                 // its privileges): it waits, the process held at its exec, for the session
@@ -605,7 +609,7 @@ async fn record(
                 }
                 if last_flush.elapsed() >= FLUSH_INTERVAL {
                     // Threads that exited with a full buffer: their books are in the table.
-                    events.end_exited(books.take_exited(), DRAIN_BUDGET);
+                    events.end_exited(books.take_exited(), DRAIN_BUDGET, &mut locked(&own));
                     session.flush();
                     last_flush = Instant::now();
                 }
@@ -624,7 +628,7 @@ async fn record(
             }
             woken = events.wakeup() => {
                 woken?;
-                events.drain(DRAIN_BUDGET);
+                events.drain(DRAIN_BUDGET, &mut locked(&own));
             }
             _ = rescan.tick(), if probing.discovery.is_some() => {
                 if let Some(discovery) = &mut probing.discovery {
@@ -659,7 +663,7 @@ async fn record(
     if let Err(err) = probing.tracer.set_armed(false) {
         errln!("fdr-profiled: warning: {err:#}");
     }
-    events.finish(&books.threads());
+    events.finish(&books.threads(), &mut locked(&own));
     let losses = IntakeLosses {
         unattributed_lost: books.unattributed_lost(),
         returns_before_tracing: books.counter(profiler_common::counter::RETURNS_BEFORE_TRACING),

@@ -197,7 +197,7 @@ fn look_at_processes(svc: &mut Service<'_>, router: &mut Router, rescan: bool) {
 }
 
 /// The path of events, from the kernel's rings to the targets: the pipeline `record` uses,
-/// each thread's events routed to their binary.
+/// on this thread alone, each thread's events routed to their binary.
 struct Pipeline {
     events: EventPipeline,
     router: Router,
@@ -307,7 +307,7 @@ async fn serve(
     let mut rescan = tokio::time::interval(libraries::RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut events = Pipeline {
-        events: EventPipeline::new(intake),
+        events: EventPipeline::alone(intake)?,
         router: Router::new(svc.targets),
     };
     sync_triggers(svc);

@@ -1,9 +1,9 @@
 //! The `pipeline` benchmark (issue 29): the daemon's event pipeline after the kernel (intake →
 //! per-thread order → session → FDR files), fed from rings in memory in the kernel's own
 //! layout, so that it needs no BPF and shows on any machine how many events a second the
-//! daemon can take and what each million costs it, by number of workers, against the
-//! single-threaded path (the service's, and every drain's before the parallel pipeline) in
-//! the same run. The program is `profiler-daemon/examples/pipeline.rs`, which checks at its
+//! daemon can take and what each million costs it, by number of workers, against one worker
+//! (the calling thread alone: the service's path, and every drain's before the parallel
+//! pipeline) in the same run. The program is `profiler-daemon/examples/pipeline.rs`, which checks at its
 //! end that every event generated was recorded or counted lost.
 use super::support;
 use anyhow::{Context as _, Result};
@@ -12,9 +12,9 @@ use std::process::Command;
 
 /// Traced threads of each run, all on 16 rings (16 CPUs).
 const THREADS: &[u32] = &[1, 4, 16];
-/// Pipeline workers of each run (0 is the single-threaded path), and whether every worker
+/// Pipeline workers of each run (1 is the calling thread alone), and whether every worker
 /// reads one shared ring per CPU (`--shared-rings`) rather than rings of its own.
-const WORKERS: &[(u32, bool)] = &[(0, false), (1, false), (2, true), (2, false), (4, false)];
+const WORKERS: &[(u32, bool)] = &[(1, false), (2, true), (2, false), (4, false)];
 const CPUS: u32 = 16;
 /// Events of each run (unless `FDR_BENCH_PIPELINE_EVENTS` says otherwise).
 const EVENTS: u64 = 20_000_000;
@@ -92,7 +92,7 @@ pub fn run() -> Result<String> {
     writeln!(text, "{machine}\n")?;
     writeln!(
         text,
-        "`profiler-daemon/examples/pipeline.rs`: traced threads of four processes call and return through a call tree up to 12 deep; the events are written, in the kernel's ring-buffer layout, to rings in memory for {CPUS} CPUs (8 MiB per CPU, the default), in runs of 256 events to a ring of the CPU a thread is on, a thread moving to another CPU every 32,768 events on average. As `record` has the programs do, each CPU's 8 MiB is split into one ring per worker, a thread writing to the one of its worker (`profiler_common::ring_index`), so that each worker reads its own rings only; \"shared rings\" is the design before, one ring per CPU that every worker reads, skipping the others' records. Each round writes 25,000 events of each thread (25 ms, `record`'s drain period, of a thread calling at 1M calls/s), evicts them from the caches (the kernel's records are written on other CPUs), then drains the rings into a session writing FDR files to disk, as `record` does: through the single-threaded pipeline (`session::pipeline::EventPipeline`, the service's, and every drain's before issue 29), or through `record`'s parallel one (`ParallelPipeline`) with N workers, the draining thread one of them. Only the drains are timed; CPU is the whole process's during them. At its end the program checks that the session counted every event written and every one lost. The losses with rings per worker are the generator's: it writes 25,000 events of each thread a round whatever the number of threads on its CPU, so that the threads of one worker crowded on one CPU fill that worker's ring (half of the CPU's 8 MiB with 2 workers, a quarter with 4), where on a real CPU the threads take turns and the CPU writes no faster than it does alone. Median of {REPEAT} runs of {events} events. The ratio is to 1 worker of the same row.\n"
+        "`profiler-daemon/examples/pipeline.rs`: traced threads of four processes call and return through a call tree up to 12 deep; the events are written, in the kernel's ring-buffer layout, to rings in memory for {CPUS} CPUs (8 MiB per CPU, the default), in runs of 256 events to a ring of the CPU a thread is on, a thread moving to another CPU every 32,768 events on average. As `record` has the programs do, each CPU's 8 MiB is split into one ring per worker, a thread writing to the one of its worker (`profiler_common::ring_index`), so that each worker reads its own rings only; \"shared rings\" is the design before, one ring per CPU that every worker reads, skipping the others' records. Each round writes 25,000 events of each thread (25 ms, `record`'s drain period, of a thread calling at 1M calls/s), evicts them from the caches (the kernel's records are written on other CPUs), then drains the rings into a session writing FDR files to disk, as `record` does, through the pipeline (`session::pipeline::EventPipeline`) with N workers, the draining thread one of them (1 worker: the draining thread alone, the service's path and every drain's before issue 29). Only the drains are timed; CPU is the whole process's during them. At its end the program checks that the session counted every event written and every one lost. The losses with rings per worker are the generator's: it writes 25,000 events of each thread a round whatever the number of threads on its CPU, so that the threads of one worker crowded on one CPU fill that worker's ring (half of the CPU's 8 MiB with 2 workers, a quarter with 4), where on a real CPU the threads take turns and the CPU writes no faster than it does alone. Median of {REPEAT} runs of {events} events. The ratio is to 1 worker of the same row.\n"
     )?;
     writeln!(
         text,
@@ -105,7 +105,6 @@ pub fn run() -> Result<String> {
             .find(|r| r.threads == row.threads && r.workers == 1 && !r.shared)
             .map_or(f64::NAN, |r| r.rate);
         let pipeline = match (row.workers, row.shared) {
-            (0, _) => "single-threaded (`EventPipeline`)".to_owned(),
             (1, _) => "1 worker".to_owned(),
             (n, false) => format!("{n} workers"),
             (n, true) => format!("{n} workers, shared rings"),

@@ -18,8 +18,10 @@
 //! with more than [`PARALLEL_FROM`] bytes waiting in the rings, and only when the drain before
 //! handed events to more than one worker (one busy traced thread gains nothing from them); any
 //! other drain the calling thread does alone, reading each ring once and handing each event
-//! to its worker's sequencer and sink ([`Intake::scan_all`]). The calling thread is worker 0;
-//! with one worker the pipeline is the single-threaded one, the space given back as it reads.
+//! to its worker's sequencer and sink ([`Intake::scan_all`]). The calling thread is worker 0,
+//! its sink the caller's, handed in at each call (the service's routes to state only its
+//! thread may touch); with one worker the pipeline is the single-threaded one, the space given
+//! back as it reads.
 use super::super::order::{Gap, Sequencer};
 use crate::kernel::intake::{Event, Intake, Wakeups};
 use crate::session::files::ThreadFiles;
@@ -29,7 +31,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-/// Where a worker puts the events it is handed, in each thread's program order.
+/// Where a helper (worker 1 to `W - 1`) puts the events it is handed, in each thread's
+/// program order.
 pub trait Sink: Send + 'static {
     fn record(&mut self, event: &Event, gap: Option<Gap>);
 }
@@ -39,6 +42,40 @@ impl Sink for ThreadFiles {
     fn record(&mut self, event: &Event, gap: Option<Gap>) {
         ThreadFiles::record(self, event, gap);
     }
+}
+
+/// A sink shared with others (a part of a session's files) as the calling thread's sink:
+/// locked once, for as long as the returned closure lives (one call of the pipeline).
+pub fn locked<S: Sink>(sink: &Mutex<S>) -> impl FnMut(&mut Event, Option<Gap>) + '_ {
+    let mut sink = lock(sink);
+    move |e: &mut Event, g| sink.record(e, g)
+}
+
+/// The helpers' sink of a pipeline that has none: one worker, the caller's thread.
+pub enum NoHelpers {}
+
+impl Sink for NoHelpers {
+    fn record(&mut self, _: &Event, _: Option<Gap>) {
+        match *self {}
+    }
+}
+
+/// Runs `f` with worker `worker`'s sink: a helper's own, or `local` for worker 0. Generic in
+/// both, so that each event's call to the sink is a direct one.
+macro_rules! with_sink {
+    ($worker:expr, $local:expr, |$sink:ident| $body:expr) => {
+        match $worker.sink.clone() {
+            Some(helper) => {
+                let mut helper = lock(&helper);
+                let $sink = &mut |e: &mut Event, g: Option<Gap>| helper.record(e, g);
+                $body
+            }
+            None => {
+                let $sink = $local;
+                $body
+            }
+        }
+    };
 }
 
 /// Bytes waiting in the rings from which a drain wakes the helpers (about 4,700 events:
@@ -58,8 +95,8 @@ pub fn default_workers(cpus: usize) -> usize {
     cpus.div_ceil(4).clamp(1, MAX_DEFAULT_WORKERS).min(mine)
 }
 
-/// The kernel's rings drained, put in order and written by `W` workers.
-pub struct ParallelPipeline<S: Sink> {
+/// The kernel's rings drained, put in order and handed on by `W` workers.
+pub struct EventPipeline<S: Sink = NoHelpers> {
     shared: Arc<Shared<S>>,
     /// Workers 1 to `W - 1`, each told to drain through its channel.
     helpers: Vec<(mpsc::Sender<u64>, std::thread::JoinHandle<()>)>,
@@ -96,7 +133,8 @@ struct Shared<S> {
 struct Worker<S> {
     index: usize,
     order: Sequencer,
-    sink: Arc<Mutex<S>>,
+    /// A helper's sink; worker 0's is the caller's.
+    sink: Option<Arc<Mutex<S>>>,
     /// Where this worker is in each ring.
     positions: Vec<u64>,
     /// Records of its threads that were not an event.
@@ -135,10 +173,9 @@ impl<S: Sink> Worker<S> {
         budget: u64,
         workers: usize,
         rings: impl FnMut(usize) -> bool,
+        sink: &mut impl FnMut(&mut Event, Option<Gap>),
     ) -> bool {
         let me = self.index;
-        let mut sink = lock(&self.sink);
-        let mut sink = |e: &mut Event, g: Option<Gap>| sink.record(e, g);
         let order = &mut self.order;
         let handled = &mut self.handled;
         // A ring holds runs of one thread's events: its owner is computed once a run.
@@ -157,34 +194,44 @@ impl<S: Sink> Worker<S> {
             &mut self.malformed,
             |event| {
                 *handled += 1;
-                order.push(event, &mut sink)
+                order.push(event, sink)
             },
         )
     }
 
     /// Ends threads from their kernel-side books (see [`Sequencer::end_threads`]).
-    fn end_threads(&mut self, books: &[(u32, ThreadState)]) {
-        let mut sink = lock(&self.sink);
-        self.order
-            .end_threads(books, &mut |e: &mut Event, g| sink.record(e, g));
+    fn end_threads(
+        &mut self,
+        books: &[(u32, ThreadState)],
+        local: &mut impl FnMut(&mut Event, Option<Gap>),
+    ) {
+        with_sink!(self, local, |sink| self.order.end_threads(books, sink))
     }
 
     /// See [`Sequencer::finish`].
-    fn finish(&mut self, books: &[(u32, ThreadState)]) {
-        let mut sink = lock(&self.sink);
-        self.order
-            .finish(books, &mut |e: &mut Event, g| sink.record(e, g));
+    fn finish(
+        &mut self,
+        books: &[(u32, ThreadState)],
+        local: &mut impl FnMut(&mut Event, Option<Gap>),
+    ) {
+        with_sink!(self, local, |sink| self.order.finish(books, sink))
     }
 }
 
-impl<S: Sink> ParallelPipeline<S> {
-    /// A pipeline of one worker per sink (at least one).
-    pub fn new(mut intake: Intake, sinks: Vec<Arc<Mutex<S>>>) -> Result<ParallelPipeline<S>> {
-        anyhow::ensure!(!sinks.is_empty(), "a pipeline needs at least one worker");
-        let count = sinks.len();
+impl EventPipeline {
+    /// A pipeline of one worker: the calling thread.
+    pub fn alone(intake: Intake) -> Result<EventPipeline> {
+        EventPipeline::new(intake, Vec::new())
+    }
+}
+
+impl<S: Sink> EventPipeline<S> {
+    /// A pipeline of the calling thread and one helper per sink in `helpers`.
+    pub fn new(mut intake: Intake, helpers: Vec<Arc<Mutex<S>>>) -> Result<EventPipeline<S>> {
+        let count = helpers.len() + 1;
         let wakeups = intake.take_wakeups();
-        let workers = sinks
-            .into_iter()
+        let workers = std::iter::once(None)
+            .chain(helpers.into_iter().map(Some))
             .enumerate()
             .map(|(index, sink)| {
                 Mutex::new(Worker {
@@ -214,7 +261,8 @@ impl<S: Sink> ParallelPipeline<S> {
                 .name(format!("fdr-pipeline-{index}"))
                 .spawn(move || {
                     while let Ok(budget) = rx.recv() {
-                        let emptied = shared.drain_part(index, budget);
+                        // A helper's sink is its own: this one is not called.
+                        let emptied = shared.drain_part(index, budget, &mut |_, _| ());
                         if done_tx.send(emptied).is_err() {
                             break;
                         }
@@ -223,7 +271,7 @@ impl<S: Sink> ParallelPipeline<S> {
                 .context("starting a pipeline worker")?;
             helpers.push((tx, handle));
         }
-        Ok(ParallelPipeline {
+        Ok(EventPipeline {
             shared,
             helpers,
             done,
@@ -242,19 +290,15 @@ impl<S: Sink> ParallelPipeline<S> {
     }
 
     /// Drains at most `budget` records of each ring (every one with `u64::MAX`) into the
-    /// sinks; whether every ring was emptied.
-    pub fn drain(&mut self, budget: u64) -> bool {
+    /// sinks (worker 0's: `local`); whether every ring was emptied.
+    pub fn drain(&mut self, budget: u64, local: &mut impl FnMut(&mut Event, Option<Gap>)) -> bool {
         let shared = &*self.shared;
         if self.helpers.is_empty() {
             // One worker: the single-threaded path, space given back as it reads.
             let mut intake = shared.intake.write().unwrap_or_else(|p| p.into_inner());
             let mut worker = lock(&shared.workers[0]);
-            let worker = &mut *worker;
-            let mut sink = lock(&worker.sink);
             let order = &mut worker.order;
-            let (_, emptied) = intake.drain_some(budget, |event| {
-                order.push(event, &mut |e: &mut Event, g| sink.record(e, g))
-            });
+            let (_, emptied) = intake.drain_some(budget, |event| order.push(event, local));
             return emptied;
         }
         let unread = shared
@@ -268,14 +312,14 @@ impl<S: Sink> ParallelPipeline<S> {
         let emptied = if alone {
             // Little to do, or all of it for one worker: this thread does it alone, waking
             // none, reading each ring once.
-            shared.drain_alone(budget)
+            shared.drain_alone(budget, local)
         } else {
             // The helpers end only with the pipeline, and a panic in a drain is caught: each
             // one told answers.
             for (tx, _) in &self.helpers {
                 let _ = tx.send(budget);
             }
-            let mut emptied = shared.drain_part(0, budget);
+            let mut emptied = shared.drain_part(0, budget, local);
             for _ in &self.helpers {
                 emptied &= self.done.recv().unwrap_or(false);
             }
@@ -295,21 +339,30 @@ impl<S: Sink> ParallelPipeline<S> {
     /// Ends the threads that exited with their ring full (`exited`: their books, just taken
     /// from the kernel's table), with those taken before and not ended yet, once a drain
     /// (at most `budget` records of each ring) has emptied every ring.
-    pub fn end_exited(&mut self, exited: Vec<(u32, ThreadState)>, budget: u64) {
+    pub fn end_exited(
+        &mut self,
+        exited: Vec<(u32, ThreadState)>,
+        budget: u64,
+        local: &mut impl FnMut(&mut Event, Option<Gap>),
+    ) {
         self.exited.extend(exited);
-        if !self.exited.is_empty() && self.drain(budget) {
+        if !self.exited.is_empty() && self.drain(budget, local) {
             let exited = std::mem::take(&mut self.exited);
-            self.end_threads(&exited);
+            self.end_threads(&exited, local);
         }
     }
 
     /// Each thread's books to its worker.
-    fn end_threads(&mut self, books: &[(u32, ThreadState)]) {
+    fn end_threads(
+        &mut self,
+        books: &[(u32, ThreadState)],
+        local: &mut impl FnMut(&mut Event, Option<Gap>),
+    ) {
         let workers = self.workers();
         for (index, worker) in self.shared.workers.iter().enumerate() {
             let mine = books_of(books, index, workers);
             if !mine.is_empty() {
-                lock(worker).end_threads(&mine);
+                lock(worker).end_threads(&mine, local);
             }
         }
     }
@@ -318,13 +371,17 @@ impl<S: Sink> ParallelPipeline<S> {
     /// ended, then those the kernel still has books for (`books`: live and exited), each with
     /// the events it lost at its very end; events still waiting for predecessors that never
     /// came are delivered, the missing ones counted as lost.
-    pub fn finish(&mut self, books: &[(u32, ThreadState)]) {
-        self.drain(u64::MAX);
+    pub fn finish(
+        &mut self,
+        books: &[(u32, ThreadState)],
+        local: &mut impl FnMut(&mut Event, Option<Gap>),
+    ) {
+        self.drain(u64::MAX, local);
         let exited = std::mem::take(&mut self.exited);
-        self.end_threads(&exited);
+        self.end_threads(&exited, local);
         let workers = self.workers();
         for (index, worker) in self.shared.workers.iter().enumerate() {
-            lock(worker).finish(&books_of(books, index, workers));
+            lock(worker).finish(&books_of(books, index, workers), local);
         }
     }
 
@@ -358,17 +415,31 @@ impl<S: Sink> ParallelPipeline<S> {
 impl<S: Sink> Shared<S> {
     /// Worker `index`'s part of a drain; whether it read every ring to its end. A panic in
     /// a sink (a bug) is contained to the drain, so that the caller is still answered.
-    fn drain_part(&self, index: usize, budget: u64) -> bool {
-        std::panic::catch_unwind(AssertUnwindSafe(|| {
+    /// A panic in the caller's own sink (`local`, worker 0's) goes on to the caller.
+    fn drain_part(
+        &self,
+        index: usize,
+        budget: u64,
+        local: &mut impl FnMut(&mut Event, Option<Gap>),
+    ) -> bool {
+        let drain = |local: &mut _| {
             let intake = self.intake.read().unwrap_or_else(|p| p.into_inner());
             let rings = |ring| !self.routed || self.reader(ring) == index;
-            lock(&self.workers[index]).drain(&intake, budget, self.workers.len(), rings)
-        }))
-        .unwrap_or(false)
+            let workers = self.workers.len();
+            let mut worker = lock(&self.workers[index]);
+            let worker = &mut *worker;
+            with_sink!(worker, local, |sink| worker
+                .drain(&intake, budget, workers, rings, sink))
+        };
+        if index == 0 {
+            return drain(local);
+        }
+        // A helper's sink is its own: `local` is not called.
+        std::panic::catch_unwind(AssertUnwindSafe(|| drain(local))).unwrap_or(false)
     }
 
     /// Every worker's part of a drain, on this thread, each ring read once.
-    fn drain_alone(&self, budget: u64) -> bool {
+    fn drain_alone(&self, budget: u64, local: &mut impl FnMut(&mut Event, Option<Gap>)) -> bool {
         let intake = self.intake.read().unwrap_or_else(|p| p.into_inner());
         let mut workers: Vec<_> = self.workers.iter().map(lock).collect();
         let count = workers.len();
@@ -384,7 +455,7 @@ impl<S: Sink> Shared<S> {
                 ..
             } = &mut **worker;
             positions.push(at);
-            parts.push((order, lock(sink), handled));
+            parts.push((order, sink.as_ref().map(|s| lock(s)), handled));
         }
         let emptied = intake.scan_all(
             &mut positions,
@@ -394,7 +465,10 @@ impl<S: Sink> Shared<S> {
             |index, event| {
                 let (order, sink, handled) = &mut parts[index];
                 **handled += 1;
-                order.push(event, &mut |e: &mut Event, g| sink.record(e, g));
+                match sink {
+                    Some(sink) => order.push(event, &mut |e: &mut Event, g| sink.record(e, g)),
+                    None => order.push(event, local),
+                }
             },
         );
         drop(parts);
@@ -440,7 +514,7 @@ impl<S: Sink> Shared<S> {
     }
 }
 
-impl<S: Sink> Drop for ParallelPipeline<S> {
+impl<S: Sink> Drop for EventPipeline<S> {
     fn drop(&mut self) {
         for (tx, handle) in std::mem::take(&mut self.helpers) {
             drop(tx);
@@ -453,7 +527,6 @@ impl<S: Sink> Drop for ParallelPipeline<S> {
 mod tests {
     use super::*;
     use crate::kernel::intake::in_memory::RingWriter;
-    use crate::session::pipeline::EventPipeline;
     use profiler_common::{event_kind, EventHeader, SledKind};
     use std::collections::BTreeMap;
 
@@ -587,9 +660,12 @@ mod tests {
 
     const ROUNDS: usize = 200;
 
+    /// The stream through the calling thread alone (one worker: `Intake::drain_some`, a path
+    /// of its own that reads each ring once and gives its space back as it goes), as the
+    /// service runs the pipeline: the reference for every number of workers.
     fn single_threaded() -> Seen {
         let (intake, mut rings) = Intake::in_memory(RINGS, 1 << 16).unwrap();
-        let mut pipeline = EventPipeline::new(intake);
+        let mut pipeline = EventPipeline::alone(intake).unwrap();
         let mut sink = Collect::default();
         let mut stream = Stream::new();
         for round in 0..ROUNDS {
@@ -612,17 +688,17 @@ mod tests {
         let sinks: Vec<_> = (0..workers)
             .map(|_| Arc::new(Mutex::new(Collect::default())))
             .collect();
-        let mut pipeline = ParallelPipeline::new(intake, sinks.clone()).unwrap();
+        let mut pipeline = EventPipeline::new(intake, sinks[1..].to_vec()).unwrap();
         pipeline.always_parallel = busy;
         assert_eq!(pipeline.workers(), workers);
         let mut stream = Stream::new();
         for round in 0..ROUNDS {
             let exited = stream.round(&mut rings, rings_per_cpu);
             let budget = if round % 7 == 0 { 3 } else { u64::MAX };
-            pipeline.end_exited(exited, budget);
-            pipeline.drain(budget);
+            pipeline.end_exited(exited, budget, &mut locked(&sinks[0]));
+            pipeline.drain(budget, &mut locked(&sinks[0]));
         }
-        pipeline.finish(&stream.books());
+        pipeline.finish(&stream.books(), &mut locked(&sinks[0]));
         assert_eq!(pipeline.malformed(), 0);
         drop(pipeline);
         let mut seen = Seen::new();
@@ -674,7 +750,7 @@ mod tests {
         let sinks: Vec<_> = (0..2)
             .map(|_| Arc::new(Mutex::new(Collect::default())))
             .collect();
-        let mut pipeline = ParallelPipeline::new(intake, sinks.clone()).unwrap();
+        let mut pipeline = EventPipeline::new(intake, sinks[1..].to_vec()).unwrap();
         let ring = &mut rings[0];
         let header = |tid: u32, seq: u64| {
             EventHeader {
@@ -690,15 +766,17 @@ mod tests {
         let busy = ring.reserve(&header(10, 1)).unwrap();
         assert!(ring.write(&header(11, 1)));
         ring.publish();
-        assert!(pipeline.shared.drain_part(0, u64::MAX));
+        assert!(pipeline
+            .shared
+            .drain_part(0, u64::MAX, &mut locked(&sinks[0])));
         ring.commit(busy);
         assert!(ring.write(&header(10, 2)));
         ring.publish();
-        assert!(pipeline.shared.drain_part(1, u64::MAX));
+        assert!(pipeline.shared.drain_part(1, u64::MAX, &mut |_, _| ()));
         pipeline.shared.release();
         // Worker 1 is past everything; worker 0 is at the record just committed.
-        assert!(pipeline.drain(u64::MAX));
-        pipeline.finish(&[]);
+        assert!(pipeline.drain(u64::MAX, &mut locked(&sinks[0])));
+        pipeline.finish(&[], &mut locked(&sinks[0]));
         let seqs = |index: usize, tid: u32| -> Vec<u64> {
             lock(&sinks[index]).0[&tid].iter().map(|e| e.0).collect()
         };
@@ -720,7 +798,7 @@ mod tests {
             let sinks: Vec<_> = (0..2)
                 .map(|_| Arc::new(Mutex::new(Collect::default())))
                 .collect();
-            let mut pipeline = ParallelPipeline::new(intake, sinks.clone()).unwrap();
+            let mut pipeline = EventPipeline::new(intake, sinks[1..].to_vec()).unwrap();
             assert_eq!(pipeline.shared.routed, rings_per_cpu == 2);
             // An even number, each thread half.
             let records = 2 * (PARALLEL_FROM / (EventHeader::SIZE as u64 + 8));
@@ -736,7 +814,7 @@ mod tests {
                     assert!(rings[(seq % 2) as usize].write(&header.to_bytes()));
                 }
                 rings.iter_mut().for_each(RingWriter::publish);
-                assert!(pipeline.drain(u64::MAX));
+                assert!(pipeline.drain(u64::MAX, &mut locked(&sinks[0])));
                 assert!(pipeline.spread || round == 0, "both workers were busy");
             }
             for (tid, sink) in [(10, &sinks[0]), (11, &sinks[1])] {
