@@ -219,6 +219,10 @@ pub struct FunctionReport {
     /// How its exits were observed: `return` (a return probe) or `sleds`.
     #[serde(default)]
     pub exit: String,
+    /// What its probes cost the traced threads, estimated (nanoseconds): its calls times
+    /// [`ProbeCosts::per_call_ns`] of its exit method. 0 when the costs were not measured.
+    #[serde(default)]
+    pub probe_cost_ns: u64,
 }
 
 /// How many functions, and how many of their calls, had their exits observed each way.
@@ -362,6 +366,10 @@ pub struct SessionReport<Objects = Vec<ObjectReport>> {
     /// not record (those of the processes a traced one forked, or threads with no traced call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair_unrecorded_threads: Option<RepairStats>,
+    /// What a probe hit cost on this host, and the session's recording time: what
+    /// [`FunctionReport::probe_cost_ns`] is estimated from. `None` when not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_costs: Option<ProbeCosts>,
     /// `--kernel-stats`: the time the kernel spent in each recording program.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernel_programs: Vec<ProgramCost>,
@@ -422,6 +430,51 @@ pub struct ThreadWindow {
     pub expired: u64,
     /// Its events (and its end) evicted to stay under the memory cap.
     pub evicted: u64,
+}
+
+/// What one probe hit costs a traced thread on this host with empty programs, by kind of
+/// probe, in nanoseconds: the kernel's trap, and the emulated or single-stepped instruction.
+/// Measured at the start of a session on a function of the daemon's own shaped like an XRay
+/// function's sleds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TrapCosts {
+    /// A probe on an entry sled (`jmp +9`, emulated).
+    pub entry_ns: f64,
+    /// A return probe, added to the entry's (the return address hijacked, the trampoline's
+    /// trap at the return).
+    pub return_probe_ns: f64,
+    /// A probe on an exit sled (`ret`, single-stepped out of line), added to the entry's.
+    pub exit_sled_ns: f64,
+}
+
+/// What the probes of a session cost per call, from which each function's cost is estimated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProbeCosts {
+    /// The traps, measured at the start.
+    pub traps: TrapCosts,
+    /// Mean time of one run of the recording program at a sled, and at a return probe, from
+    /// the kernel's BPF run-time statistics over [`ProbeCosts::program_stats_seconds`] at the
+    /// start of the recording (0 where they could not be read: the estimate is the traps').
+    pub sled_program_ns: f64,
+    pub return_program_ns: f64,
+    pub program_stats_seconds: f64,
+    /// The recording's length (armed to disarmed), over which calls per second are counted.
+    pub recorded_ns: u64,
+}
+
+impl ProbeCosts {
+    /// What the probes cost one call of a function whose exits are observed by `exit`
+    /// (`return`: a return probe; otherwise its exit sleds), in nanoseconds.
+    pub fn per_call_ns(&self, exit: &str) -> f64 {
+        let entry = self.traps.entry_ns + self.sled_program_ns;
+        if exit == "return" {
+            entry + self.traps.return_probe_ns + self.return_program_ns
+        } else {
+            entry + self.traps.exit_sled_ns + self.sled_program_ns
+        }
+    }
 }
 
 /// The time the kernel spent running one program (`--kernel-stats`).

@@ -4,6 +4,7 @@
 //! is traced (and those a process maps later), the kernel stage's intake feeds the session, and
 //! at the end `fdr-analysis` writes the report.
 mod args;
+mod costs;
 pub mod objects;
 
 mod repaired;
@@ -239,6 +240,13 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             discovery.guard_unwinding();
         }
     }
+    // What a probe hit costs, measured on probes of the daemon's own before the session's
+    // are placed (after every fork above: it starts a thread).
+    let traps = if cli.floor {
+        None
+    } else {
+        costs::measure_traps(&mut tracer)
+    };
     let mut session = Session::new(
         out,
         planned.executable.clone(),
@@ -339,6 +347,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             tracer,
             return_probes,
             repaired,
+            traps,
         };
         record(cli, target, intake, books, session, probing, held_signals).await
     })
@@ -503,6 +512,8 @@ struct Probing {
     return_probes: Option<Vec<objects::ReturnProbes>>,
     /// `--attach --exits repair`: the processes traced, each with probes of its own.
     repaired: Option<repaired::AttachRepair>,
+    /// What a probe hit cost, measured before the session's probes were placed.
+    traps: Option<crate::session::summary::TrapCosts>,
 }
 
 async fn record(
@@ -523,6 +534,9 @@ async fn record(
         .kernel_stats
         .then(crate::kernel::bpf::RunTimeStats::enable)
         .transpose()?;
+    let mut cost_sampling = probing
+        .traps
+        .map(|traps| costs::CostSampling::start(traps, kernel_stats.is_some()));
 
     let (exit_tx, mut exit_rx) =
         tokio::sync::oneshot::channel::<Result<(ChildExit, Option<RepairsByThread>)>>();
@@ -601,6 +615,9 @@ async fn record(
             _ = drain.tick() => {
                 events.drain(DRAIN_BUDGET, &mut locked(&own));
                 probing.tracer.show_kernel_log();
+                if let Some(sampling) = &mut cost_sampling {
+                    sampling.tick();
+                }
                 // The keeper lets the process go by itself (it exec'd a program that raised
                 // its privileges): it waits, the process held at its exec, for the session
                 // to end and remove its probes first.
@@ -657,8 +674,16 @@ async fn record(
     // is recorded while the probes go one link at a time; the kernel's books are kept to
     // account for the live threads' last events.
     probing.tracer.show_kernel_log();
+    let programs = if kernel_stats.is_some() || cost_sampling.is_some() {
+        probing.tracer.program_costs()
+    } else {
+        Vec::new()
+    };
+    if let Some(sampling) = cost_sampling.take() {
+        session.set_probe_costs(sampling.finish(&programs));
+    }
     if kernel_stats.is_some() {
-        session.set_kernel_programs(probing.tracer.program_costs());
+        session.set_kernel_programs(programs);
     }
     if let Err(err) = probing.tracer.set_armed(false) {
         errln!("fdr-profiled: warning: {err:#}");

@@ -31,7 +31,7 @@ use crate::plan::{AttachPlan, FunctionNames};
 use crate::session::order::Gap;
 use crate::session::output::OutputDir;
 use crate::session::summary::{
-    ExitMethods, ObjectReport, ProcessReport, SessionReport, ThreadReport, Totals,
+    ExitMethods, ObjectReport, ProbeCosts, ProcessReport, SessionReport, ThreadReport, Totals,
 };
 use anyhow::Result;
 use files::Place;
@@ -82,6 +82,8 @@ pub struct Session {
     repairs: Option<BTreeMap<u32, summary::RepairStats>>,
     /// `--kernel-stats`: the time the kernel spent in each recording program.
     kernel_programs: Vec<crate::kernel::bpf::ProgramCost>,
+    /// What a probe hit cost (see [`Session::set_probe_costs`]).
+    probe_costs: Option<ProbeCosts>,
     /// See [`SessionReport::notes`].
     notes: Vec<String>,
 }
@@ -111,6 +113,7 @@ impl Session {
             thread_windows: BTreeMap::new(),
             repairs: None,
             kernel_programs: Vec::new(),
+            probe_costs: None,
             notes: Vec::new(),
         }
     }
@@ -183,6 +186,11 @@ impl Session {
     /// [`SessionReport::notes`]).
     pub fn add_note(&mut self, note: String) {
         self.notes.push(note);
+    }
+
+    /// What a probe hit cost, for each function's estimated cost in the report.
+    pub fn set_probe_costs(&mut self, costs: ProbeCosts) {
+        self.probe_costs = Some(costs);
     }
 
     /// `--kernel-stats`: the time the kernel spent in each recording program.
@@ -347,6 +355,7 @@ impl Session {
                 all
             }),
             repair_unrecorded_threads: None,
+            probe_costs: self.probe_costs,
             kernel_programs: std::mem::take(&mut self.kernel_programs),
             notes: std::mem::take(&mut self.notes),
             events,
@@ -366,6 +375,9 @@ impl Session {
             processes: Vec::new(),
             functions: summary::rank_functions(&totals, &self.names, &self.return_probed),
         };
+        if let Some(costs) = &self.probe_costs {
+            summary::estimate_costs(&mut report.functions, costs);
+        }
         for (pid, (dir, mut threads)) in processes {
             if let Some(repairs) = &mut self.repairs {
                 for t in &mut threads {

@@ -3,8 +3,8 @@
 //! `fdr-session`'s (`fdr_session::schema`), the ones the readers read `session.json` with.
 use crate::plan::FunctionNames;
 pub use fdr_session::schema::{
-    ExitMethods, FunctionReport, ObjectReport, ProcessReport, RepairStats, RepairsByThread,
-    SessionReport, ThreadReport,
+    ExitMethods, FunctionReport, ObjectReport, ProbeCosts, ProcessReport, RepairStats,
+    RepairsByThread, SessionReport, ThreadReport, TrapCosts,
 };
 use fdr_session::units::human_ns;
 use rustc_hash::FxHashMap;
@@ -151,10 +151,94 @@ pub fn rank_functions(
                 "sleds"
             }
             .to_owned(),
+            probe_cost_ns: 0,
         })
         .collect();
     out.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.id.cmp(&b.id)));
     out
+}
+
+/// Sets each function's estimated probe cost: its calls times what one call's probes cost
+/// by its exit method.
+pub fn estimate_costs(functions: &mut [FunctionReport], costs: &ProbeCosts) {
+    for f in functions {
+        f.probe_cost_ns = (f.calls as f64 * costs.per_call_ns(&f.exit)).round() as u64;
+    }
+}
+
+/// How many functions the summary names as the costliest.
+const COSTLIEST: usize = 5;
+
+/// The summary's lines on what the probes cost (see [`ProbeCosts`]): the whole session's
+/// estimate, what a hit cost, and the costliest functions with their rates.
+fn cost_lines(s: &mut String, report: &SessionReport) {
+    let Some(costs) = &report.probe_costs else {
+        return;
+    };
+    let seconds = costs.recorded_ns as f64 / 1e9;
+    let total: u64 = report.functions.iter().map(|f| f.probe_cost_ns).sum();
+    let share = |ns: u64| {
+        if seconds > 0.0 {
+            format!("{:.1}%", ns as f64 / 1e9 / seconds * 100.0)
+        } else {
+            "-".to_owned()
+        }
+    };
+    let t = &costs.traps;
+    let programs = if costs.program_stats_seconds > 0.0 {
+        format!(
+            "; programs {:.0} ns at a sled, {:.0} ns at a return (BPF run-time statistics, first {:.1} s)",
+            costs.sled_program_ns, costs.return_program_ns, costs.program_stats_seconds
+        )
+    } else {
+        "; the programs' own time not known (no BPF run-time statistics)".to_owned()
+    };
+    // The repairs' stops are measured, not estimated.
+    let repairs = report.repair.map_or(String::new(), |r| {
+        format!(
+            ", and {} stopped for repairs (measured)",
+            human_ns(r.repair_ns_total)
+        )
+    });
+    let _ = writeln!(
+        s,
+        "  probe cost (estimated): {} over {seconds:.1} s, {} of a CPU{repairs}; a hit: entry {:.0} ns, return probe +{:.0} ns, exit sled +{:.0} ns (measured at the start){programs}",
+        human_ns(total),
+        share(total),
+        t.entry_ns,
+        t.return_probe_ns,
+        t.exit_sled_ns,
+    );
+    // Those that cost something worth naming: a thousandth of the whole at least.
+    let mut costliest: Vec<&FunctionReport> = report
+        .functions
+        .iter()
+        .filter(|f| f.probe_cost_ns > 0 && f.probe_cost_ns >= total / 1000)
+        .collect();
+    costliest.sort_by(|a, b| b.probe_cost_ns.cmp(&a.probe_cost_ns).then(a.id.cmp(&b.id)));
+    if costliest.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "  costliest functions to trace (estimated):");
+    let _ = writeln!(s, "         calls/s  share of a CPU  function");
+    for f in costliest.iter().take(COSTLIEST) {
+        let per_second = if seconds > 0.0 {
+            f.calls as f64 / seconds
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            s,
+            "  {:>14}  {:>14}  {}",
+            if per_second < 10.0 {
+                format!("{per_second:.2}")
+            } else {
+                format!("{per_second:.0}")
+            },
+            share(f.probe_cost_ns),
+            f.name
+        );
+    }
 }
 
 /// The human summary printed at the end of a session.
@@ -191,6 +275,7 @@ pub fn render(report: &SessionReport, out_dir: &std::path::Path, top: usize) -> 
             costs.join("; ")
         );
     }
+    cost_lines(&mut s, report);
     let m = &report.exit_methods;
     let _ = writeln!(
         s,

@@ -25,6 +25,8 @@ mod exits_per_function;
 mod json_parser;
 mod longjmp;
 mod panics;
+// What the probes cost: measured at the start, estimated per function.
+mod costs;
 // What is probed: `--functions`/`--exclude`, and the kernel's uprobe_multi links themselves.
 mod select;
 mod uprobe_multi;

@@ -1,0 +1,93 @@
+//! What the session's probes cost the traced program (issue 30: know the cost): the traps
+//! measured before any probe of the session is placed (`Tracer::measure_trap_costs`), the
+//! recording programs' own time from the kernel's BPF run-time statistics, turned on for the
+//! first [`PROGRAM_STATS_FOR`] of the recording only (while on, every BPF program of the
+//! system reads the clock twice more per run), and the recording's length. The session
+//! estimates each function's cost from them (`SessionReport::probe_costs`).
+use crate::kernel::bpf::{ProgramCost, RunTimeStats, Tracer};
+use crate::session::summary::{ProbeCosts, TrapCosts};
+use profiler_common::{RETURN_PROGRAM, SLED_PROGRAM};
+use std::time::{Duration, Instant};
+
+/// How long the recording programs' run time is sampled at the start of a recording.
+pub const PROGRAM_STATS_FOR: Duration = Duration::from_secs(2);
+
+/// Measures the traps (a warning, and no estimate, where that fails).
+pub fn measure_traps(tracer: &mut Tracer) -> Option<TrapCosts> {
+    match tracer.measure_trap_costs() {
+        Ok(traps) => Some(traps),
+        Err(err) => {
+            errln!("fdr-profiled: warning: the probes' cost could not be measured ({err:#}): the summary has no estimate of it");
+            None
+        }
+    }
+}
+
+/// The recording's side of the estimate: its length, and the programs' time sampled at its
+/// start.
+pub struct CostSampling {
+    traps: TrapCosts,
+    started: Instant,
+    /// On while sampling; `None` once [`PROGRAM_STATS_FOR`] is over (or when it could not be
+    /// turned on).
+    stats: Option<RunTimeStats>,
+    /// How long the statistics were on.
+    sampled: Duration,
+    /// The statistics are on for the whole session anyway (`--kernel-stats`).
+    whole_session: bool,
+}
+
+impl CostSampling {
+    /// Starts sampling now, as the recording starts.
+    pub fn start(traps: TrapCosts, whole_session: bool) -> CostSampling {
+        let stats = if whole_session {
+            None
+        } else {
+            RunTimeStats::enable()
+                .map_err(|err| errln!("fdr-profiled: warning: {err:#}: the estimate of the probes' cost leaves out the programs' own time"))
+                .ok()
+        };
+        CostSampling {
+            traps,
+            started: Instant::now(),
+            sampled: Duration::ZERO,
+            whole_session,
+            stats,
+        }
+    }
+
+    /// Turns the statistics off once [`PROGRAM_STATS_FOR`] is over (call it now and then).
+    pub fn tick(&mut self) {
+        if self.stats.is_some() && self.started.elapsed() >= PROGRAM_STATS_FOR {
+            self.stats = None;
+            self.sampled = self.started.elapsed();
+        }
+    }
+
+    /// The costs, as the recording ends; `programs` is what the kernel's statistics say of
+    /// each program now.
+    pub fn finish(mut self, programs: &[ProgramCost]) -> ProbeCosts {
+        let recorded = self.started.elapsed();
+        if self.stats.take().is_some() || self.whole_session {
+            self.sampled = recorded;
+        }
+        let mean = |name: &str| {
+            programs
+                .iter()
+                .find(|p| p.program == name && p.runs > 0)
+                .map(ProgramCost::ns_per_run)
+        };
+        let (sled, ret) = (mean(SLED_PROGRAM), mean(RETURN_PROGRAM));
+        ProbeCosts {
+            traps: self.traps,
+            sled_program_ns: sled.unwrap_or(0.0),
+            return_program_ns: ret.unwrap_or(0.0),
+            program_stats_seconds: if sled.is_some() || ret.is_some() {
+                self.sampled.as_secs_f64()
+            } else {
+                0.0
+            },
+            recorded_ns: u64::try_from(recorded.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+}
