@@ -1,9 +1,8 @@
 //! Loading the eBPF object and creating its per-CPU ring buffers: the [`Tracer`], which holds
 //! the programs and maps, and the sets of probes it places ([`Attachment`]). Placing and
 //! removing probes is `attach`'s job; what the stack repair asks of the programs, `repair`'s.
-mod calibrate;
-pub use calibrate::TrapCosts;
 mod attach;
+mod calibrate;
 mod repair;
 
 pub use crate::kernel::books::{KernelBooks, PodThreadState};

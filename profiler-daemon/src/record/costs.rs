@@ -40,12 +40,12 @@ pub struct CostSampling {
 impl CostSampling {
     /// Starts sampling now, as the recording starts.
     pub fn start(traps: TrapCosts, whole_session: bool) -> CostSampling {
+        // Turning them on takes CAP_SYS_ADMIN, which a recording does not need otherwise:
+        // without it the summary says the programs' own time is not known.
         let stats = if whole_session {
             None
         } else {
-            RunTimeStats::enable()
-                .map_err(|err| errln!("fdr-profiled: warning: {err:#}: the estimate of the probes' cost leaves out the programs' own time"))
-                .ok()
+            RunTimeStats::enable().ok()
         };
         CostSampling {
             traps,

@@ -191,7 +191,7 @@ fn cost_lines(s: &mut String, report: &SessionReport) {
             costs.sled_program_ns, costs.return_program_ns, costs.program_stats_seconds
         )
     } else {
-        "; the programs' own time not known (no BPF run-time statistics)".to_owned()
+        "; the programs' own time not known (the kernel's BPF run-time statistics take CAP_SYS_ADMIN)".to_owned()
     };
     // The repairs' stops are measured, not estimated.
     let repairs = report.repair.map_or(String::new(), |r| {
@@ -202,8 +202,9 @@ fn cost_lines(s: &mut String, report: &SessionReport) {
     });
     let _ = writeln!(
         s,
-        "  probe cost (estimated): {} over {seconds:.1} s, {} of a CPU{repairs}; a hit: entry {:.0} ns, return probe +{:.0} ns, exit sled +{:.0} ns (measured at the start){programs}",
+        "  probe cost (estimated): {} over {}, {} of a CPU{repairs}; a hit: entry {:.0} ns, return probe +{:.0} ns, exit sled +{:.0} ns (measured at the start){programs}",
         human_ns(total),
+        human_ns(costs.recorded_ns),
         share(total),
         t.entry_ns,
         t.return_probe_ns,

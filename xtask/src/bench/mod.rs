@@ -10,6 +10,7 @@
 //! one line to [`SECTIONS`]. Nothing else needs to change.
 mod attach;
 mod calls;
+mod cost;
 mod cxx_pid;
 mod cxx_suite;
 mod daemon;
@@ -71,6 +72,10 @@ const SECTIONS: &[Section] = &[
     Section {
         name: "cxx_attach",
         run: cxx_pid::run_attach,
+    },
+    Section {
+        name: "cost",
+        run: cost::run,
     },
 ];
 

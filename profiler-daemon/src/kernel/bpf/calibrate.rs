@@ -15,7 +15,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Instant;
 
-pub use fdr_session::schema::TrapCosts;
+use fdr_session::schema::TrapCosts;
 
 // The function the probes are measured on: an XRay x86-64 function with nothing in it. Its
 // entry sled is `jmp +9` over a 9-byte NOP (the kernel emulates the jump), its exit sled a
