@@ -11,6 +11,7 @@ use std::time::Duration;
 use tests::counts::{expected_calls, parse_count_lines};
 use tests::fixtures::workloads::calls_fixture;
 use tests::launched::launch;
+use tests::tools::{fdr_profiled, run_output};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -73,6 +74,30 @@ fn costs_under(daemon_args: &[&str], exit: &str, iterations: &str) {
         .nth(2)
         .unwrap_or_else(|| panic!("no costliest functions:\n{stderr}"));
     assert!(costliest.ends_with("  cx_tiny"), "{costliest}");
+    // `report` reads the same costs from session.json: the same estimate for each function
+    // (its calls counted from the files), and the costliest first in its text.
+    let report = |format: &str| {
+        let out = run_output(
+            std::process::Command::new(fdr_profiled())
+                .arg("report")
+                .arg(&run.out)
+                .args(["--format", format]),
+        );
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&report("json")).unwrap();
+    for row in json["functions"].as_array().unwrap() {
+        let recorded = functions.iter().find(|f| f["id"] == row["id"]).unwrap();
+        assert_eq!(row["probe_cost_ns"], recorded["probe_cost_ns"], "{row}");
+    }
+    let text = report("text");
+    let first = text
+        .lines()
+        .skip_while(|l| !l.starts_with("probe cost (estimated"))
+        .nth(2)
+        .unwrap_or_else(|| panic!("no probe cost section:\n{text}"));
+    assert!(first.ends_with("  cx_tiny"), "{first}");
 }
 
 #[test]

@@ -25,7 +25,8 @@
 //! A single FDR file is a session too: compiler-rt's own runtime writes every thread of a
 //! process into one file. Its threads are found from its buffers (`NewBuffer`, `Pid`), each
 //! read from that file alone ([`ThreadEntry::shared_file`]).
-use fdr_session::schema::{ObjectReport, SessionReport};
+use fdr_session::schema::{ObjectReport, ProbeCosts, SessionReport};
+use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
 /// `session.json` as a reader takes it: the recorder's own types ([`fdr_session::schema`]),
@@ -90,6 +91,24 @@ pub struct Layout {
     pub processes: Vec<ProcessEntry>,
     /// Problems found (missing files, no manifest), one line each.
     pub warnings: Vec<String>,
+    /// What the recorder measured a probe hit to cost, when it did.
+    pub costs: Option<RecordedCosts>,
+}
+
+/// What the recorder measured a probe hit to cost (`session.json`'s `probe_costs`), and how
+/// each function's exits were observed, by trace function id: what a call of it cost.
+#[derive(Clone, Debug)]
+pub struct RecordedCosts {
+    pub costs: ProbeCosts,
+    pub exit_of: HashMap<u32, String>,
+}
+
+impl RecordedCosts {
+    /// What the probes cost one call of function `id` (ns), by its recorded exit method.
+    pub fn per_call_ns(&self, id: u32) -> f64 {
+        self.costs
+            .per_call_ns(self.exit_of.get(&id).map_or("sleds", String::as_str))
+    }
 }
 
 impl Layout {
@@ -109,6 +128,7 @@ impl Layout {
             dir: dir.to_path_buf(),
             processes: Vec::new(),
             warnings: Vec::new(),
+            costs: None,
         };
         let manifest_path = dir.join(fdr_session::manifest::MANIFEST);
         match fdr_session::manifest::read(&manifest_path)? {
@@ -138,6 +158,7 @@ impl Layout {
             dir: dir.to_path_buf(),
             processes: Vec::new(),
             warnings: Vec::new(),
+            costs: None,
         };
         layout.read_manifest(parse_manifest(&manifest_path, bytes)?)?;
         layout.sort();
@@ -152,6 +173,10 @@ impl Layout {
     }
 
     fn read_manifest(&mut self, m: Manifest) -> anyhow::Result<()> {
+        self.costs = m.probe_costs.map(|costs| RecordedCosts {
+            costs,
+            exit_of: m.functions.iter().map(|f| (f.id, f.exit.clone())).collect(),
+        });
         for p in m.processes {
             let mut threads = Vec::new();
             for t in p.threads {
@@ -331,6 +356,7 @@ impl Layout {
             dir: path.to_path_buf(),
             processes,
             warnings,
+            costs: None,
         })
     }
 

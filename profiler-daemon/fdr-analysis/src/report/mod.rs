@@ -277,10 +277,14 @@ impl Aggregator {
             dir: session.layout.dir.display().to_string(),
             per_thread: self.per_thread,
             totals: self.totals,
+            probe_cost_ns: 0.0,
+            costliest: Vec::new(),
             warnings,
             functions,
             events,
+            costs: session.layout.costs.clone(),
         }
+        .with_costliest()
     }
 }
 
@@ -358,7 +362,16 @@ pub struct Report {
     pub functions: Vec<FunctionRow>,
     /// Events by function.
     pub events: Vec<EventRow>,
+    /// What the recorder measured a probe hit to cost, when it did.
+    pub costs: Option<crate::replay::layout::RecordedCosts>,
+    /// With `costs`: what the probes cost all functions (ns, estimated), and the costliest
+    /// [`COSTLIEST`] of each thread (or overall), costliest first, whatever rows are shown.
+    pub probe_cost_ns: f64,
+    pub costliest: Vec<FunctionRow>,
 }
+
+/// Functions [`Report::costliest`] keeps (per thread in a per-thread report).
+pub const COSTLIEST: usize = 10;
 
 /// Orders of the rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -411,6 +424,40 @@ impl SortKey {
 }
 
 impl Report {
+    /// What the probes cost one function's calls (ns, estimated; 0 without costs).
+    pub fn probe_cost(&self, r: &FunctionRow) -> f64 {
+        self.costs
+            .as_ref()
+            .map_or(0.0, |c| r.calls as f64 * c.per_call_ns(r.info.id))
+    }
+
+    /// Sets [`Report::probe_cost_ns`] and [`Report::costliest`] from every row.
+    fn with_costliest(mut self) -> Report {
+        if self.costs.is_none() {
+            return self;
+        }
+        self.probe_cost_ns = self.functions.iter().map(|r| self.probe_cost(r)).sum();
+        let mut rows: Vec<&FunctionRow> = self.functions.iter().filter(|r| r.calls > 0).collect();
+        rows.sort_by(|a, b| {
+            a.thread
+                .cmp(&b.thread)
+                .then(self.probe_cost(b).total_cmp(&self.probe_cost(a)))
+                .then(a.info.id.cmp(&b.info.id))
+        });
+        let mut seen: HashMap<Option<ThreadKey>, usize> = HashMap::new();
+        let costliest = rows
+            .into_iter()
+            .filter(|r| {
+                let n = seen.entry(r.thread).or_default();
+                *n += 1;
+                *n <= COSTLIEST
+            })
+            .cloned()
+            .collect();
+        self.costliest = costliest;
+        self
+    }
+
     /// Sorts the rows and keeps the first `top` of each thread (or overall); 0 keeps all.
     pub fn sort_and_cut(&mut self, key: SortKey, top: usize) {
         self.functions.sort_by(|a, b| key.compare(a, b));

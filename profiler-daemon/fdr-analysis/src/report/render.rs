@@ -133,6 +133,7 @@ pub fn text(report: &Report) -> String {
             "~: from a histogram (3 significant digits): too many calls to keep every duration"
         );
     }
+    cost_text(&mut s, report);
     if !report.events.is_empty() {
         let _ = writeln!(s, "\nevents:");
         for e in &report.events {
@@ -241,6 +242,48 @@ pub fn csv(report: &Report) -> String {
     s
 }
 
+/// What the probes cost each function, from what the recorder measured a hit to cost (see
+/// [`RecordedCosts`](crate::replay::layout::RecordedCosts)): the costliest first, with their
+/// calls per second over the recording and their share of a CPU.
+fn cost_text(s: &mut String, report: &Report) {
+    let Some(costs) = &report.costs else {
+        return;
+    };
+    let seconds = costs.costs.recorded_ns as f64 / 1e9;
+    if seconds <= 0.0 {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nprobe cost (estimated from the hit costs the recorder measured): {} over {}, {:.1}% of a CPU",
+        human_ns(report.probe_cost_ns as u64),
+        human_ns(costs.costs.recorded_ns),
+        report.probe_cost_ns / 1e9 / seconds * 100.0
+    );
+    let mut thread: Option<Option<ThreadKey>> = None;
+    for r in &report.costliest {
+        if thread != Some(r.thread) {
+            thread = Some(r.thread);
+            if let Some(k) = r.thread {
+                let _ = writeln!(s, "pid {} tid {}:", k.pid, k.tid);
+            }
+            let _ = writeln!(
+                s,
+                "{:>12} {:>14} {:>11}  function",
+                "calls/s", "share of a CPU", "per call"
+            );
+        }
+        let _ = writeln!(
+            s,
+            "{:>12.0} {:>13.1}% {:>11}  {}",
+            r.calls as f64 / seconds,
+            report.probe_cost(r) / 1e9 / seconds * 100.0,
+            human_ns(costs.per_call_ns(r.info.id) as u64),
+            display_name(&r.info.name, r.shared_object.as_deref()),
+        );
+    }
+}
+
 /// The JSON document.
 pub fn to_json(report: &Report) -> serde_json::Value {
     let functions: Vec<_> = report
@@ -270,6 +313,7 @@ pub fn to_json(report: &Report) -> serde_json::Value {
                 "percentiles_exact": p.exact,
                 "unwound": r.unwound,
                 "unfinished": r.unfinished,
+                "probe_cost_ns": report.costs.as_ref().map(|_| report.probe_cost(r).round() as u64),
             })
         })
         .collect();
