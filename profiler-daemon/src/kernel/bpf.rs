@@ -497,6 +497,22 @@ impl RunTimeStats {
     }
 }
 
+/// The mean time (ns) of one run of the recording program at a sled, and at a return probe,
+/// from the kernel's statistics `costs` ([`Tracer::program_costs`]); `None` for one that did
+/// not run while they were on.
+pub fn recording_program_ns(costs: &[ProgramCost]) -> (Option<f64>, Option<f64>) {
+    let mean = |name: &str| {
+        costs
+            .iter()
+            .find(|p| p.program == name && p.runs > 0)
+            .map(ProgramCost::ns_per_run)
+    };
+    (
+        mean(profiler_common::SLED_PROGRAM),
+        mean(profiler_common::RETURN_PROGRAM),
+    )
+}
+
 /// [`RepairState`] as aya reads and writes it in a map.
 #[derive(Clone, Copy)]
 #[repr(transparent)]

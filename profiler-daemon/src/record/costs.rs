@@ -6,7 +6,6 @@
 //! estimates each function's cost from them (`SessionReport::probe_costs`).
 use crate::kernel::bpf::{ProgramCost, RunTimeStats, Tracer};
 use crate::session::summary::{ProbeCosts, TrapCosts};
-use profiler_common::{RETURN_PROGRAM, SLED_PROGRAM};
 use std::time::{Duration, Instant};
 
 /// How long the recording programs' run time is sampled at the start of a recording.
@@ -71,13 +70,7 @@ impl CostSampling {
         if self.stats.take().is_some() || self.whole_session {
             self.sampled = recorded;
         }
-        let mean = |name: &str| {
-            programs
-                .iter()
-                .find(|p| p.program == name && p.runs > 0)
-                .map(ProgramCost::ns_per_run)
-        };
-        let (sled, ret) = (mean(SLED_PROGRAM), mean(RETURN_PROGRAM));
+        let (sled, ret) = crate::kernel::bpf::recording_program_ns(programs);
         ProbeCosts {
             traps: self.traps,
             sled_program_ns: sled.unwrap_or(0.0),

@@ -201,6 +201,33 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
                     b["evicted"]
                 );
             }
+            let probes = &b["probes"];
+            if probes.is_object() {
+                let costliest: Vec<String> = probes["costliest"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|f| {
+                        format!(
+                            "{} ({}/s, {:.1}%)",
+                            f["function"].as_str().unwrap_or("?"),
+                            f["calls_per_second"],
+                            f["cpu_percent"].as_f64().unwrap_or(0.0)
+                        )
+                    })
+                    .collect();
+                outln!(
+                    "      probes: {} calls/s, ~{:.1}% of a CPU (estimated){}{}",
+                    probes["calls_per_second"],
+                    probes["cpu_percent"].as_f64().unwrap_or(0.0),
+                    if costliest.is_empty() {
+                        ""
+                    } else {
+                        "; costliest: "
+                    },
+                    costliest.join(", ")
+                );
+            }
             let processes = b["processes"].as_array().map_or(&[][..], Vec::as_slice);
             let repair = &b["repair"];
             if repair.is_object() {

@@ -10,6 +10,7 @@
 //! to the journal under systemd; [`export`] pushes each interval's calls as profiles
 //! (Pyroscope, OTLP). SIGHUP reloads the configuration, SIGTERM finishes every file
 //! within `stop_timeout`.
+mod calls;
 pub mod config;
 pub mod control;
 pub mod export;

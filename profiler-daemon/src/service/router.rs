@@ -56,7 +56,10 @@ impl Router {
     ) {
         self.lost += gap.map_or(0, |g| g.lost);
         let h = &mut event.header;
-        let function_event = profiler_common::SledKind::from_u8(h.kind).is_some();
+        let sled = profiler_common::SledKind::from_u8(h.kind);
+        let function_event = sled.is_some();
+        // A call's entry, for its function's count: (object id, function id).
+        let mut entered = None;
         let thread_end = h.kind == profiler_common::event_kind::THREAD_EXIT;
         let (t, b) = if function_event {
             let tag = h.function_id >> TAG_SHIFT;
@@ -64,7 +67,11 @@ impl Router {
                 self.unrouted += 1;
                 return;
             };
-            h.function_id = crate::plan::packed_id(object_id, libraries::untagged(h.function_id));
+            let function_id = libraries::untagged(h.function_id);
+            if sled.is_some_and(profiler_common::SledKind::is_entry) {
+                entered = Some((object_id, function_id));
+            }
+            h.function_id = crate::plan::packed_id(object_id, function_id);
             if self.of_tid.insert(h.tid, (tag, h.pid)).is_none()
                 && !self.new_processes.contains(&(t, b, h.pid))
             {
@@ -90,6 +97,9 @@ impl Router {
         // A thread's end is not an event (the recorders and sessions count it as none).
         self.events += u64::from(!thread_end);
         let w = &mut targets[t].binaries[b];
+        if let Some((object_id, function_id)) = entered {
+            w.calls.entered(object_id, function_id);
+        }
         if let Some(export) = &mut w.export {
             export.stacks.observe(&event.header);
         }

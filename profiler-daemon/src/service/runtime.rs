@@ -77,6 +77,8 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
     // The kernel side's own loss accounts: threads whose end record found a full buffer, and
     // events of no thread (see `crate::kernel::bpf::KernelBooks`).
     let books = tracer.take_books()?;
+    // What a probe hit costs, measured before any target's probes are placed.
+    let costs = super::calls::ServiceCosts::measure(&mut tracer);
     // Resolved once through directories only root can change, and held from now on (see
     // `service::output`).
     let retention = Retention::new(
@@ -130,6 +132,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         retention,
         triggers: Triggers::new(),
         watched: HashMap::new(),
+        costs,
     };
     let result = runtime.block_on(serve(&mut service, intake, listener));
     let _ = std::fs::remove_file(socket);
@@ -162,6 +165,8 @@ struct Service<'a> {
     triggers: Triggers,
     /// The binaries the triggers watch (by tag), with how many of their libraries they know.
     watched: HashMap<u32, usize>,
+    /// What a probe hit costs (`None` where it could not be measured).
+    costs: Option<super::calls::ServiceCosts>,
 }
 
 /// Looks at the processes the router saw for the first time (their libraries probed), or at
@@ -373,6 +378,7 @@ async fn serve(
                             rate,
                             last_snapshot: last_snapshot.as_deref(),
                             exporter: svc.exporter.as_ref(),
+                            costs: svc.costs.as_ref().map(|c| &c.costs),
                         })
                     }
                     Ok(control::Request::Snapshot(name)) => {
@@ -412,12 +418,20 @@ async fn serve(
                 // milliseconds (64,465 events/s for 2,007 events, seen under load); they count
                 // in the next tick's period instead. Later ticks come a period apart or more.
                 if at.elapsed() >= STATUS_INTERVAL / 2 {
-                    rate = (events.router.events - seen) as f64 / at.elapsed().as_secs_f64();
+                    let period = at.elapsed().as_secs_f64();
+                    rate = (events.router.events - seen) as f64 / period;
                     last_status = (std::time::Instant::now(), events.router.events);
+                    if let Some(costs) = &mut svc.costs {
+                        costs.tick(svc.tracer);
+                        for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
+                            let return_probed = w.return_probed();
+                            w.calls.tick(period, &costs.costs, &return_probed);
+                        }
+                    }
                 }
                 // Records that could not be read count among the losses.
                 let lost_elsewhere = svc.books.unattributed_lost() + events.events.malformed();
-                let text = status_line(svc.targets, &events.router, lost_elsewhere, rate);
+                let text = status_line(svc.targets, &events.router, lost_elsewhere, rate, svc.costs.is_some());
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&text)]);
                 statuses = statuses.wrapping_add(1);
                 if statuses.is_multiple_of(LOOK_AT_TARGETS_EVERY)

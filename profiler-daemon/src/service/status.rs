@@ -25,16 +25,19 @@ pub(super) struct View<'a> {
     pub rate: f64,
     pub last_snapshot: Option<&'a Path>,
     pub exporter: Option<&'a Exporter>,
+    /// What a probe hit costs, where it was measured.
+    pub costs: Option<&'a crate::session::summary::ProbeCosts>,
 }
 
-/// The `STATUS=` line: targets, events, what the recorders hold, losses.
-/// `lost_elsewhere`: events lost that no thread's count has (the kernel's unattributed
-/// losses, records that could not be read).
+/// The `STATUS=` line: targets, events, what the recorders hold, losses, and what the
+/// probes cost (`costs`: whether that is known). `lost_elsewhere`: events lost that no
+/// thread's count has (the kernel's unattributed losses, records that could not be read).
 pub(super) fn status_line(
     targets: &[Target],
     router: &Router,
     lost_elsewhere: u64,
     rate: f64,
+    costs: bool,
 ) -> String {
     let binaries: usize = targets.iter().map(|t| t.binaries.len()).sum();
     let (mut held, mut bytes, mut evicted) = (0, 0, 0);
@@ -44,8 +47,13 @@ pub(super) fn status_line(
         bytes += s.bytes;
         evicted += s.evicted;
     }
+    let probes = if costs {
+        format!("; probes ~{:.1}% of a CPU", probes_cpu_percent(targets))
+    } else {
+        String::new()
+    };
     format!(
-        "{} targets ({binaries} binaries); {} events, {rate:.0}/s; holding {held} events in {:.1} MiB; lost {}, evicted {evicted}, not written {}, snapshots not written {}",
+        "{} targets ({binaries} binaries); {} events, {rate:.0}/s{probes}; holding {held} events in {:.1} MiB; lost {}, evicted {evicted}, not written {}, snapshots not written {}",
         targets.len(),
         router.events,
         bytes as f64 / f64::from(1 << 20),
@@ -57,6 +65,16 @@ pub(super) fn status_line(
             .map(|w| w.snapshots_not_written.get())
             .sum::<u64>(),
     )
+}
+
+/// What every binary's probes cost over the last status period, estimated, in percent of
+/// one CPU.
+fn probes_cpu_percent(targets: &[Target]) -> f64 {
+    targets
+        .iter()
+        .flat_map(|t| &t.binaries)
+        .map(|w| w.calls.cpu_share * 100.0)
+        .sum()
 }
 
 /// Events of record-mode targets not written because writing had stopped (`min_free`).
@@ -83,6 +101,7 @@ pub(super) fn status_json(view: &View<'_>) -> serde_json::Value {
         rate,
         last_snapshot,
         exporter,
+        costs,
     } = *view;
     let not_written = not_written(targets);
     let snapshots_not_written: u64 = targets
@@ -133,6 +152,9 @@ pub(super) fn status_json(view: &View<'_>) -> serde_json::Value {
                     });
                     if let serde_json::Value::Object(map) = &mut binary {
                         triggers.status(w.tag, map);
+                        if costs.is_some() {
+                            map.insert("probes".into(), probes_json(w));
+                        }
                     }
                     binary
                 })
@@ -158,6 +180,31 @@ pub(super) fn status_json(view: &View<'_>) -> serde_json::Value {
         "max_disk": (config.max_disk != u64::MAX).then_some(config.max_disk),
         "last_snapshot": last_snapshot,
         "export": exporter.map(Exporter::status),
+        "probe_costs": costs,
+        "probes_cpu_percent": costs.map(|_| probes_cpu_percent(view.targets)),
         "targets": targets,
+    })
+}
+
+/// What a binary's probes cost over the last status period: its calls per second, their
+/// estimated share of a CPU, and the costliest functions.
+fn probes_json(w: &super::targets::Watched) -> serde_json::Value {
+    let costliest: Vec<serde_json::Value> = w
+        .calls
+        .costliest()
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "id": r.id,
+                "function": w.function_name(r.id),
+                "calls_per_second": r.calls_per_second.round() as u64,
+                "cpu_percent": r.cpu_share * 100.0,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "calls_per_second": w.calls.calls_per_second.round() as u64,
+        "cpu_percent": w.calls.cpu_share * 100.0,
+        "costliest": costliest,
     })
 }

@@ -14,6 +14,7 @@ use crate::service::segments::{SegmentSpec, Segments};
 use crate::session::flight::FlightRecorder;
 use crate::session::output::name_part;
 use anyhow::{bail, Context as _, Result};
+use profiler_common::SledKind;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -61,6 +62,8 @@ pub(super) struct Watched {
     pub(super) repaired: Option<Repaired>,
     /// `[export]`: its calls by interval, for the profiles pushed.
     pub(super) export: Option<BinaryExport>,
+    /// Its calls by function, and what their probes cost over the last status period.
+    pub(super) calls: super::calls::FunctionCalls,
 }
 
 /// Most binaries the service traces at once (tags 1 to 255).
@@ -312,11 +315,52 @@ fn attach_binary(
         tag,
         exits: choice,
         recorder: FlightRecorder::new(config.window, config.max_memory),
+        calls: super::calls::FunctionCalls::default(),
         export: service
             .export
             .as_ref()
             .map(|e| BinaryExport::new(e.interval)),
     }))
+}
+
+impl Watched {
+    /// The functions of its executable and libraries whose exits a return probe observes,
+    /// by packed function id (object id and XRay id, without the service's tag).
+    pub(super) fn return_probed(&self) -> std::collections::HashSet<u32> {
+        let of = |object_id: u32, plan: &AttachPlan| {
+            plan.probes
+                .iter()
+                .filter(|p| {
+                    p.cookie.return_probed()
+                        && SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry)
+                })
+                .map(move |p| {
+                    crate::plan::packed_id(
+                        object_id,
+                        super::libraries::untagged(p.cookie.function_id),
+                    )
+                })
+                .collect::<Vec<u32>>()
+        };
+        let mut ids: std::collections::HashSet<u32> = of(0, &self.plan).into_iter().collect();
+        for library in &self.libraries.objects {
+            ids.extend(of(library.object_id, &library.plan));
+        }
+        ids
+    }
+
+    /// The name of its function `id` (packed: object id and XRay id).
+    pub(super) fn function_name(&self, id: u32) -> String {
+        let object_id = id >> crate::plan::OBJECT_ID_SHIFT;
+        if object_id == 0 {
+            return self.plan.names.name(id);
+        }
+        self.libraries
+            .objects
+            .iter()
+            .find(|l| l.object_id == object_id)
+            .map_or_else(|| format!("#{id}"), |l| l.plan.names.name(id))
+    }
 }
 
 impl Target {

@@ -162,3 +162,76 @@ fn status_and_snapshot_requests_over_the_control_socket() {
     assert!(done.status.success(), "{}", done.stderr);
     assert!(!socket.exists(), "the socket is removed at the end");
 }
+
+/// `status` says what the probes cost (issue 30): what a hit costs, measured at the
+/// service's start; each binary's calls per second over the last status period, their
+/// estimated share of a CPU and the costliest functions, in the JSON and the text; nothing
+/// once the calls stop.
+#[test]
+fn status_says_what_the_probes_cost() {
+    let scratch = tests::scratch_dir("service-costs");
+    let bin = private_copy(&calls_fixture(), scratch.path());
+    let (start, _output) = one_target(scratch.path(), "calls", &bin, "60s", "");
+    let _service = start.start();
+    let socket = scratch.path().join("control.sock");
+    let client = |args: &[&str]| {
+        run_output(
+            Command::new(tests::fdr_profiled())
+                .args(args)
+                .arg("--socket")
+                .arg(&socket),
+        )
+    };
+    let status_json = || -> serde_json::Value {
+        let out = client(&["status", "--json"]);
+        assert!(out.status.success());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let traps = &status_json()["probe_costs"]["traps"];
+    assert!(traps["entry_ns"].as_f64().unwrap() > 0.0, "{traps}");
+    assert!(
+        traps["exit_sled_ns"].as_f64().unwrap() > traps["entry_ns"].as_f64().unwrap(),
+        "{traps}"
+    );
+    // Calls for a few status periods.
+    let run = run_output(Command::new(&bin).args(["--iterations", "1000000"]));
+    assert!(run.status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let (json, probes) = loop {
+        let json = status_json();
+        let probes = json["targets"][0]["binaries"][0]["probes"].clone();
+        if probes["calls_per_second"].as_u64().unwrap_or(0) > 0 {
+            break (json, probes);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no calls seen: {json}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // A period is half a second at least: at most twice the calls made.
+    let per_second = probes["calls_per_second"].as_u64().unwrap();
+    assert!(per_second <= 2 * 1_000_003, "{probes}");
+    let first = &probes["costliest"][0];
+    assert_eq!(first["function"], "cx_tiny", "{probes}");
+    assert!(first["cpu_percent"].as_f64().unwrap() > 0.0, "{probes}");
+    assert!(probes["cpu_percent"].as_f64().unwrap() >= first["cpu_percent"].as_f64().unwrap());
+    assert!(json["probes_cpu_percent"].as_f64().unwrap() > 0.0, "{json}");
+    let text = String::from_utf8_lossy(&client(&["status"]).stdout).into_owned();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("      probes: ") && l.contains("costliest: cx_tiny (")),
+        "{text}"
+    );
+    // The calls are over: a period later, none.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let probes = status_json()["targets"][0]["binaries"][0]["probes"].clone();
+        if probes["calls_per_second"] == 0 {
+            assert_eq!(probes["costliest"], serde_json::json!([]));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{probes}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
