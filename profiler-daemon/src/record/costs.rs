@@ -9,7 +9,7 @@ use crate::session::summary::{ProbeCosts, TrapCosts};
 use std::time::{Duration, Instant};
 
 /// How long the recording programs' run time is sampled at the start of a recording.
-pub const PROGRAM_STATS_FOR: Duration = Duration::from_secs(2);
+pub const PROGRAM_STATS_FOR: Duration = Duration::from_secs(1);
 
 /// Measures the traps (a warning, and no estimate, where that fails).
 pub fn measure_traps(tracer: &mut Tracer) -> Option<TrapCosts> {

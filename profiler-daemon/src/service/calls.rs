@@ -101,7 +101,7 @@ impl FunctionCalls {
 }
 
 /// How long the recording programs' run time is sampled, and how often.
-const PROGRAM_STATS_FOR: Duration = Duration::from_secs(2);
+const PROGRAM_STATS_FOR: Duration = Duration::from_secs(1);
 const PROGRAM_STATS_EVERY: Duration = Duration::from_secs(600);
 
 /// What a probe hit costs: the traps measured at the service's start, the recording programs'

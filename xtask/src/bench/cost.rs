@@ -104,7 +104,7 @@ pub fn run() -> Result<String> {
     writeln!(text, "{machine}\n")?;
     writeln!(
         text,
-        "Each program runs untraced (median of {UNTRACED_RUNS} runs), then launched under `fdr-profiled` with the defaults. Traced: the session's recording time (`probe_costs.recorded_ns`, the program's whole run). Estimate: the sum of every function's `probe_cost_ns` (its calls times what one call's probes cost: the traps measured at the session's start on the daemon's own XRay-shaped function with empty programs, plus the programs' own time from the kernel's BPF run-time statistics over the first 2 s), plus the repairs' measured stops. Accounted: that sum over the time tracing added. A hit: entry / return probe / exit sled traps, and the programs at a sled / at a return.\n"
+        "Each program runs untraced (median of {UNTRACED_RUNS} runs), then launched under `fdr-profiled` with the defaults. Traced: the session's recording time (`probe_costs.recorded_ns`, the program's whole run). Estimate: the sum of every function's `probe_cost_ns` (its calls times what one call's probes cost: the traps measured at the session's start on the daemon's own XRay-shaped function with empty programs, plus the programs' own time from the kernel's BPF run-time statistics over the first second), plus the repairs' measured stops. Accounted: that sum over the time tracing added. A hit: entry / return probe / exit sled traps, and the programs at a sled / at a return.\n"
     )?;
     writeln!(
         text,
