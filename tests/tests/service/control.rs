@@ -11,6 +11,16 @@ use tests::trace::check_trace_dir;
 
 use crate::common::{one_target, snapshots, tree_bytes, TIMEOUT};
 
+/// `fdr-profiled ARGS --socket SOCKET`: a request to the service.
+fn client(socket: &std::path::Path, args: &[&str]) -> std::process::Output {
+    run_output(
+        Command::new(tests::fdr_profiled())
+            .args(args)
+            .arg("--socket")
+            .arg(socket),
+    )
+}
+
 /// `fdr-profiled status` and `fdr-profiled snapshot [TARGET]` over the control socket: the
 /// status counts what the service holds, a requested snapshot is written and named, an unknown
 /// target is refused, and only root gets in.
@@ -27,14 +37,7 @@ fn status_and_snapshot_requests_over_the_control_socket() {
     let run = run_output(Command::new(&bin).args(["--iterations", "1000"]));
     assert!(run.status.success());
     std::thread::sleep(Duration::from_millis(300));
-    let client = |args: &[&str]| {
-        run_output(
-            Command::new(tests::fdr_profiled())
-                .args(args)
-                .arg("--socket")
-                .arg(&socket),
-        )
-    };
+    let client = |args: &[&str]| client(&socket, args);
     let status = client(&["status", "--json"]);
     assert!(
         status.status.success(),
@@ -174,14 +177,7 @@ fn status_says_what_the_probes_cost() {
     let (start, _output) = one_target(scratch.path(), "calls", &bin, "60s", "");
     let _service = start.start();
     let socket = scratch.path().join("control.sock");
-    let client = |args: &[&str]| {
-        run_output(
-            Command::new(tests::fdr_profiled())
-                .args(args)
-                .arg("--socket")
-                .arg(&socket),
-        )
-    };
+    let client = |args: &[&str]| client(&socket, args);
     let status_json = || -> serde_json::Value {
         let out = client(&["status", "--json"]);
         assert!(out.status.success());
