@@ -8,8 +8,11 @@ use crate::kernel::bpf::{ProgramCost, RunTimeStats, Tracer};
 use crate::session::summary::{ProbeCosts, TrapCosts};
 use std::time::{Duration, Instant};
 
-/// How long the recording programs' run time is sampled at the start of a recording.
+/// How long the recording programs' run time is sampled at the start of a recording: this
+/// long, and until the program at the sleds has run (a program that starts calling late),
+/// for [`PROGRAM_STATS_LONGEST`] at most.
 pub const PROGRAM_STATS_FOR: Duration = Duration::from_secs(1);
+pub const PROGRAM_STATS_LONGEST: Duration = Duration::from_secs(30);
 
 /// Measures the traps (a warning, and no estimate, where that fails).
 pub fn measure_traps(tracer: &mut Tracer) -> Option<TrapCosts> {
@@ -55,11 +58,19 @@ impl CostSampling {
         }
     }
 
-    /// Turns the statistics off once [`PROGRAM_STATS_FOR`] is over (call it now and then).
-    pub fn tick(&mut self) {
-        if self.stats.is_some() && self.started.elapsed() >= PROGRAM_STATS_FOR {
+    /// Turns the statistics off once the sample is over (see [`PROGRAM_STATS_FOR`]); call it
+    /// now and then.
+    pub fn tick(&mut self, tracer: &Tracer) {
+        let elapsed = self.started.elapsed();
+        if self.stats.is_none() || elapsed < PROGRAM_STATS_FOR {
+            return;
+        }
+        let ran = crate::kernel::bpf::recording_program_ns(&tracer.program_costs())
+            .0
+            .is_some();
+        if ran || elapsed >= PROGRAM_STATS_LONGEST {
             self.stats = None;
-            self.sampled = self.started.elapsed();
+            self.sampled = elapsed;
         }
     }
 

@@ -616,7 +616,7 @@ async fn record(
                 events.drain(DRAIN_BUDGET, &mut locked(&own));
                 probing.tracer.show_kernel_log();
                 if let Some(sampling) = &mut cost_sampling {
-                    sampling.tick();
+                    sampling.tick(&probing.tracer);
                 }
                 // The keeper lets the process go by itself (it exec'd a program that raised
                 // its privileges): it waits, the process held at its exec, for the session

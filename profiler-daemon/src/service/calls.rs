@@ -100,8 +100,10 @@ impl FunctionCalls {
     }
 }
 
-/// How long the recording programs' run time is sampled, and how often.
+/// How long the recording programs' run time is sampled (this long, and until the program at
+/// the sleds has run in it, [`PROGRAM_STATS_LONGEST`] at most), and how often.
 const PROGRAM_STATS_FOR: Duration = Duration::from_secs(1);
+const PROGRAM_STATS_LONGEST: Duration = Duration::from_secs(30);
 const PROGRAM_STATS_EVERY: Duration = Duration::from_secs(600);
 
 /// What a probe hit costs: the traps measured at the service's start, the recording programs'
@@ -110,8 +112,8 @@ const PROGRAM_STATS_EVERY: Duration = Duration::from_secs(600);
 /// twice more per run; turning them on takes CAP_SYS_ADMIN: without it they stay unknown).
 pub struct ServiceCosts {
     pub costs: ProbeCosts,
-    /// The statistics, while on, and since when.
-    sampling: Option<(RunTimeStats, Instant)>,
+    /// The statistics, while on, since when, and the program at the sleds' runs then.
+    sampling: Option<(RunTimeStats, Instant, u64)>,
     last_sample: Instant,
 }
 
@@ -125,7 +127,9 @@ impl ServiceCosts {
                     traps,
                     ..ProbeCosts::default()
                 },
-                sampling: RunTimeStats::enable().ok().map(|s| (s, Instant::now())),
+                sampling: RunTimeStats::enable()
+                    .ok()
+                    .map(|s| (s, Instant::now(), sled_runs(tracer))),
                 last_sample: Instant::now(),
             }),
             Err(err) => {
@@ -141,7 +145,10 @@ impl ServiceCosts {
     /// the next one when it is due; call it now and then.
     pub fn tick(&mut self, tracer: &Tracer) {
         match &self.sampling {
-            Some((_, since)) if since.elapsed() >= PROGRAM_STATS_FOR => {
+            Some((_, since, runs))
+                if since.elapsed() >= PROGRAM_STATS_FOR
+                    && (sled_runs(tracer) > *runs || since.elapsed() >= PROGRAM_STATS_LONGEST) =>
+            {
                 let sampled = since.elapsed();
                 self.sampling = None;
                 let (sled, ret) = recording_program_ns(&tracer.program_costs());
@@ -158,12 +165,23 @@ impl ServiceCosts {
                 self.last_sample = Instant::now();
             }
             None if self.last_sample.elapsed() >= PROGRAM_STATS_EVERY => {
-                self.sampling = RunTimeStats::enable().ok().map(|s| (s, Instant::now()));
+                self.sampling = RunTimeStats::enable()
+                    .ok()
+                    .map(|s| (s, Instant::now(), sled_runs(tracer)));
                 self.last_sample = Instant::now();
             }
             _ => {}
         }
     }
+}
+
+/// Runs of the program at the sleds the kernel's statistics have counted.
+fn sled_runs(tracer: &Tracer) -> u64 {
+    tracer
+        .program_costs()
+        .iter()
+        .find(|p| p.program == profiler_common::SLED_PROGRAM)
+        .map_or(0, |p| p.runs)
 }
 
 #[cfg(test)]
