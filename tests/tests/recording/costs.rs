@@ -2,9 +2,10 @@
 //! what a hit costs on this host (its traps, on empty programs), samples its programs' own
 //! time at the start of the recording, and estimates each function's cost from its calls and
 //! how its exits are observed: `session.json`'s `probe_costs` and each function's
-//! `probe_cost_ns`, and the summary's lines, for return probes and for exit sleds.
+//! `probe_cost_ns`, and the summary's lines, for return probes and for exit sleds; the
+//! files hold every call the fixture counted, as llvm-xray 14 and 19 read them.
 //!
-//! Needs root, BPF, clang-19 and a built daemon.
+//! Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon.
 
 use std::time::Duration;
 
@@ -65,6 +66,15 @@ fn costs_under(daemon_args: &[&str], exit: &str, iterations: &str) {
     }
     let tiny = functions.iter().find(|f| f["name"] == "cx_tiny").unwrap();
     assert_eq!(tiny["calls"].as_u64(), Some(tiny_calls));
+    // The files: read by llvm-xray 14 and 19, each thread's calls of cx_tiny as counted.
+    let trace = tests::trace::check_trace_dir(&run.out, &run.bin);
+    assert_eq!(trace.threads.len(), counted.len());
+    for t in &trace.threads {
+        let calls = t.calls();
+        let want = counted[&t.tid]["cx_tiny"];
+        assert_eq!(calls["cx_tiny"].entries(), want, "tid {}", t.tid);
+        assert_eq!(calls["cx_tiny"].exits(), want, "tid {}", t.tid);
+    }
     // The summary says it, the costliest function first.
     let stderr = &run.done.stderr;
     assert!(stderr.contains("probe cost (estimated): "), "{stderr}");
