@@ -96,14 +96,36 @@ impl Cookie {
     }
 
     /// Packs the cookie into the 64 bits the kernel stores per attachment: bits 0..32 function
-    /// id, bits 32..40 sled kind, then 4 bits per register number, and the flags in bits 56..64.
+    /// id, bits 32..40 sled kind, bits 40..56 the registers (4 bits each, the third 8 wide:
+    /// the top 4 of its bits serve only [`Cookie::call_slot`]), and the flags in bits 56..64.
     pub const fn encode(self) -> u64 {
         (self.function_id as u64)
             | ((self.kind as u64) << 32)
             | (((self.regs[0] & 15) as u64) << 40)
             | (((self.regs[1] & 15) as u64) << 44)
-            | (((self.regs[2] & 15) as u64) << 48)
+            | ((self.regs[2] as u64) << 48)
             | ((self.flags as u64) << 56)
+    }
+
+    /// The same cookie counting its function's calls in slot `slot` of [`CALLS_MAP`] (a
+    /// function or tail sled's cookie: event sleds use these bits for their registers).
+    pub const fn with_call_slot(self, slot: u16) -> Cookie {
+        Cookie {
+            regs: [
+                (slot & 15) as u8,
+                ((slot >> 4) & 15) as u8,
+                (slot >> 8) as u8,
+            ],
+            ..self
+        }
+    }
+
+    /// Where an entry of this function is counted in [`CALLS_MAP`]; 0: not counted. Only for
+    /// function sleds (see [`Cookie::with_call_slot`]).
+    pub const fn call_slot(&self) -> u16 {
+        (self.regs[0] as u16 & 15)
+            | ((self.regs[1] as u16 & 15) << 4)
+            | ((self.regs[2] as u16) << 8)
     }
 
     /// Inverse of [`Cookie::encode`].
@@ -114,7 +136,7 @@ impl Cookie {
             regs: [
                 ((raw >> 40) & 15) as u8,
                 ((raw >> 44) & 15) as u8,
-                ((raw >> 48) & 15) as u8,
+                (raw >> 48) as u8,
             ],
             flags: (raw >> 56) as u8,
         }
@@ -360,6 +382,10 @@ pub const THREAD_BOOKS_PROGRAM: &str = "thread_books";
 pub const ARMED_MAP: &str = "ARMED";
 /// Name of the per-CPU counters array, indexed by the `counter` constants.
 pub const COUNTERS_MAP: &str = "COUNTERS";
+/// Array (mmapable, `CFG_CALL_SLOTS` entries per possible CPU, CPU-major): the calls of each
+/// function given a slot ([`Cookie::with_call_slot`]), counted at its entries on each CPU in
+/// its own row, for the overhead budget. One entry when no slots are configured.
+pub const CALLS_MAP: &str = "CALLS";
 /// Indexes into [`COUNTERS_MAP`].
 pub mod counter {
     /// Events dropped because the thread's state could not be created (the kernel could not
@@ -590,6 +616,8 @@ pub mod globals {
     /// u32: 1 under `--follow-forks`: a thread gets state (is recorded) only if its process
     /// is in [`super::FOLLOWED_MAP`].
     pub const FOLLOW_FORKS: &str = "CFG_FOLLOW_FORKS";
+    /// u32: slots per CPU of [`super::CALLS_MAP`]; 0: calls are not counted.
+    pub const CALL_SLOTS: &str = "CFG_CALL_SLOTS";
 }
 
 #[cfg(test)]
@@ -613,6 +641,15 @@ mod tests {
             Cookie::decode(Cookie::new(7, SledKind::Tail).encode()).kind,
             2
         );
+        for slot in [0, 1, 15, 16, 0x1234, 0xffff] {
+            let c = Cookie::new(9, SledKind::Entry)
+                .with_flags(cookie_flags::RETURN_PROBED)
+                .with_call_slot(slot);
+            let back = Cookie::decode(c.encode());
+            assert_eq!(back.call_slot(), slot);
+            assert_eq!((back.function_id, back.kind), (9, 0));
+            assert!(back.return_probed());
+        }
     }
 
     #[test]

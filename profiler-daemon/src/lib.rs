@@ -26,6 +26,7 @@
 //! only parses the command line. ARCHITECTURE.md walks one event through these stages.
 #[macro_use]
 pub mod console;
+pub mod budget;
 pub mod cli;
 pub mod kernel;
 pub mod plan;

@@ -1,5 +1,5 @@
 //! The daemon's source tree keeps the shape of its pipeline: every import between two of its
-//! files runs down the stages (console → traced → plan → kernel → session → repair → commands → cli), no files
+//! files runs down the stages (console → traced → plan → kernel → session → repair, budget → commands → cli), no files
 //! import each other in a cycle, and `cli` is used by `main` alone.
 //!
 //! Imports are read from the sources, not from the compiler: `crate::a::b` and `super::b`
@@ -17,6 +17,7 @@ const STAGES: &[(&str, u32)] = &[
     ("kernel", 3),
     ("session", 4),
     ("repair", 5),
+    ("budget", 5),
     ("record", 6),
     ("tools", 6),
     ("service", 6),

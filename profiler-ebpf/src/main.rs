@@ -30,7 +30,8 @@ mod task_storage;
 
 use aya_ebpf::{
     bindings::{
-        BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
+        BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+        BPF_RB_NO_WAKEUP,
     },
     btf_maps::{ArrayOfMaps, RingBuf},
     helpers::{
@@ -155,6 +156,36 @@ static CFG_TASK_PID_OFFSET: u32 = 0;
 /// only the threads of the processes in `FOLLOWED` are recorded.
 #[unsafe(no_mangle)]
 static CFG_FOLLOW_FORKS: u32 = 0;
+
+/// Slots per CPU of `CALLS` (see `profiler_common::CALLS_MAP`); 0: calls are not counted.
+#[unsafe(no_mangle)]
+static CFG_CALL_SLOTS: u32 = 0;
+
+/// Each budgeted function's calls, per CPU (row `cpu`, column the cookie's call slot): what
+/// the daemon's overhead budget reads, in place, every second. Plain (not per-CPU) so that
+/// the daemon can map it; each CPU writes only its own row.
+#[map(name = "CALLS")]
+static CALLS: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Counts a call of the function at an entry sled whose cookie has a call slot: every trap
+/// costs the program, recorded or not, so this comes before any other decision.
+#[inline(always)]
+fn count_call(cookie: &Cookie, cpu: u32) {
+    let slots = setting(&CFG_CALL_SLOTS);
+    let slot = u32::from(cookie.call_slot());
+    if slots == 0 || slot == 0 || slot >= slots {
+        return;
+    }
+    if cookie.kind != SledKind::Entry as u8 && cookie.kind != SledKind::LogArgsEntry as u8 {
+        return;
+    }
+    if let Some(p) = CALLS.get_ptr_mut(cpu.wrapping_mul(slots).wrapping_add(slot)) {
+        // SAFETY: a valid map value; only this CPU's programs write its row (a program
+        // preempted between the load and the store by another on the same CPU loses one
+        // count: rare, and an estimate's error, not a trace's).
+        unsafe { *p += 1 };
+    }
+}
 
 /// `--follow-forks`: the processes (tgids) recorded: the traced one (put there by the daemon)
 /// and those forked by a recorded one (`follow_fork`). A process whose entry is missing is not
@@ -519,6 +550,7 @@ fn probe_hit(ctx: *mut c_void) -> Option<(Cookie, u32, &'static mut ThreadState)
             bpf_get_smp_processor_id(),
         )
     };
+    count_call(&cookie, cpu);
     let create = cookie.kind != event_kind::CATCH;
     // `--follow-forks`: a thread with no state yet gets one only if its process is followed;
     // the others run code of a traced object without being traced (the probes cannot be

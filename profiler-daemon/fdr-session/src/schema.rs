@@ -370,6 +370,9 @@ pub struct SessionReport<Objects = Vec<ObjectReport>> {
     /// [`FunctionReport::probe_cost_ns`] is estimated from. `None` when not measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_costs: Option<ProbeCosts>,
+    /// `--max-overhead`: the budget, and the functions it dropped and re-admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetReport>,
     /// `--kernel-stats`: the time the kernel spent in each recording program.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernel_programs: Vec<ProgramCost>,
@@ -474,6 +477,78 @@ impl ProbeCosts {
         } else {
             entry + self.traps.exit_sled_ns + self.sled_program_ns
         }
+    }
+}
+
+/// What the overhead budget did in a session: a function is traced over intervals, from the
+/// start (or a re-admission) to a drop (or the end); every call inside one is in the trace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BudgetReport {
+    /// The limit: the overhead the probes may add to the program's threads, in percent (see
+    /// the README, "An overhead budget").
+    pub max_overhead_percent: f64,
+    /// Functions under the budget (their calls counted, each removable on its own).
+    pub functions: usize,
+    /// Functions traced without it: beyond the kernel's counters, or in objects the budget
+    /// does not cover.
+    pub functions_unbudgeted: usize,
+    /// Each drop and re-admission, in order.
+    pub changes: Vec<BudgetChange>,
+    /// The functions not traced at the end, by name.
+    pub dropped_at_end: Vec<String>,
+    /// The highest overhead estimated over one second of the functions traced, in percent,
+    /// and the last.
+    pub peak_overhead_percent: f64,
+    pub last_overhead_percent: f64,
+}
+
+/// One function dropped or re-admitted by the budget.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BudgetChange {
+    /// When, in seconds since the session started recording.
+    pub at_seconds: f64,
+    /// Its trace function id, and its name.
+    pub function_id: u32,
+    pub function: String,
+    /// `dropped` or `readmitted`.
+    pub action: String,
+    /// Its calls a second: measured when dropped, predicted when re-admitted.
+    pub calls_per_second: f64,
+    /// The overhead its probes alone add (or would add), in percent.
+    pub overhead_percent: f64,
+}
+
+impl BudgetChange {
+    /// The change as a person reads it: `dropped ds_leaf: 2.1M calls/s would cost 210%`.
+    pub fn describe(&self) -> String {
+        let verb = if self.action == "dropped" {
+            "would cost"
+        } else {
+            "should cost"
+        };
+        format!(
+            "{} {}: {} calls/s {verb} {:.1}% (at {:.1} s)",
+            self.action,
+            self.function,
+            si(self.calls_per_second),
+            self.overhead_percent,
+            self.at_seconds
+        )
+    }
+}
+
+/// `1234567.0` as `1.2M`.
+fn si(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.1}G", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
     }
 }
 

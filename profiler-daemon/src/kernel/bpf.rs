@@ -3,6 +3,7 @@
 //! removing probes is `attach`'s job; what the stack repair asks of the programs, `repair`'s.
 mod attach;
 mod calibrate;
+mod calls;
 mod repair;
 
 pub use crate::kernel::books::{KernelBooks, PodThreadState};
@@ -12,9 +13,10 @@ use aya::maps::{ArrayOfMaps, HashMap as BpfHashMap, Map, MapData, PerCpuArray, R
 use aya::programs::uprobe::UProbeScope;
 use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
+pub use calls::{call_slots_for, CallCounts, MAX_CALL_SLOTS};
 pub use fdr_session::schema::ProgramCost;
 use profiler_common::{
-    globals, RepairState, ARMED_MAP, COUNTERS_MAP, EXITED_THREADS_MAP, FLOOR_PROGRAM,
+    globals, RepairState, ARMED_MAP, CALLS_MAP, COUNTERS_MAP, EXITED_THREADS_MAP, FLOOR_PROGRAM,
     FLOOR_RETURN_PROGRAM, FOLLOW_FORK_PROGRAM, PROCESS_START_PROGRAM, RETURN_PROGRAM, RINGS_MAP,
     SLED_PROGRAM, THREAD_BOOKS_PROGRAM, THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
 };
@@ -70,6 +72,9 @@ pub struct LoadOptions {
     /// `--follow-forks`: only the processes named by [`Tracer::follow`] and those they fork
     /// are recorded (the probes are then placed for every process, [`Scope::AllProcesses`]).
     pub follow_forks: bool,
+    /// Count the calls of budgeted functions in this many slots per CPU (see
+    /// [`Tracer::call_counts`]; [`call_slots_for`]); 0: no counting.
+    pub call_slots: u32,
 }
 
 /// The loaded programs and maps. Dropping it detaches every probe.
@@ -87,6 +92,8 @@ pub struct Tracer {
     kernel_log: Option<aya_log::EbpfLogger<KernelLog>>,
     /// Whether the programs read the kernel's own count of pending return probes.
     kernel_depth: bool,
+    /// The calls of budgeted functions (`LoadOptions::call_slots`).
+    calls: Option<CallCounts>,
 }
 
 /// A set of placed probes that can be removed again on their own (a service target that a
@@ -211,7 +218,9 @@ impl Tracer {
             .override_global(globals::EXIT_CODE_OFFSET, &exit_code_offset, true)
             .override_global(globals::ABLATE, &options.ablate, true)
             .override_global(KERNEL_LOG_LEVEL, &kernel_log_level, true)
+            .override_global(globals::CALL_SLOTS, &options.call_slots, true)
             .map_max_entries(RINGS_MAP, cpus * split)
+            .map_max_entries(CALLS_MAP, (options.call_slots * cpus).max(1))
             .load(EBPF_OBJECT)
             .map_err(|e| anyhow!("loading the eBPF programs failed: {}", one_line(&e)))?;
         for name in [
@@ -330,7 +339,7 @@ impl Tracer {
         } else {
             None
         };
-        Ok(Tracer {
+        let mut tracer = Tracer {
             kernel_depth: depth.utask != 0,
             kernel_log,
             attachment: Attachment::default(),
@@ -339,7 +348,17 @@ impl Tracer {
             ebpf,
             options,
             rings,
-        })
+            calls: None,
+        };
+        if options.call_slots > 0 {
+            tracer.calls = Some(CallCounts::map(&tracer.ebpf, options.call_slots, cpus)?);
+        }
+        Ok(tracer)
+    }
+
+    /// The calls of budgeted functions, where `LoadOptions::call_slots` asked for them.
+    pub fn call_counts(&self) -> Option<&CallCounts> {
+        self.calls.as_ref()
     }
 
     /// What was loaded (fixed for the tracer's life).

@@ -95,6 +95,14 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub verbose: bool,
 
+    /// Keep what the probes cost the traced program under PCT (for example 5%): the
+    /// slowdown they add to its threads that run. Every second, the functions whose calls
+    /// cost the most stop being traced until the estimate fits, and come back when the load
+    /// falls; the summary and session.json list each drop with its rate. Each function is
+    /// traced over intervals, every call inside one complete. Default: no budget.
+    #[arg(long, value_name = "PCT", value_parser = crate::budget::parse_percent)]
+    pub max_overhead: Option<f64>,
+
     /// Benchmark baseline: attach empty programs on the same probes and record nothing.
     #[arg(long, hide = true)]
     pub floor: bool,

@@ -4,6 +4,7 @@
 //! is traced (and those a process maps later), the kernel stage's intake feeds the session, and
 //! at the end `fdr-analysis` writes the report.
 mod args;
+mod budget;
 mod costs;
 pub mod objects;
 
@@ -165,6 +166,10 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         repair: repair.as_ref().map(|r| r.offsets),
         kernel_log: cli.verbose,
         follow_forks: cli.follow_forks,
+        call_slots: match cli.max_overhead {
+            Some(_) => crate::kernel::bpf::call_slots_for(crate::kernel::bpf::possible_cpus()?),
+            None => 0,
+        },
     })?;
     let out = OutputDir::create_root(&cli.out_dir())?;
 
@@ -247,6 +252,32 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     } else {
         costs::measure_traps(&mut tracer)
     };
+    let budget = match cli.max_overhead {
+        None => Ok(None),
+        Some(_) if cli.floor => Err(anyhow::anyhow!("--max-overhead does nothing with --floor")),
+        Some(_) if repairing && matches!(target, Target::Attach) => Err(anyhow::anyhow!(
+            "--max-overhead: not with --exits repair under --attach yet (each process has probes of its own there): use --exits per-function"
+        )),
+        Some(limit) => match traps {
+            Some(traps) => Ok(Some(crate::budget::probes::BudgetedProbes::new(
+                limit,
+                traps,
+                crate::session::monotonic_ns(),
+            ))),
+            None => Err(anyhow::anyhow!(
+                "--max-overhead: what a probe costs could not be measured on this host"
+            )),
+        },
+    };
+    let mut budget = match budget {
+        Ok(budget) => budget,
+        Err(err) => {
+            if let Target::Launch(child, _) = target {
+                launch::reap(child);
+            }
+            return Err(err);
+        }
+    };
     let mut session = Session::new(
         out,
         planned.executable.clone(),
@@ -262,7 +293,9 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     // limit of pending return probes makes the session observe exits by their sleds instead
     // (under repair only where its keeper cannot make the thread pass through the trampoline;
     // elsewhere, a `longjmp` from past the limit to a frame entered before tracing).
-    let mut return_probes = (policy != ExitPolicy::All(Exits::Sleds)).then(Vec::new);
+    // (Not under a budget: its functions' probes come and go one by one.)
+    let mut return_probes =
+        (policy != ExitPolicy::All(Exits::Sleds) && budget.is_none()).then(Vec::new);
     let mut repaired = None;
     let placed = if repairing && matches!(target, Target::Attach) {
         // Each process gets its probes once its keeper traces it (see `repaired`).
@@ -287,7 +320,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
                     plan,
                     policy,
                     scope,
-                    return_probes.as_mut(),
+                    objects::Placing::of(return_probes.as_mut(), budget.as_mut()),
                 )
                 .map(drop)
             })
@@ -348,6 +381,20 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             return_probes,
             repaired,
             traps,
+            budget: budget.map(|probes| {
+                let keeper = match &target {
+                    Target::Launch(_, keeper) | Target::Pid(_, _, keeper) => {
+                        keeper.as_ref().map(|k| k.pid())
+                    }
+                    Target::Attach => None,
+                };
+                budget::Budgeting::new(
+                    probes,
+                    scope,
+                    planned.executable.path.clone().into(),
+                    keeper,
+                )
+            }),
         };
         record(cli, target, intake, books, session, probing, held_signals).await
     })
@@ -514,6 +561,8 @@ struct Probing {
     repaired: Option<repaired::AttachRepair>,
     /// What a probe hit cost, measured before the session's probes were placed.
     traps: Option<crate::session::summary::TrapCosts>,
+    /// `--max-overhead`.
+    budget: Option<budget::Budgeting>,
 }
 
 async fn record(
@@ -618,6 +667,9 @@ async fn record(
                 if let Some(sampling) = &mut cost_sampling {
                     sampling.tick(&probing.tracer);
                 }
+                if let Some(budget) = &mut probing.budget {
+                    budget.tick(&mut probing.tracer);
+                }
                 // The keeper lets the process go by itself (it exec'd a program that raised
                 // its privileges): it waits, the process held at its exec, for the session
                 // to end and remove its probes first.
@@ -649,7 +701,7 @@ async fn record(
             }
             _ = rescan.tick(), if probing.discovery.is_some() => {
                 if let Some(discovery) = &mut probing.discovery {
-                    objects::rescan(discovery, &probing.filter, probing.policy, &mut probing.tracer, &mut session, probing.scope, probing.return_probes.as_mut());
+                    objects::rescan(discovery, &probing.filter, probing.policy, &mut probing.tracer, &mut session, probing.scope, objects::Placing::of(probing.return_probes.as_mut(), probing.budget.as_mut().map(|b| &mut b.probes)));
                 }
             }
             _ = sigint.recv() => break,
@@ -684,6 +736,9 @@ async fn record(
     }
     if kernel_stats.is_some() {
         session.set_kernel_programs(programs);
+    }
+    if let Some(budget) = &probing.budget {
+        session.set_budget(budget.probes.report());
     }
     if let Err(err) = probing.tracer.set_armed(false) {
         errln!("fdr-profiled: warning: {err:#}");

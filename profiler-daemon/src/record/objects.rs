@@ -1,6 +1,7 @@
 //! The objects a session probes, once planned (`plan::objects`): their probes placed and the
 //! session told, and, for a single traced process, the objects it maps later (`dlopen`),
 //! found by rescanning its mappings while recording.
+use crate::budget::probes::BudgetedProbes;
 use crate::kernel::bpf::{Attachment, Scope, Tracer};
 use crate::plan::discovery::Discovery;
 use crate::plan::exits::ExitPolicy;
@@ -17,19 +18,52 @@ pub struct ReturnProbes {
     pub links: Attachment,
 }
 
-/// Decides how `plan`'s functions' exits are observed, places its probes, says so, and adds
-/// the object to the session. With `keep`, the object's return probes are kept there.
+/// How an object's probes are placed.
+pub enum Placing<'a> {
+    /// All together, in the tracer's set.
+    Together,
+    /// All together, the return probes kept apart, there.
+    KeepingReturns(&'a mut Vec<ReturnProbes>),
+    /// One set per function, under the budget (`--max-overhead`).
+    Budgeted(&'a mut BudgetedProbes),
+}
+
+impl Placing<'_> {
+    /// The placing for `keep` (the return probes) or `budget`, the budget first.
+    pub fn of<'a>(
+        keep: Option<&'a mut Vec<ReturnProbes>>,
+        budget: Option<&'a mut BudgetedProbes>,
+    ) -> Placing<'a> {
+        match (budget, keep) {
+            (Some(budget), _) => Placing::Budgeted(budget),
+            (None, Some(kept)) => Placing::KeepingReturns(kept),
+            (None, None) => Placing::Together,
+        }
+    }
+
+    fn reborrow(&mut self) -> Placing<'_> {
+        match self {
+            Placing::Together => Placing::Together,
+            Placing::KeepingReturns(kept) => Placing::KeepingReturns(kept),
+            Placing::Budgeted(budget) => Placing::Budgeted(budget),
+        }
+    }
+}
+
+/// Decides how `plan`'s functions' exits are observed, places its probes as `placing` says,
+/// says so, and adds the object to the session.
 pub fn attach(
     tracer: &mut Tracer,
     session: &mut Session,
     mut plan: AttachPlan,
     policy: ExitPolicy,
     scope: Scope,
-    keep: Option<&mut Vec<ReturnProbes>>,
+    placing: Placing<'_>,
 ) -> Result<usize> {
     crate::plan::exits::decide(&mut plan, policy);
-    let placed = match keep {
-        Some(kept) => {
+    let placed = match placing {
+        Placing::Budgeted(budget) => budget.attach(tracer, &plan, scope)?,
+        Placing::KeepingReturns(kept) => {
             let (placed, links) = tracer.attach_keeping_returns(&plan, scope)?;
             kept.push(ReturnProbes {
                 plan: plan.clone(),
@@ -37,7 +71,7 @@ pub fn attach(
             });
             placed
         }
-        None => tracer.attach(&plan, scope)?,
+        Placing::Together => tracer.attach(&plan, scope)?,
     };
     let attached_ns = crate::session::monotonic_ns();
     let object = if plan.object_id == 0 {
@@ -64,7 +98,7 @@ pub fn rescan(
     tracer: &mut Tracer,
     session: &mut Session,
     scope: Scope,
-    mut keep: Option<&mut Vec<ReturnProbes>>,
+    mut placing: Placing<'_>,
 ) {
     let Ok(found) = discovery.scan() else {
         return;
@@ -78,7 +112,7 @@ pub fn rescan(
             continue;
         }
         let path = plan.display_path.clone();
-        if let Err(err) = attach(tracer, session, plan, policy, scope, keep.as_deref_mut()) {
+        if let Err(err) = attach(tracer, session, plan, policy, scope, placing.reborrow()) {
             errln!("fdr-profiled: warning: {path}: not traced: {err:#}");
         }
     }

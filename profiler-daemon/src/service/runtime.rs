@@ -58,6 +58,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         floor: false,
         ablate: 0,
         follow_forks: false,
+        call_slots: 0,
         perf_events_only: false,
         // Loaded for every target of the first configuration that asks for it, or may choose
         // it (`auto`, where this kernel allows it).

@@ -84,6 +84,8 @@ pub struct Session {
     kernel_programs: Vec<crate::kernel::bpf::ProgramCost>,
     /// What a probe hit cost (see [`Session::set_probe_costs`]).
     probe_costs: Option<ProbeCosts>,
+    /// `--max-overhead`: what the budget did (see [`Session::set_budget`]).
+    budget: Option<fdr_session::schema::BudgetReport>,
     /// See [`SessionReport::notes`].
     notes: Vec<String>,
 }
@@ -114,6 +116,7 @@ impl Session {
             repairs: None,
             kernel_programs: Vec::new(),
             probe_costs: None,
+            budget: None,
             notes: Vec::new(),
         }
     }
@@ -191,6 +194,11 @@ impl Session {
     /// What a probe hit cost, for each function's estimated cost in the report.
     pub fn set_probe_costs(&mut self, costs: ProbeCosts) {
         self.probe_costs = Some(costs);
+    }
+
+    /// `--max-overhead`: what the budget did, for the manifest and the summary.
+    pub fn set_budget(&mut self, budget: fdr_session::schema::BudgetReport) {
+        self.budget = Some(budget);
     }
 
     /// `--kernel-stats`: the time the kernel spent in each recording program.
@@ -356,6 +364,7 @@ impl Session {
             }),
             repair_unrecorded_threads: None,
             probe_costs: self.probe_costs,
+            budget: self.budget.take(),
             kernel_programs: std::mem::take(&mut self.kernel_programs),
             notes: std::mem::take(&mut self.notes),
             events,

@@ -166,6 +166,39 @@ pub fn estimate_costs(functions: &mut [FunctionReport], costs: &ProbeCosts) {
     }
 }
 
+/// How many of the budget's changes the summary lists (all are in `session.json`).
+const BUDGET_CHANGES_LISTED: usize = 10;
+
+/// The summary's lines on the overhead budget: the limit, the overhead estimated, and the
+/// functions dropped and re-admitted.
+fn budget_lines(s: &mut String, report: &SessionReport) {
+    let Some(b) = &report.budget else {
+        return;
+    };
+    let dropped = b.changes.iter().filter(|c| c.action == "dropped").count();
+    let _ = writeln!(
+        s,
+        "  budget: at most {}% overhead; {} functions under it ({} without: no counter left), peak {:.1}%, last {:.1}%; {dropped} drops, {} re-admissions; {} not traced at the end",
+        b.max_overhead_percent,
+        b.functions,
+        b.functions_unbudgeted,
+        b.peak_overhead_percent,
+        b.last_overhead_percent,
+        b.changes.len() - dropped,
+        b.dropped_at_end.len(),
+    );
+    for c in b.changes.iter().take(BUDGET_CHANGES_LISTED) {
+        let _ = writeln!(s, "    {}", c.describe());
+    }
+    if b.changes.len() > BUDGET_CHANGES_LISTED {
+        let _ = writeln!(
+            s,
+            "    and {} more (session.json: budget.changes)",
+            b.changes.len() - BUDGET_CHANGES_LISTED
+        );
+    }
+}
+
 /// How many functions the summary names as the costliest.
 const COSTLIEST: usize = 5;
 
@@ -277,6 +310,7 @@ pub fn render(report: &SessionReport, out_dir: &std::path::Path, top: usize) -> 
         );
     }
     cost_lines(&mut s, report);
+    budget_lines(&mut s, report);
     let m = &report.exit_methods;
     let _ = writeln!(
         s,

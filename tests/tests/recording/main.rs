@@ -25,7 +25,8 @@ mod exits_per_function;
 mod json_parser;
 mod longjmp;
 mod panics;
-// What the probes cost: measured at the start, estimated per function.
+// What the probes cost: measured at the start, estimated per function; kept under a budget.
+mod budget;
 mod costs;
 // What is probed: `--functions`/`--exclude`, and the kernel's uprobe_multi links themselves.
 mod select;

@@ -12,6 +12,31 @@ use profiler_common::{
 };
 use std::path::Path;
 
+/// The probes to place for `probes`: at the sleds (exits first, see [`Tracer::attach`]),
+/// and the return probes of the functions marked `RETURN_PROBED`, at their entries.
+fn split_probes(probes: &[Probe]) -> (Vec<Probe>, Vec<Probe>) {
+    let mut sleds = Vec::new();
+    let mut returns = Vec::new();
+    for probe in probes {
+        let kind = SledKind::from_u8(probe.cookie.kind);
+        match (kind, probe.cookie.return_probed()) {
+            (Some(SledKind::Exit), true) => {}
+            (Some(k), true) if k.is_entry() => {
+                sleds.push(*probe);
+                returns.push(Probe {
+                    file_offset: probe.file_offset,
+                    cookie: Cookie::new(probe.cookie.function_id, SledKind::Exit)
+                        .with_flags(cookie_flags::RETURN_PROBED),
+                });
+            }
+            (Some(_), _) => sleds.push(*probe),
+            (None, _) => {}
+        }
+    }
+    sleds.sort_by_key(|p| SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry));
+    (sleds, returns)
+}
+
 impl Tracer {
     /// Places the plan's probes: for a function marked `RETURN_PROBED` (see `plan::exits`), a
     /// return probe at its entry instead of probes on its exit sleds. Exit-side probes go first:
@@ -33,30 +58,8 @@ impl Tracer {
         scope: Scope,
     ) -> Result<(usize, Attachment)> {
         let scope = UProbeScope::from(scope);
-        let (sled_prog, return_prog) = if self.options.floor {
-            (FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM)
-        } else {
-            (SLED_PROGRAM, RETURN_PROGRAM)
-        };
-        let mut sleds = Vec::new();
-        let mut returns = Vec::new();
-        for probe in &plan.probes {
-            let kind = SledKind::from_u8(probe.cookie.kind);
-            match (kind, probe.cookie.return_probed()) {
-                (Some(SledKind::Exit), true) => {}
-                (Some(k), true) if k.is_entry() => {
-                    sleds.push(*probe);
-                    returns.push(Probe {
-                        file_offset: probe.file_offset,
-                        cookie: Cookie::new(probe.cookie.function_id, SledKind::Exit)
-                            .with_flags(cookie_flags::RETURN_PROBED),
-                    });
-                }
-                (Some(_), _) => sleds.push(*probe),
-                (None, _) => {}
-            }
-        }
-        sleds.sort_by_key(|p| SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry));
+        let (sled_prog, return_prog) = self.sled_programs();
+        let (sleds, returns) = split_probes(&plan.probes);
         let before = self.take_attachment();
         let placed_returns = self.place(return_prog, &returns, &plan.binary, scope);
         let return_links = std::mem::replace(&mut self.attachment, before);
@@ -68,6 +71,42 @@ impl Tracer {
             return Err(err);
         }
         Ok((sleds.len() + returns.len(), return_links))
+    }
+
+    /// Places `probes` (some of a plan's, with the cookies the plan gave them) of `binary`
+    /// as a set of their own, which [`Tracer::detach`] or [`Tracer::detach_later`] removes
+    /// again: the overhead budget's unit, one function's probes. Not in
+    /// [`Tracer::take_attachment`]'s set; nothing stays placed when it fails.
+    pub fn attach_probes(
+        &mut self,
+        binary: &Path,
+        probes: &[Probe],
+        scope: Scope,
+    ) -> Result<Attachment> {
+        let scope = UProbeScope::from(scope);
+        let (sled_prog, return_prog) = self.sled_programs();
+        let (sleds, returns) = split_probes(probes);
+        let before = self.take_attachment();
+        let placed = self
+            .place(return_prog, &returns, binary, scope)
+            .and_then(|()| self.place(sled_prog, &sleds, binary, scope));
+        let set = std::mem::replace(&mut self.attachment, before);
+        match placed {
+            Ok(()) => Ok(set),
+            Err(err) => {
+                self.detach(set);
+                Err(err)
+            }
+        }
+    }
+
+    /// The programs at sleds and at return probes.
+    fn sled_programs(&self) -> (&'static str, &'static str) {
+        if self.options.floor {
+            (FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM)
+        } else {
+            (SLED_PROGRAM, RETURN_PROGRAM)
+        }
     }
 
     /// Observes the exits of `plan`'s return-probed functions by their exit sleds from now on:

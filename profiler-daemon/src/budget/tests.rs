@@ -1,0 +1,131 @@
+use super::*;
+
+const S: u64 = 1_000_000_000;
+
+fn busy(now_s: u64, threads: u32) -> Sample {
+    Sample {
+        now_ns: now_s * S,
+        period_ns: S,
+        threads,
+        cpu_ns: u64::from(threads) * S,
+        stopped_ns: 0,
+    }
+}
+
+/// A leaf called a million times a second at 1 µs a call (the thread's whole time), and an
+/// outer function a thousand times: at 5% the leaf goes, the outer function stays.
+#[test]
+fn drops_the_hottest_function_and_keeps_the_rest() {
+    let mut c = Controller::new(0.05);
+    let leaf = c.add(1000.0, 0, false);
+    let outer = c.add(1000.0, 0, false);
+    let counts = [1_000_000u64, 1_000];
+    let (estimate, changes) = c.observe(&busy(1, 1), |i| counts[i]);
+    assert!(estimate.overhead > 1.0, "{estimate:?}");
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].function, leaf);
+    assert!(changes[0].dropped);
+    assert_eq!(changes[0].calls_per_second, 1e6);
+    assert!(c.is_dropped(leaf) && !c.is_dropped(outer));
+    // 1 ms of probes in a second of one thread: 0.1%.
+    assert!(
+        (estimate.overhead_after - 0.001 / 0.999).abs() < 1e-9,
+        "{estimate:?}"
+    );
+}
+
+/// Still busy after the hold: the dropped leaf would cost as much as before, so it stays
+/// out; once the program goes quiet it comes back.
+#[test]
+fn readmits_when_the_load_falls_and_not_before() {
+    let mut c = Controller::new(0.05);
+    let leaf = c.add(1000.0, 0, false);
+    let outer = c.add(1000.0, 0, false);
+    let mut counts = [1_000_000u64, 1_000];
+    c.observe(&busy(1, 1), |i| counts[i]);
+    assert!(c.is_dropped(leaf));
+    for t in 2..20 {
+        counts[outer] += 2_000; // faster without the leaf's probes
+        let (_, changes) = c.observe(&busy(t, 1), |i| counts[i]);
+        assert!(changes.is_empty(), "at {t} s: {changes:?}");
+    }
+    // Quiet: 1% of a CPU used.
+    counts[outer] += 20;
+    let quiet = Sample {
+        now_ns: 20 * S,
+        period_ns: S,
+        threads: 1,
+        cpu_ns: S / 100,
+        stopped_ns: 0,
+    };
+    let (_, changes) = c.observe(&quiet, |i| counts[i]);
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert!(!changes[0].dropped && changes[0].function == leaf);
+    assert!(!c.is_dropped(leaf));
+}
+
+/// Not within the hold: a function dropped a moment ago stays dropped even if the program
+/// went quiet at once.
+#[test]
+fn holds_a_dropped_function_out_for_a_while() {
+    let mut c = Controller::new(0.05);
+    let leaf = c.add(1000.0, 0, false);
+    c.observe(&busy(1, 1), |_| 1_000_000);
+    let quiet = Sample {
+        now_ns: 5 * S,
+        period_ns: S,
+        threads: 1,
+        cpu_ns: S / 100,
+        stopped_ns: 0,
+    };
+    let (_, changes) = c.observe(&quiet, |_| 1_000_000);
+    assert!(changes.is_empty());
+    assert!(c.is_dropped(leaf));
+}
+
+/// Under the limit nothing changes; more threads mean more time for the probes.
+#[test]
+fn within_the_budget_nothing_is_dropped() {
+    let mut c = Controller::new(0.05);
+    c.add(1000.0, 0, false);
+    // 40 ms of probes in 1 s of one thread: 4.2%.
+    let (estimate, changes) = c.observe(&busy(1, 1), |_| 40_000);
+    assert!(changes.is_empty(), "{estimate:?}");
+    assert!((estimate.overhead - 0.04 / 0.96).abs() < 1e-9);
+    // 80 ms over two busy threads: the same share of each.
+    let (estimate, changes) = c.observe(&busy(2, 2), |_| 120_000);
+    assert!(changes.is_empty());
+    assert!(
+        (estimate.overhead - 0.04 / 0.96).abs() < 1e-9,
+        "{estimate:?}"
+    );
+}
+
+#[test]
+fn parses_budgets() {
+    assert_eq!(parse_percent("5%").unwrap(), 0.05);
+    assert_eq!(parse_percent(" 50 ").unwrap(), 0.5);
+    assert!((parse_percent("0.5%").unwrap() - 0.005).abs() < 1e-12);
+    for bad in ["", "%", "0%", "-1%", "abc", "20000%", "NaN"] {
+        assert!(parse_percent(bad).is_err(), "{bad}");
+    }
+}
+
+/// Stops for the repair count as the hooking functions' cost: an outer function called
+/// rarely but thrown through goes when its stops take the budget.
+#[test]
+fn the_repairs_stops_are_the_hooking_functions_cost() {
+    let mut c = Controller::new(0.05);
+    let outer = c.add(1000.0, 0, true);
+    let plain = c.add(1000.0, 0, false);
+    let mut sample = busy(1, 1);
+    sample.stopped_ns = S / 5;
+    let (estimate, changes) = c.observe(&sample, |_| 1_000);
+    assert!(
+        (estimate.overhead - 0.202 / 0.798).abs() < 1e-9,
+        "{estimate:?}"
+    );
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].function, outer);
+    assert!(!c.is_dropped(plain));
+}

@@ -1,0 +1,77 @@
+//! End to end: `--max-overhead` (issue 30). A program calling a tiny function 100,000 times a
+//! second and a tick function once a second, under a budget of 1%: the kernel counts each
+//! function's calls, the budget drops the tiny one within seconds and keeps the tick, whose
+//! calls stay exact in the files (as llvm-xray 14 and 19 read them), the loop around them
+//! complete; the summary and `session.json` say what was dropped, when and at what rate.
+//!
+//! Needs root, BPF, clang-19, llvm-xray 14/19 and a built daemon.
+
+use std::time::Duration;
+
+use tests::counts::{expected_calls, parse_count_lines};
+use tests::fixtures::workloads::calls_fixture;
+use tests::launched::launch;
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+#[test]
+fn a_budget_drops_the_hot_function_and_keeps_the_rest_exact() {
+    let run = launch(
+        "budget",
+        &calls_fixture(),
+        &["--exits", "return", "--max-overhead", "1%"],
+        &["--seconds", "5", "--per-second"],
+        TIMEOUT,
+    );
+    let stderr = &run.done.stderr;
+    let text = std::fs::read_to_string(run.out.join("session.json")).unwrap();
+    let session: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let budget = &session["budget"];
+    assert_eq!(
+        budget["max_overhead_percent"].as_f64(),
+        Some(1.0),
+        "{budget}"
+    );
+    assert!(budget["functions"].as_u64().unwrap() >= 3, "{budget}");
+    let changes = budget["changes"].as_array().unwrap();
+    let tiny = changes
+        .iter()
+        .find(|c| c["function"] == "cx_tiny")
+        .unwrap_or_else(|| panic!("cx_tiny was not dropped: {budget}\n{stderr}"));
+    assert_eq!(tiny["action"], "dropped", "{tiny}");
+    // About 100,000 a second (10 ms of sleep after each 1,024 calls).
+    let rate = tiny["calls_per_second"].as_f64().unwrap();
+    assert!((20_000.0..200_000.0).contains(&rate), "{tiny}");
+    assert!(tiny["overhead_percent"].as_f64().unwrap() > 1.0, "{tiny}");
+    // Nothing else was worth dropping: the tick costs a microsecond a second.
+    assert!(
+        changes.iter().all(|c| c["function"] == "cx_tiny"),
+        "{budget}"
+    );
+    assert_eq!(budget["dropped_at_end"], serde_json::json!(["cx_tiny"]));
+    // The files: the tick's and the loop's calls exact; the tiny function's up to its drop.
+    let counted = expected_calls(&parse_count_lines(&run.done.stdout));
+    let trace = tests::trace::check_trace_dir(&run.out, &run.bin);
+    assert_eq!(trace.threads.len(), 1);
+    let t = &trace.threads[0];
+    let calls = t.calls();
+    let want = &counted[&t.tid];
+    for f in ["cx_tick", "cx_loop"] {
+        assert_eq!(calls[f].entries(), want[f], "{f}");
+        assert_eq!(calls[f].exits(), want[f], "{f}");
+    }
+    let recorded = calls["cx_tiny"].entries();
+    assert!(
+        recorded > 0 && recorded < want["cx_tiny"] / 2,
+        "cx_tiny: {recorded} recorded of {}",
+        want["cx_tiny"]
+    );
+    assert_eq!(calls["cx_tiny"].exits(), recorded);
+    // Said as it happened, and in the summary.
+    assert!(
+        stderr.contains("fdr-profiled: budget: dropped 1 functions"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("  budget: at most 1% overhead"), "{stderr}");
+    assert!(stderr.contains("    dropped cx_tiny: "), "{stderr}");
+}
