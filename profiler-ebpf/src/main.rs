@@ -315,36 +315,46 @@ fn drop_dead_returns<const AT_ENTRY: bool>(state: &mut ThreadState, slot: u64) {
 /// left both (the slot holds a fresh return address; the old frame is dead). Without the
 /// offsets, a tail call is assumed.
 fn chained(slot: u64) -> bool {
+    match trampoline() {
+        Some(trampoline) => returns_to(slot, trampoline) != Some(false),
+        None => true,
+    }
+}
+
+/// The address of this thread's return-probe trampoline (`task->mm->uprobes_state.xol_area
+/// ->vaddr`), where the kernel's offsets are known and the area exists.
+#[inline(always)]
+fn trampoline() -> Option<u64> {
     let (mm_at, xol_at, vaddr_at) = (
         setting(&CFG_TASK_MM_OFFSET),
         setting(&CFG_MM_XOL_AREA_OFFSET),
         setting(&CFG_XOL_VADDR_OFFSET),
     );
     if mm_at == 0 || mm_at >= 65536 || xol_at >= 65536 || vaddr_at >= 4096 {
-        return true;
+        return None;
     }
     // SAFETY: plain helper calls; every read is checked by the helper.
     unsafe {
         let task = bpf_get_current_task() as *const u8;
-        let Ok(mm) = bpf_probe_read_kernel(task.add(mm_at as usize) as *const u64) else {
-            return true;
-        };
-        let Ok(xol) = bpf_probe_read_kernel((mm + u64::from(xol_at)) as *const u64) else {
-            return true;
-        };
+        let mm = bpf_probe_read_kernel(task.add(mm_at as usize) as *const u64).ok()?;
+        let xol = bpf_probe_read_kernel((mm + u64::from(xol_at)) as *const u64).ok()?;
         if xol == 0 {
-            return true;
+            return None;
         }
-        let Ok(trampoline) = bpf_probe_read_kernel((xol + u64::from(vaddr_at)) as *const u64)
-        else {
-            return true;
-        };
-        let mut word = 0u64;
-        if bpf_probe_read_user((&raw mut word).cast(), 8, slot as *const c_void) != 0 {
-            return true;
-        }
-        word == trampoline
+        bpf_probe_read_kernel((xol + u64::from(vaddr_at)) as *const u64).ok()
     }
+}
+
+/// Whether the return address at `slot` of the thread's stack is `address`; `None` where it
+/// cannot be read.
+#[inline(always)]
+fn returns_to(slot: u64, address: u64) -> Option<bool> {
+    let mut word = 0u64;
+    // SAFETY: the helper checks the read.
+    if unsafe { bpf_probe_read_user((&raw mut word).cast(), 8, slot as *const c_void) } != 0 {
+        return None;
+    }
+    Some(word == address)
 }
 
 /// The kernel's own account of the current thread's pending return probes, as an entry at
@@ -919,7 +929,8 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
     let r = unsafe { &mut *scratch };
     r.state = repair_state::THROWN;
     r.sp = stack_pointer(ctx.as_ptr());
-    if copy_return_instances(task, r) == 0 {
+    let frames = copy_return_instances(task, r);
+    if frames == 0 || !live_frame_hooked(r, frames) {
         return 0;
     }
     r.signal = stop_signal(task);
@@ -934,6 +945,28 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
     }
     send_signal(r.signal);
     0
+}
+
+/// Whether one of the `frames` instances copied into `r` is of a frame the exception can
+/// unwind through that still returns to the trampoline: its slot at or above the throw's
+/// stack pointer, holding the trampoline's address. Otherwise nothing needs repairing (the
+/// instances are of frames gone, left by earlier exceptions, whose probes may have been
+/// removed since: the kernel drops them only as it passes through its trampoline) and the
+/// thread is not stopped. Where the trampoline or a slot cannot be read, it is assumed hooked.
+fn live_frame_hooked(r: &RepairState, frames: usize) -> bool {
+    let Some(trampoline) = trampoline() else {
+        return true;
+    };
+    for i in 0..MAX_REPAIR_FRAMES {
+        if i >= frames {
+            break;
+        }
+        let slot = r.slots[i];
+        if slot >= r.sp && returns_to(slot, trampoline) != Some(false) {
+            return true;
+        }
+    }
+    false
 }
 
 /// Copies the pending return-probe instances of `task` (`task->utask->return_instances`,
