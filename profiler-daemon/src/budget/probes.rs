@@ -268,6 +268,8 @@ fn remove_on_a_thread(tracer: &mut Tracer, sets: Vec<Attachment>) {
     let spawned = std::thread::Builder::new()
         .name("budget-remove".into())
         .spawn(move || {
+            let started = std::time::Instant::now();
+            let n = links.len();
             std::thread::scope(|s| {
                 let mut links = links;
                 let per = links.len().div_ceil(8).max(1);
@@ -275,7 +277,14 @@ fn remove_on_a_thread(tracer: &mut Tracer, sets: Vec<Attachment>) {
                     let part: Vec<_> = links.drain(..per.min(links.len())).collect();
                     s.spawn(move || drop(part));
                 }
-            })
+            });
+            if std::env::var_os("FDR_BUDGET_DEBUG").is_some() {
+                errln!(
+                    "fdr-profiled: budget: {} links removed in {:?}",
+                    n,
+                    started.elapsed()
+                );
+            }
         });
     if let Err(err) = spawned {
         errln!("fdr-profiled: warning: budget: removing probes: {err}");

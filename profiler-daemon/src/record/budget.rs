@@ -86,6 +86,9 @@ impl Budgeting {
             stopped_ns,
         };
         let (estimate, changes) = self.probes.tick(tracer, &sample);
+        if std::env::var_os("FDR_BUDGET_DEBUG").is_some() {
+            errln!("fdr-profiled: budget: {sample:?} {estimate:?}");
+        }
         log_changes(&changes, estimate.overhead, estimate.overhead_after);
     }
 }

@@ -75,3 +75,95 @@ fn a_budget_drops_the_hot_function_and_keeps_the_rest_exact() {
     assert!(stderr.contains("  budget: at most 1% overhead"), "{stderr}");
     assert!(stderr.contains("    dropped cx_tiny: "), "{stderr}");
 }
+
+/// `--pid` on a C++ server (its serving loop entered before tracing, the stack repaired at
+/// its throws) whose requests make 100,000 tiny calls each: under 5% the tiny function and
+/// the recursion go, the request function stays, and the trace holds every request from
+/// its first to its last by their numbers (ds_request logs its argument), each complete.
+#[test]
+fn a_server_by_pid_keeps_its_requests_under_a_budget() {
+    let bin = tests::fixtures::workloads::deep_server_fixture();
+    let dir = tests::tools::scratch_dir("budget-pid");
+    let out = dir.path().join("out");
+    let server = tests::run::spawn_fixture("deep_server", &bin, &["1000", "100", "100000"]);
+    // Serving, and its first second reported.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !server.output_so_far().0.contains("deep_server: second=1 ") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not serve"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let daemon = tests::tools::run_output(
+        std::process::Command::new(tests::tools::fdr_profiled())
+            .args(["--pid", &server.pid().to_string(), "--duration", "8"])
+            .args(["--max-overhead", "5%", "--out"])
+            .arg(&out),
+    );
+    server.signal(libc::SIGTERM);
+    let done = server.finish(TIMEOUT);
+    tests::run::assert_success("deep_server", &done);
+    let stderr = String::from_utf8_lossy(&daemon.stderr);
+    assert!(daemon.status.success(), "{stderr}");
+    let session: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("session.json")).unwrap()).unwrap();
+    let budget = &session["budget"];
+    let changes = budget["changes"].as_array().unwrap();
+    let dropped: Vec<&str> = changes
+        .iter()
+        .filter(|c| c["action"] == "dropped")
+        .map(|c| c["function"].as_str().unwrap())
+        .collect();
+    assert!(dropped.contains(&"ds_leaf"), "{budget}\n{stderr}");
+    assert!(!dropped.contains(&"ds_request"), "{budget}\n{stderr}");
+    let leaf = changes.iter().find(|c| c["function"] == "ds_leaf").unwrap();
+    assert!(
+        leaf["calls_per_second"].as_f64().unwrap() > 10_000.0,
+        "{leaf}"
+    );
+    // Every request between the first and the last traced, once, complete.
+    let trace = tests::trace::check_trace_dir(&out, &bin);
+    assert_eq!(trace.threads.len(), 1);
+    let t = &trace.threads[0];
+    let mut numbers: Vec<i64> = t
+        .records_of("ds_request")
+        .filter(|r| !r.args.is_empty())
+        .map(|r| r.args[0] as i64)
+        .collect();
+    let calls = &t.calls()["ds_request"];
+    assert_eq!(
+        numbers.len() as u64,
+        calls.entries(),
+        "every entry logs its number"
+    );
+    // The one serving as the recording ended has no exit in it.
+    assert!(
+        calls.entries() - calls.exits() <= 1,
+        "{} entries, {} exits",
+        calls.entries(),
+        calls.exits()
+    );
+    numbers.sort_unstable();
+    numbers.dedup();
+    assert_eq!(
+        numbers.len() as u64,
+        calls.entries(),
+        "a request entered twice"
+    );
+    let (first, last) = (numbers[0], numbers[numbers.len() - 1]);
+    assert_eq!(
+        (last - first + 1) as usize,
+        numbers.len(),
+        "requests {first}..={last}: some missing"
+    );
+    // Seconds of it: more than a few requests.
+    assert!(numbers.len() > 100, "{} requests traced", numbers.len());
+    let served: i64 = done
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("deep_server: rounds="))
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(last <= served + 1, "request {last} traced, {served} served");
+}

@@ -9,6 +9,7 @@
 //! (returning its markdown section, starting with a `## ` heading), add `mod NAME;` below and
 //! one line to [`SECTIONS`]. Nothing else needs to change.
 mod attach;
+mod budget;
 mod calls;
 mod cost;
 mod cxx_pid;
@@ -76,6 +77,10 @@ const SECTIONS: &[Section] = &[
     Section {
         name: "cost",
         run: cost::run,
+    },
+    Section {
+        name: "budget",
+        run: budget::run,
     },
 ];
 
