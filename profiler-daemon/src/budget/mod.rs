@@ -20,6 +20,7 @@
 //! the same whether the program is busy or quiet.
 pub mod load;
 pub mod probes;
+pub mod watch;
 
 use anyhow::{bail, Result};
 
@@ -214,10 +215,9 @@ impl Controller {
         // program uses the same CPU with or without the dropped probes.
         let cpu_ns = (sample.cpu_ns as f64).max(1e6);
         let mut changes = Vec::new();
-        if sample.threads == 0 {
-            return (estimate, changes);
-        }
-        if overhead > self.limit {
+        // No thread ran: nothing paid, nothing to drop; functions may come back (at no cost
+        // now, predicted from no CPU time).
+        if overhead > self.limit && sample.threads > 0 {
             costs.sort_by(|a, b| b.2.total_cmp(&a.2));
             let mut left = probe_ns;
             for (i, delta, ns) in costs {

@@ -57,13 +57,14 @@ impl BudgetedProbes {
     }
 
     /// Places `plan`'s probes (its exits decided, see `plan::exits::decide`), one set per
-    /// function; returns how many probes were placed. What fails to be placed is removed
-    /// again and is the error.
+    /// function, named by `name_of` (from the function id in the probes' cookies); returns
+    /// how many probes were placed. What fails to be placed is removed again and is the error.
     pub fn attach(
         &mut self,
         tracer: &mut Tracer,
         plan: &AttachPlan,
         scope: Scope,
+        name_of: &dyn Fn(u32) -> String,
     ) -> Result<usize> {
         let Some(counts) = tracer.call_counts() else {
             bail!("the programs were loaded without call counters");
@@ -116,7 +117,7 @@ impl BudgetedProbes {
                 binary: plan.binary.clone(),
                 scope,
                 function_id,
-                name: plan.names.name(function_id),
+                name: name_of(function_id),
                 slot,
                 probes,
                 placed: Some(set),
@@ -201,6 +202,18 @@ impl BudgetedProbes {
             calls_per_second: change.calls_per_second,
             overhead_percent: finite(change.overhead) * 100.0,
         })
+    }
+
+    /// Every probe placed, to remove them all (a service target removed); the budget has no
+    /// function placed after.
+    pub fn take_sets(&mut self) -> Vec<Attachment> {
+        let mut sets: Vec<Attachment> = self
+            .functions
+            .iter_mut()
+            .filter_map(|f| f.placed.take())
+            .collect();
+        sets.append(&mut self.rest);
+        sets
     }
 
     /// The functions dropped now, by name.

@@ -94,6 +94,8 @@ pub struct Tracer {
     kernel_depth: bool,
     /// The calls of budgeted functions (`LoadOptions::call_slots`).
     calls: Option<CallCounts>,
+    /// What a probe hit costs, once [`Tracer::measure_trap_costs`] measured it.
+    trap_costs: Option<fdr_session::schema::TrapCosts>,
 }
 
 /// A set of placed probes that can be removed again on their own (a service target that a
@@ -349,11 +351,17 @@ impl Tracer {
             options,
             rings,
             calls: None,
+            trap_costs: None,
         };
         if options.call_slots > 0 {
             tracer.calls = Some(CallCounts::map(&tracer.ebpf, options.call_slots, cpus)?);
         }
         Ok(tracer)
+    }
+
+    /// What a probe hit costs, where [`Tracer::measure_trap_costs`] measured it.
+    pub fn trap_costs(&self) -> Option<fdr_session::schema::TrapCosts> {
+        self.trap_costs
     }
 
     /// The calls of budgeted functions, where `LoadOptions::call_slots` asked for them.

@@ -4,7 +4,6 @@
 //! is traced (and those a process maps later), the kernel stage's intake feeds the session, and
 //! at the end `fdr-analysis` writes the report.
 mod args;
-mod budget;
 mod costs;
 pub mod objects;
 
@@ -388,7 +387,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
                     }
                     Target::Attach => None,
                 };
-                budget::Budgeting::new(
+                crate::budget::watch::Budgeting::new(
                     probes,
                     scope,
                     planned.executable.path.clone().into(),
@@ -562,7 +561,7 @@ struct Probing {
     /// What a probe hit cost, measured before the session's probes were placed.
     traps: Option<crate::session::summary::TrapCosts>,
     /// `--max-overhead`.
-    budget: Option<budget::Budgeting>,
+    budget: Option<crate::budget::watch::Budgeting>,
 }
 
 async fn record(
@@ -668,7 +667,9 @@ async fn record(
                     sampling.tick(&probing.tracer);
                 }
                 if let Some(budget) = &mut probing.budget {
-                    budget.tick(&mut probing.tracer);
+                    for line in budget.tick(&mut probing.tracer) {
+                        errln!("fdr-profiled: budget: {line}");
+                    }
                 }
                 // The keeper lets the process go by itself (it exec'd a program that raised
                 // its privileges): it waits, the process held at its exec, for the session

@@ -62,7 +62,9 @@ pub fn attach(
 ) -> Result<usize> {
     crate::plan::exits::decide(&mut plan, policy);
     let placed = match placing {
-        Placing::Budgeted(budget) => budget.attach(tracer, &plan, scope)?,
+        Placing::Budgeted(budget) => {
+            budget.attach(tracer, &plan, scope, &|id| plan.names.name(id))?
+        }
         Placing::KeepingReturns(kept) => {
             let (placed, links) = tracer.attach_keeping_returns(&plan, scope)?;
             kept.push(ReturnProbes {

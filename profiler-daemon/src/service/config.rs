@@ -11,6 +11,7 @@
 //! mode = "flight-recorder"               # or "record"
 //! window = "30s"
 //! functions = ["ns::*"]
+//! max_overhead = "2%"                    # the default; "none" traces every function always
 //! [export]                               # optional: push profiles (see `export`)
 //! pyroscope = "http://pyroscope:4040"
 //! ```
@@ -150,7 +151,13 @@ pub struct TargetConfig {
     /// Record mode: a segment is closed past this size or age.
     pub segment_bytes: u64,
     pub segment_age: Duration,
+    /// The overhead budget (a fraction; see `crate::budget`): [`DEFAULT_MAX_OVERHEAD`]
+    /// unless `max_overhead = "none"`.
+    pub max_overhead: Option<f64>,
 }
+
+/// A target's budget unless it says otherwise: the probes may add 2% to its threads' time.
+pub const DEFAULT_MAX_OVERHEAD: f64 = 0.02;
 
 /// The file's shape, as serde reads it (values still unchecked, with their spans).
 #[derive(serde::Deserialize)]
@@ -187,6 +194,7 @@ struct RawTarget {
     crash_snapshot_interval: Option<Spanned<String>>,
     segment_size: Option<Spanned<String>>,
     segment_age: Option<Spanned<String>>,
+    max_overhead: Option<Spanned<String>>,
 }
 
 impl ServiceConfig {
@@ -426,6 +434,14 @@ fn target(raw: &RawTarget) -> Located<TargetConfig> {
             return Err((v, "fdr_version must be 1 or 5".into()));
         }
     };
+    let max_overhead = match &raw.max_overhead {
+        None => Some(DEFAULT_MAX_OVERHEAD),
+        Some(v) if v.get_ref().trim() == "none" => None,
+        Some(v) => Some(
+            crate::budget::parse_percent(v.get_ref())
+                .map_err(|e| (v.span(), format!("max_overhead: {e} (or \"none\")")))?,
+        ),
+    };
     let window = duration(&raw.window, DEFAULT_WINDOW)?;
     if window.is_zero() {
         let span = raw.window.as_ref().map_or(0..0, |w| w.span());
@@ -464,6 +480,7 @@ fn target(raw: &RawTarget) -> Located<TargetConfig> {
         )?,
         segment_bytes: size_or(&raw.segment_size, DEFAULT_SEGMENT_BYTES)?,
         segment_age: duration(&raw.segment_age, DEFAULT_SEGMENT_AGE)?,
+        max_overhead,
     })
 }
 

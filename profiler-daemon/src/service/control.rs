@@ -228,6 +228,24 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
                     costliest.join(", ")
                 );
             }
+            let budget = &b["budget"];
+            if budget.is_object() {
+                let dropped: Vec<&str> = budget["dropped"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|d| d.as_str())
+                    .collect();
+                outln!(
+                    "      budget: at most {}% overhead, ~{:.1}% now (estimated); {} of {} functions not traced now{}{}",
+                    budget["max_overhead_percent"].as_f64().unwrap_or(0.0),
+                    budget["overhead_percent"].as_f64().unwrap_or(0.0),
+                    dropped.len(),
+                    budget["functions"],
+                    if dropped.is_empty() { "" } else { ": " },
+                    dropped.join(", ")
+                );
+            }
             let processes = b["processes"].as_array().map_or(&[][..], Vec::as_slice);
             let repair = &b["repair"];
             if repair.is_object() {

@@ -58,7 +58,8 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         floor: false,
         ablate: 0,
         follow_forks: false,
-        call_slots: 0,
+        // Every target has a budget unless it says otherwise (`max_overhead`).
+        call_slots: crate::kernel::bpf::call_slots_for(crate::kernel::bpf::possible_cpus()?),
         perf_events_only: false,
         // Loaded for every target of the first configuration that asks for it, or may choose
         // it (`auto`, where this kernel allows it).
@@ -422,6 +423,20 @@ async fn serve(
                     let period = at.elapsed().as_secs_f64();
                     rate = (events.router.events - seen) as f64 / period;
                     last_status = (std::time::Instant::now(), events.router.events);
+                    for t in svc.targets.iter_mut().filter(|t| !t.removed) {
+                        for w in &mut t.binaries {
+                            let Some(budget) = &mut w.budget else { continue };
+                            for line in budget.tick(svc.tracer) {
+                                tracing::info!(
+                                    fdr_target = %t.config.name,
+                                    fdr_binary = %w.plan.display_path,
+                                    "target {}: {}: budget: {line}",
+                                    t.config.name,
+                                    w.plan.display_path
+                                );
+                            }
+                        }
+                    }
                     if let Some(costs) = &mut svc.costs {
                         costs.tick(svc.tracer);
                         for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
@@ -623,6 +638,9 @@ fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target], &mut Trigg
             attachments.append(&mut target.attachments);
             for w in &mut target.binaries {
                 attachments.extend(w.libraries.take_attachments());
+                if let Some(budget) = &mut w.budget {
+                    attachments.extend(budget.probes.take_sets());
+                }
                 if let Some(repaired) = w.repaired.take() {
                     repaired.finish(svc.tracer);
                 }

@@ -106,6 +106,10 @@ fn snapshot(out: OutputDir, target: &Target, w: &Watched) -> Result<()> {
     }
     w.recorder.replay(|event, gap| session.record(event, gap));
     session.set_window(w.recorder.stats(), w.recorder.thread_windows());
+    if let Some(budget) = &w.budget {
+        // Which functions the window may lack, and since when (its changes since the start).
+        session.set_budget(budget.probes.report());
+    }
     session.finish(IntakeLosses::default())?;
     if let Err(err) = fdr_analysis::outputs::write_report_in(&held, &Symbolizer::default()) {
         tracing::warn!("{}: no report: {err:#}", held.path().display());

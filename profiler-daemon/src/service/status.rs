@@ -149,6 +149,7 @@ pub(super) fn status_json(view: &View<'_>) -> serde_json::Value {
                         "window_ns": s.window_ns,
                         "repair": w.repaired.as_ref().map(Repaired::status),
                         "export_calls_not_kept": w.export.as_ref().map(|e| e.stacks.calls_not_kept),
+                        "budget": w.budget.as_ref().map(|b| budget_json(&b.probes)),
                     });
                     if let serde_json::Value::Object(map) = &mut binary {
                         triggers.status(w.tag, map);
@@ -183,6 +184,22 @@ pub(super) fn status_json(view: &View<'_>) -> serde_json::Value {
         "probe_costs": costs,
         "probes_cpu_percent": costs.map(|_| probes_cpu_percent(view.targets)),
         "targets": targets,
+    })
+}
+
+/// A binary's budget now: its limit, the overhead estimated over the last second, and the
+/// functions it does not trace now.
+fn budget_json(b: &crate::budget::probes::BudgetedProbes) -> serde_json::Value {
+    let report = b.report();
+    serde_json::json!({
+        "max_overhead_percent": report.max_overhead_percent,
+        "overhead_percent": report.last_overhead_percent,
+        "peak_overhead_percent": report.peak_overhead_percent,
+        "functions": report.functions,
+        "functions_unbudgeted": report.functions_unbudgeted,
+        "dropped": report.dropped_at_end,
+        "changes": report.changes.len(),
+        "last_change": report.changes.last().map(|c| c.describe()),
     })
 }
 

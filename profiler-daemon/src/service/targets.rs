@@ -64,6 +64,43 @@ pub(super) struct Watched {
     pub(super) export: Option<BinaryExport>,
     /// Its calls by function, and what their probes cost over the last status period.
     pub(super) calls: super::calls::FunctionCalls,
+    /// `max_overhead`: its functions' probes, each removable, and the budget that removes
+    /// them (`None`: no budget, or one it cannot have; see [`budget_for`]).
+    pub(super) budget: Option<crate::budget::watch::Budgeting>,
+}
+
+/// The budget of a binary of `config` about to be attached, where it has one and can have
+/// it: not under repair (each process has probes of its own there: not yet budgeted), and
+/// with the kernel's call counters and the measured cost of a probe.
+fn budget_for(
+    tracer: &Tracer,
+    config: &TargetConfig,
+    repairs: bool,
+) -> Option<crate::budget::probes::BudgetedProbes> {
+    let limit = config.max_overhead?;
+    let why_not = if repairs {
+        "its stack is repaired at throws (each process probed on its own): every function is traced"
+    } else if tracer.call_counts().is_none() {
+        "the programs were loaded without call counters: restart the service"
+    } else {
+        match tracer.trap_costs() {
+            Some(traps) => {
+                return Some(crate::budget::probes::BudgetedProbes::new(
+                    limit,
+                    traps,
+                    crate::session::monotonic_ns(),
+                ))
+            }
+            None => "what a probe costs could not be measured",
+        }
+    };
+    tracing::info!(
+        fdr_target = %config.name,
+        "target {}: max_overhead {}% not applied: {why_not}",
+        config.name,
+        limit * 100.0
+    );
+    None
 }
 
 /// Most binaries the service traces at once (tags 1 to 255).
@@ -235,6 +272,7 @@ fn attach_binary(
     for probe in &mut tagged.probes {
         probe.cookie.function_id |= tag << TAG_SHIFT;
     }
+    let mut budget = budget_for(tracer, config, repairs);
     // Under repair every probe is per process (see `repair::processes`).
     let placed = if repairs {
         if tracer.options().repair.is_none() {
@@ -247,6 +285,11 @@ fn attach_binary(
         let name = format!("target {} ({})", config.name, plan.display_path);
         let probes = tagged.probes.len();
         Repaired::new(tracer, name, &plan.binary, tagged, tag).map(|r| (probes, Some(r)))
+    } else if let Some(budget) = &mut budget {
+        let name_of = |id: u32| plan.names.name(super::libraries::untagged(id));
+        budget
+            .attach(tracer, &tagged, Scope::AllProcesses, &name_of)
+            .map(|n| (n, None))
     } else {
         tracer
             .attach(&tagged, Scope::AllProcesses)
@@ -301,6 +344,9 @@ fn attach_binary(
         policy,
         !repairs && config.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return),
     );
+    let budget = budget.map(|probes| {
+        crate::budget::watch::Budgeting::new(probes, Scope::AllProcesses, plan.binary.clone(), None)
+    });
     Ok(Some(Watched {
         repaired,
         _file: held,
@@ -316,6 +362,7 @@ fn attach_binary(
         exits: choice,
         recorder: FlightRecorder::new(config.window, config.max_memory),
         calls: super::calls::FunctionCalls::default(),
+        budget,
         export: service
             .export
             .as_ref()

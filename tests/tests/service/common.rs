@@ -36,6 +36,26 @@ pub fn one_target(
     (start, output)
 }
 
+/// [`one_target`] with no budget (`max_overhead = "none"`): every call of a flat-out run is
+/// traced, as a test that counts them needs.
+pub fn one_target_traced_whole(
+    scratch: &Path,
+    name: &str,
+    bin: &Path,
+    window: &str,
+) -> (ServiceStart, PathBuf) {
+    let output = scratch.join("out");
+    let start = ServiceStart::written(
+        scratch,
+        &format!(
+            "output = \"{}\"\n[[target]]\nname = \"{name}\"\nbinary = \"{}\"\nwindow = \"{window}\"\nmax_overhead = \"none\"\n",
+            output.display(),
+            bin.display()
+        ),
+    );
+    (start, output)
+}
+
 /// The snapshot directories under `OUTPUT/<target>/`.
 pub fn snapshots(output: &Path, target: &str) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(output.join(target))

@@ -21,7 +21,7 @@ use tests::service::ServiceStart;
 use tests::tools::run_output;
 use tests::trace::check_trace_dir;
 
-use crate::common::{assert_calls_run, one_target, snapshots, TIMEOUT};
+use crate::common::{assert_calls_run, one_target, one_target_traced_whole, snapshots, TIMEOUT};
 
 #[test]
 fn a_snapshot_holds_the_last_window_of_every_process_of_the_target() {
@@ -131,7 +131,7 @@ fn a_process_dying_of_a_signal_gets_a_snapshot_ending_with_its_last_calls() {
 fn a_flight_recorder_snapshot_holds_the_windows_calls_exactly() {
     let scratch = tests::scratch_dir("service-window");
     let bin = private_copy(&calls_fixture(), scratch.path());
-    let (start, output) = one_target(scratch.path(), "calls", &bin, "2s", "");
+    let (start, output) = one_target_traced_whole(scratch.path(), "calls", &bin, "2s");
     let mut service = start.start();
     let run = run_output(Command::new(&bin).args(["--seconds", "5", "--per-second"]));
     assert!(run.status.success());

@@ -9,6 +9,8 @@ mod common;
 
 // Modes: the flight recorder's snapshots, record mode's segments.
 mod flight_recorder;
+// What tracing may cost a target: its budget.
+mod budget;
 mod record_mode;
 // What it keeps on disk.
 mod retention;

@@ -264,9 +264,10 @@ fn writing_stops_at_min_free_and_starts_again() {
     std::fs::write(
         &config,
         format!(
+            // Every call of the flat-out runs, counted: no budget.
             "output = \"{}\"\nmin_free = \"12MiB\"\n[[target]]\nname = \"rec\"\nbinary = \"{}\"\n\
-             mode = \"record\"\nsegment_size = \"1GB\"\nsegment_age = \"1h\"\n\
-             [[target]]\nname = \"fr\"\nbinary = \"{}\"\n",
+             mode = \"record\"\nsegment_size = \"1GB\"\nsegment_age = \"1h\"\nmax_overhead = \"none\"\n\
+             [[target]]\nname = \"fr\"\nbinary = \"{}\"\nmax_overhead = \"none\"\n",
             output.display(),
             bin.display(),
             fr_bin.display()

@@ -159,6 +159,9 @@ impl Tracer {
         // What the caller had placed and not taken yet stays its own.
         let mine = std::mem::replace(&mut self.attachment, before);
         drop(self.detach_later(mine));
+        if let Ok(traps) = &measured {
+            self.trap_costs = Some(*traps);
+        }
         measured
     }
 

@@ -1,9 +1,10 @@
-//! `--max-overhead`: the recording's budget, looked at every [`BUDGET_PERIOD`] from its event
-//! loop (see `crate::budget`): the traced process's threads' CPU time read, the functions that
-//! cost too much dropped, and those whose cost the load allows again re-admitted.
-use crate::budget::load::{processes_running, ThreadsCpu};
-use crate::budget::probes::BudgetedProbes;
-use crate::budget::Sample;
+//! A budget at work, looked at every [`BUDGET_PERIOD`] from an event loop (a recording's,
+//! the service's for each binary): the traced processes' threads' CPU time read, the
+//! functions that cost too much dropped, and those whose cost the load allows again
+//! re-admitted.
+use super::load::{processes_running, ThreadsCpu};
+use super::probes::BudgetedProbes;
+use super::Sample;
 use crate::kernel::bpf::{Scope, Tracer};
 use fdr_session::schema::BudgetChange;
 use std::path::PathBuf;
@@ -19,11 +20,11 @@ const NAMED_PER_LINE: usize = 4;
 pub enum Traced {
     /// The process (`--pid`, a launched command).
     Process(u32),
-    /// Every process running the executable (`--attach`).
+    /// Every process running the executable (`--attach`, a service target's binary).
     Running(PathBuf),
 }
 
-/// The recording's budget.
+/// A budget at work.
 pub struct Budgeting {
     pub probes: BudgetedProbes,
     traced: Traced,
@@ -54,14 +55,15 @@ impl Budgeting {
         }
     }
 
-    /// Looks once a [`BUDGET_PERIOD`] (call it from every tick of the event loop).
-    pub fn tick(&mut self, tracer: &mut Tracer) {
+    /// Looks once a [`BUDGET_PERIOD`] (call it from every tick of the event loop); returns
+    /// what changed, as lines for a log (none most of the time).
+    pub fn tick(&mut self, tracer: &mut Tracer) -> Vec<String> {
         let now = Instant::now();
         if self
             .last
             .is_some_and(|(at, _)| now.duration_since(at) < BUDGET_PERIOD)
         {
-            return;
+            return Vec::new();
         }
         let now_ns = crate::session::monotonic_ns();
         let pids = match &self.traced {
@@ -76,7 +78,7 @@ impl Budgeting {
             .map_or(0, |(_, ns)| ns);
         let last = self.last.replace((now, now_ns));
         let (Some((threads, cpu_ns)), Some((_, last_ns))) = (measured, last) else {
-            return;
+            return Vec::new();
         };
         let sample = Sample {
             now_ns,
@@ -86,15 +88,13 @@ impl Budgeting {
             stopped_ns,
         };
         let (estimate, changes) = self.probes.tick(tracer, &sample);
-        if std::env::var_os("FDR_BUDGET_DEBUG").is_some() {
-            errln!("fdr-profiled: budget: {sample:?} {estimate:?}");
-        }
-        log_changes(&changes, estimate.overhead, estimate.overhead_after);
+        change_lines(&changes, estimate.overhead, estimate.overhead_after)
     }
 }
 
-/// One line per kind of change.
-fn log_changes(changes: &[BudgetChange], before: f64, after: f64) {
+/// One line per kind of change: `dropped 2 functions (overhead 49.7% -> 0.4%): ds_leaf: ...`.
+fn change_lines(changes: &[BudgetChange], before: f64, after: f64) -> Vec<String> {
+    let mut lines = Vec::new();
     for action in ["dropped", "readmitted"] {
         let these: Vec<&BudgetChange> = changes.iter().filter(|c| c.action == action).collect();
         if these.is_empty() {
@@ -110,14 +110,15 @@ fn log_changes(changes: &[BudgetChange], before: f64, after: f64) {
         } else {
             String::new()
         };
-        errln!(
-            "fdr-profiled: budget: {action} {} functions (overhead {} -> {:.1}%): {}{more}",
+        lines.push(format!(
+            "{action} {} functions (overhead {} -> {:.1}%): {}{more}",
             these.len(),
             percent(before),
             after * 100.0,
             named.join("; ")
-        );
+        ));
     }
+    lines
 }
 
 fn percent(overhead: f64) -> String {
