@@ -507,7 +507,8 @@ pub struct BudgetReport {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct BudgetChange {
-    /// When, in seconds since the session started recording.
+    /// When, in seconds since the budget started (the recording's start; for the service,
+    /// the binary's attach).
     pub at_seconds: f64,
     /// Its trace function id, and its name.
     pub function_id: u32,
