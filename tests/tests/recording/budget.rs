@@ -74,6 +74,25 @@ fn a_budget_drops_the_hot_function_and_keeps_the_rest_exact() {
     );
     assert!(stderr.contains("  budget: at most 1% overhead"), "{stderr}");
     assert!(stderr.contains("    dropped cx_tiny: "), "{stderr}");
+    // `report` reads it back from session.json, in its text and its JSON.
+    let report = |format: &str| {
+        let out = tests::tools::run_output(
+            std::process::Command::new(tests::tools::fdr_profiled())
+                .arg("report")
+                .arg(&run.out)
+                .args(["--format", format]),
+        );
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = report("text");
+    assert!(
+        text.contains("budget (at most 1% overhead): 1 of ")
+            && text.contains("\n  dropped cx_tiny: "),
+        "{text}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&report("json")).unwrap();
+    assert_eq!(json["budget"], *budget);
 }
 
 /// `--pid` on a C++ server (its serving loop entered before tracing, the stack repaired at

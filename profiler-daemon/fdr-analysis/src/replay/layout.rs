@@ -93,6 +93,8 @@ pub struct Layout {
     pub warnings: Vec<String>,
     /// What the recorder measured a probe hit to cost, when it did.
     pub costs: Option<RecordedCosts>,
+    /// `--max-overhead`: what the budget dropped and re-admitted (`session.json`'s `budget`).
+    pub budget: Option<fdr_session::schema::BudgetReport>,
 }
 
 /// What the recorder measured a probe hit to cost (`session.json`'s `probe_costs`), and how
@@ -129,6 +131,7 @@ impl Layout {
             processes: Vec::new(),
             warnings: Vec::new(),
             costs: None,
+            budget: None,
         };
         let manifest_path = dir.join(fdr_session::manifest::MANIFEST);
         match fdr_session::manifest::read(&manifest_path)? {
@@ -159,6 +162,7 @@ impl Layout {
             processes: Vec::new(),
             warnings: Vec::new(),
             costs: None,
+            budget: None,
         };
         layout.read_manifest(parse_manifest(&manifest_path, bytes)?)?;
         layout.sort();
@@ -173,6 +177,7 @@ impl Layout {
     }
 
     fn read_manifest(&mut self, m: Manifest) -> anyhow::Result<()> {
+        self.budget = m.budget.clone();
         self.costs = m.probe_costs.map(|costs| RecordedCosts {
             costs,
             exit_of: m.functions.iter().map(|f| (f.id, f.exit.clone())).collect(),
@@ -357,6 +362,7 @@ impl Layout {
             processes,
             warnings,
             costs: None,
+            budget: None,
         })
     }
 

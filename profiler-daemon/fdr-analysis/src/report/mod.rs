@@ -283,6 +283,7 @@ impl Aggregator {
             functions,
             events,
             costs: session.layout.costs.clone(),
+            budget: session.layout.budget.clone(),
         }
         .with_costliest()
     }
@@ -364,6 +365,9 @@ pub struct Report {
     pub events: Vec<EventRow>,
     /// What the recorder measured a probe hit to cost, when it did.
     pub costs: Option<crate::replay::layout::RecordedCosts>,
+    /// `--max-overhead`: the functions the budget dropped and re-admitted, and when: the
+    /// calls of a function dropped for a while are missing from that while, not lost.
+    pub budget: Option<fdr_session::schema::BudgetReport>,
     /// With `costs`: what the probes cost all functions (ns, estimated), and the costliest
     /// [`COSTLIEST`] of each thread (or overall), costliest first, whatever rows are shown.
     pub probe_cost_ns: f64,

@@ -134,6 +134,7 @@ pub fn text(report: &Report) -> String {
         );
     }
     cost_text(&mut s, report);
+    budget_text(&mut s, report);
     if !report.events.is_empty() {
         let _ = writeln!(s, "\nevents:");
         for e in &report.events {
@@ -284,6 +285,29 @@ fn cost_text(s: &mut String, report: &Report) {
     }
 }
 
+/// What the budget did (`--max-overhead`): each function it stopped tracing, and when it came
+/// back, so that a function's missing calls read as what they are.
+fn budget_text(s: &mut String, report: &Report) {
+    let Some(b) = &report.budget else {
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "\nbudget (at most {}% overhead): {} of {} functions not traced at the end{}",
+        b.max_overhead_percent,
+        b.dropped_at_end.len(),
+        b.functions + b.functions_unbudgeted,
+        if b.changes.is_empty() {
+            "; nothing was dropped"
+        } else {
+            "; a function dropped has no calls from its drop to its re-admission:"
+        }
+    );
+    for c in &b.changes {
+        let _ = writeln!(s, "  {}", c.describe());
+    }
+}
+
 /// The JSON document.
 pub fn to_json(report: &Report) -> serde_json::Value {
     let functions: Vec<_> = report
@@ -340,5 +364,6 @@ pub fn to_json(report: &Report) -> serde_json::Value {
         "warnings": report.warnings,
         "functions": functions,
         "events": events,
+        "budget": report.budget,
     })
 }
