@@ -56,6 +56,10 @@ pub struct ThreadReport {
     /// reports their exit): closed at the first event that proves them gone.
     #[serde(default)]
     pub frames_beyond_return_limit: u64,
+    /// Frames of a function the overhead budget stopped tracing while they were open (their
+    /// exit no longer probed): closed at the first event that proves them gone.
+    #[serde(default)]
+    pub frames_closed_by_budget: u64,
     /// Exceptions caught in this thread (`__cxa_begin_catch` entered).
     #[serde(default)]
     pub catches: u64,
@@ -508,8 +512,9 @@ pub struct BudgetReport {
 #[serde(default)]
 pub struct BudgetChange {
     /// When, in seconds since the budget started (the recording's start; for the service,
-    /// the binary's attach).
+    /// the binary's attach), and on the events' clock (`CLOCK_MONOTONIC`, ns).
     pub at_seconds: f64,
+    pub at_ns: u64,
     /// Its trace function id, and its name.
     pub function_id: u32,
     pub function: String,

@@ -57,14 +57,15 @@ impl BudgetedProbes {
     }
 
     /// Places `plan`'s probes (its exits decided, see `plan::exits::decide`), one set per
-    /// function, named by `name_of` (from the function id in the probes' cookies); returns
-    /// how many probes were placed. What fails to be placed is removed again and is the error.
+    /// function; `id_of` gives, for the function id in the probes' cookies, the id its events
+    /// have in a session and its name. Returns how many probes were placed. What fails to be
+    /// placed is removed again and is the error.
     pub fn attach(
         &mut self,
         tracer: &mut Tracer,
         plan: &AttachPlan,
         scope: Scope,
-        name_of: &dyn Fn(u32) -> String,
+        id_of: &dyn Fn(u32) -> (u32, String),
     ) -> Result<usize> {
         let Some(counts) = tracer.call_counts() else {
             bail!("the programs were loaded without call counters");
@@ -113,11 +114,12 @@ impl BudgetedProbes {
             let count = counts_of(tracer, slot);
             self.controller
                 .add(self.costs.per_call_ns(exit), count, hooks);
+            let (function_id, name) = id_of(function_id);
             self.functions.push(Function {
                 binary: plan.binary.clone(),
                 scope,
                 function_id,
-                name: name_of(function_id),
+                name,
                 slot,
                 probes,
                 placed: Some(set),
@@ -191,6 +193,7 @@ impl BudgetedProbes {
         }
         Some(BudgetChange {
             at_seconds: now_ns.saturating_sub(self.started_ns) as f64 / 1e9,
+            at_ns: now_ns,
             function_id: f.function_id,
             function: f.name.clone(),
             action: if change.dropped {

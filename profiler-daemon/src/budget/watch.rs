@@ -56,14 +56,14 @@ impl Budgeting {
     }
 
     /// Looks once a [`BUDGET_PERIOD`] (call it from every tick of the event loop); returns
-    /// what changed, as lines for a log (none most of the time).
-    pub fn tick(&mut self, tracer: &mut Tracer) -> Vec<String> {
+    /// what changed (none most of the time), and as lines for a log.
+    pub fn tick(&mut self, tracer: &mut Tracer) -> (Vec<BudgetChange>, Vec<String>) {
         let now = Instant::now();
         if self
             .last
             .is_some_and(|(at, _)| now.duration_since(at) < BUDGET_PERIOD)
         {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
         let now_ns = crate::session::monotonic_ns();
         let pids = match &self.traced {
@@ -78,7 +78,7 @@ impl Budgeting {
             .map_or(0, |(_, ns)| ns);
         let last = self.last.replace((now, now_ns));
         let (Some((threads, cpu_ns)), Some((_, last_ns))) = (measured, last) else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         let sample = Sample {
             now_ns,
@@ -88,7 +88,8 @@ impl Budgeting {
             stopped_ns,
         };
         let (estimate, changes) = self.probes.tick(tracer, &sample);
-        change_lines(&changes, estimate.overhead, estimate.overhead_after)
+        let lines = change_lines(&changes, estimate.overhead, estimate.overhead_after);
+        (changes, lines)
     }
 }
 

@@ -667,7 +667,11 @@ async fn record(
                     sampling.tick(&probing.tracer);
                 }
                 if let Some(budget) = &mut probing.budget {
-                    for line in budget.tick(&mut probing.tracer) {
+                    let (changes, lines) = budget.tick(&mut probing.tracer);
+                    for c in changes.iter().filter(|c| c.action == "dropped") {
+                        session.dropped(c.function_id, c.at_ns);
+                    }
+                    for line in lines {
                         errln!("fdr-profiled: budget: {line}");
                     }
                 }

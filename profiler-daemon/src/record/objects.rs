@@ -63,7 +63,7 @@ pub fn attach(
     crate::plan::exits::decide(&mut plan, policy);
     let placed = match placing {
         Placing::Budgeted(budget) => {
-            budget.attach(tracer, &plan, scope, &|id| plan.names.name(id))?
+            budget.attach(tracer, &plan, scope, &|id| (id, plan.names.name(id)))?
         }
         Placing::KeepingReturns(kept) => {
             let (placed, links) = tracer.attach_keeping_returns(&plan, scope)?;

@@ -426,7 +426,13 @@ async fn serve(
                     for t in svc.targets.iter_mut().filter(|t| !t.removed) {
                         for w in &mut t.binaries {
                             let Some(budget) = &mut w.budget else { continue };
-                            for line in budget.tick(svc.tracer) {
+                            let (changes, lines) = budget.tick(svc.tracer);
+                            if let Some(segments) = &mut w.segments {
+                                for c in changes.iter().filter(|c| c.action == "dropped") {
+                                    segments.dropped(c.function_id, c.at_ns);
+                                }
+                            }
+                            for line in lines {
                                 tracing::info!(
                                     fdr_target = %t.config.name,
                                     fdr_binary = %w.plan.display_path,

@@ -95,6 +95,14 @@ impl Segments {
         }
     }
 
+    /// The budget stopped tracing `function_id` at `at_ns` (see `Session::dropped`): said to
+    /// the segment open now.
+    pub fn dropped(&mut self, function_id: u32, at_ns: u64) {
+        if let Some(open) = &self.current {
+            open.session.dropped(function_id, at_ns);
+        }
+    }
+
     /// Writes a thread's next event into the current segment, opening one if needed; while
     /// writing is stopped the event is counted as not written (free space is looked at again
     /// by [`Segments::tick`], not for every event).

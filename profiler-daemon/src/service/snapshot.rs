@@ -104,12 +104,13 @@ fn snapshot(out: OutputDir, target: &Target, w: &Watched) -> Result<()> {
     for library in &w.libraries.objects {
         session.add_object(library.plan.clone(), library.probes, library.attached_ns);
     }
-    w.recorder.replay(|event, gap| session.record(event, gap));
-    session.set_window(w.recorder.stats(), w.recorder.thread_windows());
     if let Some(budget) = &w.budget {
-        // Which functions the window may lack, and since when (its changes since the start).
+        // Which functions the window may lack, and since when; before the replay, so that the
+        // frames the drops left open are counted as theirs.
         session.set_budget(budget.probes.report());
     }
+    w.recorder.replay(|event, gap| session.record(event, gap));
+    session.set_window(w.recorder.stats(), w.recorder.thread_windows());
     session.finish(IntakeLosses::default())?;
     if let Err(err) = fdr_analysis::outputs::write_report_in(&held, &Symbolizer::default()) {
         tracing::warn!("{}: no report: {err:#}", held.path().display());

@@ -286,9 +286,12 @@ fn attach_binary(
         let probes = tagged.probes.len();
         Repaired::new(tracer, name, &plan.binary, tagged, tag).map(|r| (probes, Some(r)))
     } else if let Some(budget) = &mut budget {
-        let name_of = |id: u32| plan.names.name(super::libraries::untagged(id));
+        let id_of = |id: u32| {
+            let id = super::libraries::untagged(id);
+            (id, plan.names.name(id))
+        };
         budget
-            .attach(tracer, &tagged, Scope::AllProcesses, &name_of)
+            .attach(tracer, &tagged, Scope::AllProcesses, &id_of)
             .map(|n| (n, None))
     } else {
         tracer

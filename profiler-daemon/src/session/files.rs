@@ -30,6 +30,9 @@ pub(super) struct Place {
     version: FdrVersion,
     /// Each process's directory, created by whichever part sees the process first.
     dirs: Mutex<BTreeMap<u32, ProcessDir>>,
+    /// The functions the budget stopped tracing, and when: every thread's frames of one are
+    /// counted apart when closed (see `thread::Drops`).
+    pub(super) drops: Arc<super::thread::Drops>,
 }
 
 #[derive(Clone)]
@@ -46,6 +49,7 @@ impl Place {
             clock: Clock::now(),
             version,
             dirs: Mutex::new(BTreeMap::new()),
+            drops: Arc::default(),
         }
     }
 
@@ -264,7 +268,7 @@ impl ThreadFiles {
                 self.open.push(Open {
                     pid,
                     tid: h.tid,
-                    trace: ThreadTrace::new(writer, file),
+                    trace: ThreadTrace::new(writer, file, self.place.drops.clone()),
                 });
                 *e.insert(self.open.len() - 1)
             }

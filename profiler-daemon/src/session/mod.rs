@@ -196,9 +196,19 @@ impl Session {
         self.probe_costs = Some(costs);
     }
 
-    /// `--max-overhead`: what the budget did, for the manifest and the summary.
+    /// `--max-overhead`: what the budget did, for the manifest and the summary. The functions
+    /// it dropped are noted as by [`Session::dropped`] (before events are replayed into it).
     pub fn set_budget(&mut self, budget: fdr_session::schema::BudgetReport) {
+        for c in budget.changes.iter().filter(|c| c.action == "dropped") {
+            self.dropped(c.function_id, c.at_ns);
+        }
         self.budget = Some(budget);
+    }
+
+    /// The budget stopped tracing function `function_id` at `at_ns`: its frames open then are
+    /// counted apart when they are closed (`frames_closed_by_budget`).
+    pub fn dropped(&self, function_id: u32, at_ns: u64) {
+        self.place.drops.add(function_id, at_ns);
     }
 
     /// `--kernel-stats`: the time the kernel spent in each recording program.

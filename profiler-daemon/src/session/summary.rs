@@ -367,14 +367,20 @@ pub fn render(report: &SessionReport, out_dir: &std::path::Path, top: usize) -> 
     let unwound: u64 = threads_iter().map(|t| t.frames_unwound).sum();
     let by_loss: u64 = threads_iter().map(|t| t.frames_closed_by_loss).sum();
     let beyond: u64 = threads_iter().map(|t| t.frames_beyond_return_limit).sum();
+    let by_budget: u64 = threads_iter().map(|t| t.frames_closed_by_budget).sum();
     let lost_entries: u64 = threads_iter().map(|t| t.exits_of_lost_entries).sum();
     let catches: u64 = threads_iter().map(|t| t.catches).sum();
-    if unwound + by_loss + beyond > 0 {
+    if unwound + by_loss + beyond + by_budget > 0 {
+        let budget = if by_budget > 0 {
+            format!(", {by_budget} of functions the budget dropped while they ran")
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
             "  frames closed where they were proven gone: {unwound} left by exceptions or longjmp \
              ({catches} exceptions caught), {by_loss} after lost events, {beyond} beyond the \
-             kernel's return-probe limit"
+             kernel's return-probe limit{budget}"
         );
     }
     // The kernel drops the return-probe instances of frames an exception or longjmp left

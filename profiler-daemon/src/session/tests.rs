@@ -91,6 +91,46 @@ struct SimThread {
 /// between four CPUs so that their events reach the sequencer out of order, threads ending and
 /// a tid used again) through the sequencer and a session writing `version` files into `dir`.
 /// Wall-clock time is fixed, so the output is the same bytes on every run.
+/// A frame of a function the budget dropped while it ran gets no exit: closed where the
+/// caller's exit proves it gone, it is counted as the budget's, not as an exception's; a
+/// frame of a function not dropped, left the same way, is still an exception's.
+#[test]
+fn frames_a_drop_left_open_are_counted_as_the_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = OutputDir::create_root(&dir.path().join("s")).unwrap();
+    let mut session = Session::new(
+        out,
+        Executable {
+            name: "prog".into(),
+            path: "/bin/prog".into(),
+            deleted: false,
+        },
+        FdrVersion::V1,
+        ExitsChoice {
+            mode: "return",
+            reason: "test".into(),
+        },
+    );
+    let at = |ts: u64, kind: SledKind, function_id: u32, sp: u64| {
+        let mut e = event(1, ts, kind as u8);
+        e.header.function_id = function_id;
+        e.header.sp = sp;
+        e
+    };
+    // caller 1 at 0x7000; in it, 2 (dropped at 2500) and, later, 3 (never dropped).
+    session.record(&at(1_000, SledKind::Entry, 1, 0x7000), None);
+    session.record(&at(2_000, SledKind::Entry, 2, 0x6f00), None);
+    session.dropped(2, 2_500);
+    session.record(&at(3_000, SledKind::Entry, 3, 0x6f00), None);
+    session.record(&at(4_000, SledKind::Entry, 3, 0x6e00), None);
+    session.record(&at(5_000, SledKind::Exit, 1, 0x7000), None);
+    let report = session.finish(IntakeLosses::default()).unwrap();
+    let t = &report.processes[0].threads[0];
+    // 2's frame closed by 3's entry at its slot; 3's inner frame by 1's exit; 3's outer too.
+    assert_eq!(t.frames_closed_by_budget, 1, "{t:?}");
+    assert_eq!(t.frames_unwound, 2, "{t:?}");
+}
+
 fn reference_session(dir: &std::path::Path, version: FdrVersion) -> SessionReport {
     use crate::session::order::Sequencer;
     let out = OutputDir::create_root(dir).unwrap();

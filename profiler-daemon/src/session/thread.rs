@@ -19,6 +19,7 @@ use crate::session::order::Gap;
 use crate::session::summary::{CallTimes, ThreadReport, Totals};
 use profiler_common::{event_flags, event_kind, SledKind};
 use std::fs::File;
+use std::sync::Arc;
 use xray_fdr::records::FunctionAction;
 use xray_fdr::writer::{Recorded, ThreadWriter};
 
@@ -90,6 +91,36 @@ pub struct ThreadCounts {
     /// Of `frames_unwound`: those proven gone by an event other than a catch (a `longjmp`, or
     /// a return probe the kernel omitted without the programs knowing it was at its limit).
     pub frames_closed_uncaught: u64,
+    /// Frames of a function the budget dropped while they were open (its exit no longer
+    /// probed), closed where they were proven gone.
+    pub frames_closed_by_budget: u64,
+}
+
+/// The functions an overhead budget stopped tracing, each with the times it did (monotonic
+/// ns, the events' clock): a frame of one, open at such a time, gets no exit of its own.
+#[derive(Debug, Default)]
+pub struct Drops {
+    any: std::sync::atomic::AtomicBool,
+    at: std::sync::RwLock<std::collections::HashMap<u32, Vec<u64>>>,
+}
+
+impl Drops {
+    /// Function `function_id` (the trace's id) stopped being traced at `at_ns`.
+    pub fn add(&self, function_id: u32, at_ns: u64) {
+        let mut at = self.at.write().unwrap_or_else(|e| e.into_inner());
+        at.entry(function_id).or_default().push(at_ns);
+        self.any.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether `function_id` was dropped after `from_ns` and by `to_ns`.
+    pub fn between(&self, function_id: u32, from_ns: u64, to_ns: u64) -> bool {
+        if !self.any.load(std::sync::atomic::Ordering::Acquire) {
+            return false;
+        }
+        let at = self.at.read().unwrap_or_else(|e| e.into_inner());
+        at.get(&function_id)
+            .is_some_and(|times| times.iter().any(|&t| t > from_ns && t <= to_ns))
+    }
 }
 
 /// What became of one event.
@@ -159,6 +190,8 @@ pub struct ThreadTrace {
     last_ts: u64,
     /// Counters.
     pub counts: ThreadCounts,
+    /// The functions the budget dropped (shared by every thread of the session).
+    drops: Arc<Drops>,
     /// Set once the file could not be written (the disk full) and the writer is gone: what
     /// the file holds, and what was made but never stored.
     failed: Option<WriteFailure>,
@@ -185,8 +218,9 @@ impl WriteFailure {
 
 impl ThreadTrace {
     /// Wraps a writer whose preamble is on disk as `file`.
-    pub fn new(writer: ThreadWriter<File>, file: String) -> ThreadTrace {
+    pub fn new(writer: ThreadWriter<File>, file: String, drops: Arc<Drops>) -> ThreadTrace {
         ThreadTrace {
+            drops,
             writer: Some(Box::new(writer)),
             file,
             frames: Vec::new(),
@@ -308,6 +342,8 @@ impl ThreadTrace {
                 self.counts.frames_beyond_return_limit += 1;
             } else if self.losses > top.losses_at_entry {
                 self.counts.frames_closed_by_loss += 1;
+            } else if self.drops.between(top.function_id, top.entered, ts) {
+                self.counts.frames_closed_by_budget += 1;
             } else {
                 self.counts.frames_unwound += 1;
                 if !at_catch {
@@ -455,6 +491,7 @@ impl ThreadTrace {
             exits_of_lost_entries: c.exits_of_lost_entries,
             frames_unwound: c.frames_unwound,
             frames_beyond_return_limit: c.frames_beyond_return_limit,
+            frames_closed_by_budget: c.frames_closed_by_budget,
             catches: c.catches,
             dropped_unmatched_exits: c.exits_without_entry,
             exits_entered_before_tracing: c.exits_entered_before_tracing,

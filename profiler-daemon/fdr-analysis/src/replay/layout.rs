@@ -215,7 +215,8 @@ impl Layout {
                     closed_by_recorder: t
                         .frames_unwound
                         .saturating_add(t.frames_closed_by_loss)
-                        .saturating_add(t.frames_beyond_return_limit),
+                        .saturating_add(t.frames_beyond_return_limit)
+                        .saturating_add(t.frames_closed_by_budget),
                 });
             }
             let binary = (!p.binary.is_empty()).then(|| PathBuf::from(&p.binary));
