@@ -84,6 +84,8 @@ impl BudgetedProbes {
                 _ => rest.push(*probe),
             }
         }
+        // A link (one descriptor) per function's sled probes, and one per return probe.
+        crate::kernel::rlimit::reserve_open_files(2 * by_function.len() + 1)?;
         let mut placed = 0;
         let before = self.functions.len();
         for (function_id, mut probes) in by_function {

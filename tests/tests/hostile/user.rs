@@ -49,7 +49,8 @@ fn thread_churn_under_a_small_window_accounts_for_every_event() {
     let start = ServiceStart::written(
         scratch.path(),
         &format!(
-            "output = \"{}\"\n[[target]]\nname = \"churn\"\nbinary = \"{}\"\nwindow = \"10s\"\nmax_memory = \"32MiB\"\n",
+            // Every call made is accounted for: no budget.
+            "output = \"{}\"\n[[target]]\nname = \"churn\"\nbinary = \"{}\"\nwindow = \"10s\"\nmax_memory = \"32MiB\"\nmax_overhead = \"none\"\n",
             scratch.path().join("out").display(),
             bin.display()
         ),
