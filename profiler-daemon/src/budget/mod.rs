@@ -94,6 +94,9 @@ enum State {
     Dropped {
         at_ns: u64,
         calls_per_cpu_ns: f64,
+        /// What one call cost then, its share of the repair's stops included: what a call
+        /// would cost again.
+        ns_per_call: f64,
     },
 }
 
@@ -228,6 +231,7 @@ impl Controller {
                 self.functions[i].state = State::Dropped {
                     at_ns: sample.now_ns,
                     calls_per_cpu_ns: delta as f64 / cpu_ns,
+                    ns_per_call: ns / delta as f64,
                 };
                 changes.push(Change {
                     function: i,
@@ -241,7 +245,7 @@ impl Controller {
         }
         // Re-admission: each dropped function's calls, predicted from the program's own CPU
         // time now at the rate it had when dropped.
-        let mut candidates: Vec<(usize, f64)> = self
+        let mut candidates: Vec<(usize, f64, f64)> = self
             .functions
             .iter()
             .enumerate()
@@ -249,18 +253,17 @@ impl Controller {
                 State::Dropped {
                     at_ns,
                     calls_per_cpu_ns,
+                    ns_per_call,
                 } if sample.now_ns.saturating_sub(at_ns) >= HOLD_NS => {
-                    Some((i, calls_per_cpu_ns * cpu_ns))
+                    let calls = calls_per_cpu_ns * cpu_ns;
+                    Some((i, calls, calls * ns_per_call))
                 }
                 _ => None,
             })
             .collect();
-        candidates.sort_by(|a, b| {
-            (a.1 * self.functions[a.0].cost_ns).total_cmp(&(b.1 * self.functions[b.0].cost_ns))
-        });
+        candidates.sort_by(|a, b| a.2.total_cmp(&b.2));
         let mut with = probe_ns;
-        for (i, predicted_calls) in candidates {
-            let ns = predicted_calls * self.functions[i].cost_ns;
+        for (i, predicted_calls, ns) in candidates {
             if Self::overhead(sample, with + ns) > self.limit * READMIT_UNDER {
                 break;
             }

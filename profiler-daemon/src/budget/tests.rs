@@ -129,3 +129,23 @@ fn the_repairs_stops_are_the_hooking_functions_cost() {
     assert_eq!(changes[0].function, outer);
     assert!(!c.is_dropped(plain));
 }
+
+/// A function dropped for its share of the repair's stops is predicted to cost that share
+/// again: under the same load it stays out, whatever its traps alone would cost.
+#[test]
+fn a_function_dropped_for_its_stops_stays_out_under_the_same_load() {
+    let mut c = Controller::new(0.2);
+    let outer = c.add(1000.0, 0, true);
+    let calls = 10_000u64;
+    // 10 ms of traps, 400 ms of stops in a second of one thread.
+    let mut sample = busy(1, 1);
+    sample.stopped_ns = 2 * S / 5;
+    let (_, changes) = c.observe(&sample, |_| calls);
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert!(c.is_dropped(outer));
+    for t in 2..30 {
+        // No calls counted while it is dropped; the thread as busy as before.
+        let (_, changes) = c.observe(&busy(t, 1), |_| calls);
+        assert!(changes.is_empty(), "at {t} s: {changes:?}");
+    }
+}
