@@ -171,14 +171,17 @@ impl Controller {
         }
     }
 
-    /// Takes one period's measurements (`count(i)`: function `i`'s count now) and decides:
-    /// the hottest functions dropped while the overhead exceeds the limit, down to
-    /// [`DROP_TO`] of it; else dropped ones re-admitted, cheapest first, while it would stay
-    /// under [`READMIT_UNDER`] of it. The caller carries the changes out.
+    /// Takes one period's measurements (`count(i)`: function `i`'s count now) and, with
+    /// `decide`, decides: the hottest functions dropped while the overhead exceeds the limit,
+    /// down to [`DROP_TO`] of it; else dropped ones re-admitted, cheapest first, while it
+    /// would stay under [`READMIT_UNDER`] of it. The caller carries the changes out. Without
+    /// `decide` (a period that the last changes were still taking effect in: its costs are
+    /// not those of what is traced now), only the estimate.
     pub fn observe(
         &mut self,
         sample: &Sample,
         count: impl Fn(usize) -> u64,
+        decide: bool,
     ) -> (Estimate, Vec<Change>) {
         let seconds = sample.period_ns.max(1) as f64 / 1e9;
         let mut costs = Vec::new();
@@ -218,6 +221,9 @@ impl Controller {
         // program uses the same CPU with or without the dropped probes.
         let cpu_ns = (sample.cpu_ns as f64).max(1e6);
         let mut changes = Vec::new();
+        if !decide {
+            return (estimate, changes);
+        }
         // No thread ran: nothing paid, nothing to drop; functions may come back (at no cost
         // now, predicted from no CPU time).
         if overhead > self.limit && sample.threads > 0 {

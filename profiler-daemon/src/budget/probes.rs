@@ -35,6 +35,10 @@ pub struct BudgetedProbes {
     started_ns: u64,
     peak: f64,
     last: Estimate,
+    /// Removals still under way (each on a thread of its own), and whether the last period
+    /// had one: no decision until a whole period without (see [`Controller::observe`]).
+    removing: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    settling: bool,
 }
 
 impl BudgetedProbes {
@@ -53,6 +57,8 @@ impl BudgetedProbes {
             started_ns,
             peak: 0.0,
             last: Estimate::default(),
+            removing: std::sync::Arc::default(),
+            settling: false,
         }
     }
 
@@ -150,9 +156,12 @@ impl BudgetedProbes {
     /// thread of their own). Returns the estimate and the changes, described.
     pub fn tick(&mut self, tracer: &mut Tracer, sample: &Sample) -> (Estimate, Vec<BudgetChange>) {
         let slots: Vec<u16> = self.functions.iter().map(|f| f.slot).collect();
-        let (estimate, changes) = self
-            .controller
-            .observe(sample, |i| counts_of(tracer, slots[i]));
+        let removing = self.removing.load(std::sync::atomic::Ordering::Acquire) > 0;
+        let decide = !removing && !self.settling;
+        self.settling = removing;
+        let (estimate, changes) =
+            self.controller
+                .observe(sample, |i| counts_of(tracer, slots[i]), decide);
         self.last = estimate;
         if estimate.overhead.is_finite() {
             self.peak = self.peak.max(estimate.overhead);
@@ -165,7 +174,8 @@ impl BudgetedProbes {
             }
         }
         if !removed.is_empty() {
-            remove_on_a_thread(tracer, removed);
+            remove_on_a_thread(tracer, removed, self.removing.clone());
+            self.settling = true;
         }
         self.changes.extend(described.iter().cloned());
         (estimate, described)
@@ -278,11 +288,19 @@ fn finite(overhead: f64) -> f64 {
 
 /// Removes `sets` without waiting: the kernel takes a grace period per link, which the
 /// event loop must not wait for. The links close together, on threads of their own.
-fn remove_on_a_thread(tracer: &mut Tracer, sets: Vec<Attachment>) {
+/// `removing` counts the removals under way.
+fn remove_on_a_thread(
+    tracer: &mut Tracer,
+    sets: Vec<Attachment>,
+    removing: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::Ordering;
     let links: Vec<_> = sets
         .into_iter()
         .flat_map(|set| tracer.detach_later(set))
         .collect();
+    removing.fetch_add(1, Ordering::AcqRel);
+    let done = removing.clone();
     let spawned = std::thread::Builder::new()
         .name("budget-remove".into())
         .spawn(move || {
@@ -303,8 +321,11 @@ fn remove_on_a_thread(tracer: &mut Tracer, sets: Vec<Attachment>) {
                     started.elapsed()
                 );
             }
+            done.fetch_sub(1, Ordering::AcqRel);
         });
     if let Err(err) = spawned {
+        // The links went with the closure, closed here.
+        removing.fetch_sub(1, Ordering::AcqRel);
         errln!("fdr-profiled: warning: budget: removing probes: {err}");
     }
 }

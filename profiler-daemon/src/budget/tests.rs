@@ -20,7 +20,7 @@ fn drops_the_hottest_function_and_keeps_the_rest() {
     let leaf = c.add(1000.0, 0, false);
     let outer = c.add(1000.0, 0, false);
     let counts = [1_000_000u64, 1_000];
-    let (estimate, changes) = c.observe(&busy(1, 1), |i| counts[i]);
+    let (estimate, changes) = c.observe(&busy(1, 1), |i| counts[i], true);
     assert!(estimate.overhead > 1.0, "{estimate:?}");
     assert_eq!(changes.len(), 1, "{changes:?}");
     assert_eq!(changes[0].function, leaf);
@@ -42,11 +42,11 @@ fn readmits_when_the_load_falls_and_not_before() {
     let leaf = c.add(1000.0, 0, false);
     let outer = c.add(1000.0, 0, false);
     let mut counts = [1_000_000u64, 1_000];
-    c.observe(&busy(1, 1), |i| counts[i]);
+    c.observe(&busy(1, 1), |i| counts[i], true);
     assert!(c.is_dropped(leaf));
     for t in 2..20 {
         counts[outer] += 2_000; // faster without the leaf's probes
-        let (_, changes) = c.observe(&busy(t, 1), |i| counts[i]);
+        let (_, changes) = c.observe(&busy(t, 1), |i| counts[i], true);
         assert!(changes.is_empty(), "at {t} s: {changes:?}");
     }
     // Quiet: 1% of a CPU used.
@@ -58,7 +58,7 @@ fn readmits_when_the_load_falls_and_not_before() {
         cpu_ns: S / 100,
         stopped_ns: 0,
     };
-    let (_, changes) = c.observe(&quiet, |i| counts[i]);
+    let (_, changes) = c.observe(&quiet, |i| counts[i], true);
     assert_eq!(changes.len(), 1, "{changes:?}");
     assert!(!changes[0].dropped && changes[0].function == leaf);
     assert!(!c.is_dropped(leaf));
@@ -70,7 +70,7 @@ fn readmits_when_the_load_falls_and_not_before() {
 fn holds_a_dropped_function_out_for_a_while() {
     let mut c = Controller::new(0.05);
     let leaf = c.add(1000.0, 0, false);
-    c.observe(&busy(1, 1), |_| 1_000_000);
+    c.observe(&busy(1, 1), |_| 1_000_000, true);
     let quiet = Sample {
         now_ns: 5 * S,
         period_ns: S,
@@ -78,7 +78,7 @@ fn holds_a_dropped_function_out_for_a_while() {
         cpu_ns: S / 100,
         stopped_ns: 0,
     };
-    let (_, changes) = c.observe(&quiet, |_| 1_000_000);
+    let (_, changes) = c.observe(&quiet, |_| 1_000_000, true);
     assert!(changes.is_empty());
     assert!(c.is_dropped(leaf));
 }
@@ -89,11 +89,11 @@ fn within_the_budget_nothing_is_dropped() {
     let mut c = Controller::new(0.05);
     c.add(1000.0, 0, false);
     // 40 ms of probes in 1 s of one thread: 4.2%.
-    let (estimate, changes) = c.observe(&busy(1, 1), |_| 40_000);
+    let (estimate, changes) = c.observe(&busy(1, 1), |_| 40_000, true);
     assert!(changes.is_empty(), "{estimate:?}");
     assert!((estimate.overhead - 0.04 / 0.96).abs() < 1e-9);
     // 80 ms over two busy threads: the same share of each.
-    let (estimate, changes) = c.observe(&busy(2, 2), |_| 120_000);
+    let (estimate, changes) = c.observe(&busy(2, 2), |_| 120_000, true);
     assert!(changes.is_empty());
     assert!(
         (estimate.overhead - 0.04 / 0.96).abs() < 1e-9,
@@ -120,7 +120,7 @@ fn the_repairs_stops_are_the_hooking_functions_cost() {
     let plain = c.add(1000.0, 0, false);
     let mut sample = busy(1, 1);
     sample.stopped_ns = S / 5;
-    let (estimate, changes) = c.observe(&sample, |_| 1_000);
+    let (estimate, changes) = c.observe(&sample, |_| 1_000, true);
     assert!(
         (estimate.overhead - 0.202 / 0.798).abs() < 1e-9,
         "{estimate:?}"
@@ -140,12 +140,30 @@ fn a_function_dropped_for_its_stops_stays_out_under_the_same_load() {
     // 10 ms of traps, 400 ms of stops in a second of one thread.
     let mut sample = busy(1, 1);
     sample.stopped_ns = 2 * S / 5;
-    let (_, changes) = c.observe(&sample, |_| calls);
+    let (_, changes) = c.observe(&sample, |_| calls, true);
     assert_eq!(changes.len(), 1, "{changes:?}");
     assert!(c.is_dropped(outer));
     for t in 2..30 {
         // No calls counted while it is dropped; the thread as busy as before.
-        let (_, changes) = c.observe(&busy(t, 1), |_| calls);
+        let (_, changes) = c.observe(&busy(t, 1), |_| calls, true);
         assert!(changes.is_empty(), "at {t} s: {changes:?}");
     }
+}
+
+/// While the last changes take effect (their probes still being removed, or the period they
+/// were removed in), nothing is decided: what that period cost is not what is traced now.
+#[test]
+fn nothing_is_decided_while_changes_take_effect() {
+    let mut c = Controller::new(0.05);
+    let leaf = c.add(1000.0, 0, false);
+    let (estimate, changes) = c.observe(&busy(1, 1), |_| 1_000_000, false);
+    assert!(changes.is_empty() && !c.is_dropped(leaf));
+    assert!(estimate.overhead > 1.0);
+    // The counts were taken: the next period's are its own.
+    let (estimate, changes) = c.observe(&busy(2, 1), |_| 1_500_000, true);
+    assert!(
+        (estimate.calls_per_second - 500_000.0).abs() < 1e-6,
+        "{estimate:?}"
+    );
+    assert_eq!(changes.len(), 1);
 }

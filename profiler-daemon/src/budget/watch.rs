@@ -88,6 +88,9 @@ impl Budgeting {
             stopped_ns,
         };
         let (estimate, changes) = self.probes.tick(tracer, &sample);
+        if std::env::var_os("FDR_BUDGET_DEBUG").is_some() {
+            eprintln!("fdr-profiled: budget: {sample:?} {estimate:?}");
+        }
         let lines = change_lines(&changes, estimate.overhead, estimate.overhead_after);
         (changes, lines)
     }
