@@ -538,23 +538,10 @@ impl BudgetChange {
             "{} {}: {} calls/s {verb} {:.1}% (at {:.1} s)",
             self.action,
             self.function,
-            si(self.calls_per_second),
+            crate::units::human_count(self.calls_per_second),
             self.overhead_percent,
             self.at_seconds
         )
-    }
-}
-
-/// `1234567.0` as `1.2M`.
-fn si(v: f64) -> String {
-    if v >= 1e9 {
-        format!("{:.1}G", v / 1e9)
-    } else if v >= 1e6 {
-        format!("{:.1}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
     }
 }
 

@@ -14,6 +14,19 @@ pub fn human_ns(ns: u64) -> String {
     }
 }
 
+/// A rate or count with a unit prefix that keeps it short: `950`, `1.2k`, `2.1M`, `3.0G`.
+pub fn human_count(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.1}G", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -23,5 +36,8 @@ mod tests {
         assert_eq!(human_ns(999), "999 ns");
         assert_eq!(human_ns(1_500), "1.500 us");
         assert_eq!(human_ns(2_000_000_000), "2.000 s");
+        assert_eq!(human_count(950.0), "950");
+        assert_eq!(human_count(319_800.0), "319.8k");
+        assert_eq!(human_count(2_100_000.0), "2.1M");
     }
 }

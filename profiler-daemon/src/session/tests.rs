@@ -19,15 +19,10 @@ fn event(tid: u32, ts_ns: u64, kind: u8) -> Event {
     }
 }
 
-/// A thread whose file cannot be created (its process's directory was deleted under the
-/// session) is said once and its events are counted as ignored, not tried again event after
-/// event; the threads already writing go on.
-#[test]
-fn a_thread_whose_file_cannot_be_created_is_counted_not_retried() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = OutputDir::create_root(&dir.path().join("s")).unwrap();
-    let mut session = Session::new(
-        out,
+/// A session of `/bin/prog` (FDR version 1, return probes) writing under `dir`.
+fn prog_session(dir: &std::path::Path) -> Session {
+    Session::new(
+        OutputDir::create_root(dir).unwrap(),
         Executable {
             name: "prog".into(),
             path: "/bin/prog".into(),
@@ -38,7 +33,16 @@ fn a_thread_whose_file_cannot_be_created_is_counted_not_retried() {
             mode: "return",
             reason: "test".into(),
         },
-    );
+    )
+}
+
+/// A thread whose file cannot be created (its process's directory was deleted under the
+/// session) is said once and its events are counted as ignored, not tried again event after
+/// event; the threads already writing go on.
+#[test]
+fn a_thread_whose_file_cannot_be_created_is_counted_not_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut session = prog_session(&dir.path().join("s"));
     session.record(&event(1, 1_000, SledKind::Entry as u8), None);
     std::fs::remove_dir_all(dir.path().join("s/prog-100")).unwrap();
     for i in 0..1000 {
@@ -97,20 +101,7 @@ struct SimThread {
 #[test]
 fn frames_a_drop_left_open_are_counted_as_the_budgets() {
     let dir = tempfile::tempdir().unwrap();
-    let out = OutputDir::create_root(&dir.path().join("s")).unwrap();
-    let mut session = Session::new(
-        out,
-        Executable {
-            name: "prog".into(),
-            path: "/bin/prog".into(),
-            deleted: false,
-        },
-        FdrVersion::V1,
-        ExitsChoice {
-            mode: "return",
-            reason: "test".into(),
-        },
-    );
+    let mut session = prog_session(&dir.path().join("s"));
     let at = |ts: u64, kind: SledKind, function_id: u32, sp: u64| {
         let mut e = event(1, ts, kind as u8);
         e.header.function_id = function_id;

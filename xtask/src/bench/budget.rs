@@ -133,19 +133,7 @@ pub fn run() -> Result<String> {
     let daemon = support::daemon()?;
     let work = support::scratch("budget")?;
     let machine = support::machine_description();
-    let server = work.join("deep_server");
-    crate::run::status(
-        Command::new("clang++-19")
-            .args([
-                "-O2",
-                "-g",
-                "-fxray-instrument",
-                "-fxray-instruction-threshold=1",
-            ])
-            .arg(crate::run::workspace_root().join("tests/fixtures/deep_server.cpp"))
-            .arg("-o")
-            .arg(&server),
-    )?;
+    let server = support::build_deep_server(&work)?;
     let shapes: [(&str, &[&str]); 2] = [
         ("deep_server (defaults)", &[]),
         ("deep_server 1000 100 100000", &["1000", "100", "100000"]),

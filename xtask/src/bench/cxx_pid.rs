@@ -64,19 +64,7 @@ fn run_by(by_attach: bool) -> Result<String> {
     let daemon = support::daemon()?;
     let work = support::scratch("cxx_pid")?;
     let machine = support::machine_description();
-    let server = work.join("deep_server");
-    crate::run::status(
-        Command::new("clang++-19")
-            .args([
-                "-O2",
-                "-g",
-                "-fxray-instrument",
-                "-fxray-instruction-threshold=1",
-            ])
-            .arg(crate::run::workspace_root().join("tests/fixtures/deep_server.cpp"))
-            .arg("-o")
-            .arg(&server),
-    )?;
+    let server = support::build_deep_server(&work)?;
     let suite = super::cxx_suite::build()?;
     let workloads: [Workload; 2] = [
         (

@@ -49,6 +49,25 @@ pub fn build_calls(dir: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Compiles `tests/fixtures/deep_server.cpp` (the C++ server of the `cxx_pid` and `budget`
+/// benchmarks) into `dir/deep_server`.
+pub fn build_deep_server(dir: &Path) -> Result<PathBuf> {
+    let bin = dir.join("deep_server");
+    run::status(
+        Command::new("clang++-19")
+            .args([
+                "-O2",
+                "-g",
+                "-fxray-instrument",
+                "-fxray-instruction-threshold=1",
+            ])
+            .arg(run::workspace_root().join("tests/fixtures/deep_server.cpp"))
+            .arg("-o")
+            .arg(&bin),
+    )?;
+    Ok(bin)
+}
+
 /// A background process, stopped (SIGINT) and reaped when dropped.
 pub struct Background(pub Child);
 
