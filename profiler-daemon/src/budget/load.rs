@@ -2,7 +2,6 @@
 //! CPU time they used, from `/proc/PID/task/TID/stat` (clock ticks: 10 ms each where the
 //! kernel counts at 100 Hz, fine enough over a second for budgets of 1% and more).
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
 
 /// The CPU time of the threads of a set of processes, from one call to the next.
@@ -74,25 +73,6 @@ fn thread_ticks(stat: &Path) -> Option<u64> {
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some(utime + stime)
-}
-
-/// The processes running the file at `binary` now (`/proc/PID/exe` is it: same device and
-/// inode), for `--attach`, whose processes come and go.
-pub fn processes_running(binary: &Path) -> Vec<u32> {
-    let Ok(target) = std::fs::metadata(binary) else {
-        return Vec::new();
-    };
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::metadata(format!("/proc/{pid}/exe"))
-                .is_ok_and(|m| m.dev() == target.dev() && m.ino() == target.ino())
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -144,6 +144,11 @@ impl Controller {
         self.functions.len() - 1
     }
 
+    /// Forgets the functions added after the first `n` (an attach undone).
+    pub fn truncate(&mut self, n: usize) {
+        self.functions.truncate(n);
+    }
+
     /// Whether function `index` is dropped now.
     pub fn is_dropped(&self, index: usize) -> bool {
         matches!(

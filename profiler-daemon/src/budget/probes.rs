@@ -93,7 +93,7 @@ impl BudgetedProbes {
         // A link (one descriptor) per function's sled probes, and one per return probe.
         crate::kernel::rlimit::reserve_open_files(2 * by_function.len() + 1)?;
         let mut placed = 0;
-        let before = self.functions.len();
+        let before = (self.functions.len(), self.unbudgeted);
         for (function_id, mut probes) in by_function {
             let next = self.functions.len() + 1;
             if next >= slots as usize {
@@ -105,18 +105,14 @@ impl BudgetedProbes {
             for p in &mut probes {
                 p.cookie = p.cookie.with_call_slot(slot);
             }
-            let set = match tracer.attach_probes(&plan.binary, &probes, scope) {
-                Ok(set) => set,
+            let (n, set) = match tracer.attach_probes(&plan.binary, &probes, scope) {
+                Ok(placed) => placed,
                 Err(err) => {
-                    for f in self.functions.drain(before..) {
-                        if let Some(set) = f.placed {
-                            tracer.detach(set);
-                        }
-                    }
+                    self.undo(tracer, before);
                     return Err(err);
                 }
             };
-            placed += probe_count(&probes);
+            placed += n;
             let hooks = probes.iter().any(|p| p.cookie.return_probed());
             let exit = if hooks { "return" } else { "sleds" };
             let count = counts_of(tracer, slot);
@@ -135,21 +131,29 @@ impl BudgetedProbes {
         }
         if !rest.is_empty() {
             match tracer.attach_probes(&plan.binary, &rest, scope) {
-                Ok(set) => {
-                    placed += probe_count(&rest);
+                Ok((n, set)) => {
+                    placed += n;
                     self.rest.push(set);
                 }
                 Err(err) => {
-                    for f in self.functions.drain(before..) {
-                        if let Some(set) = f.placed {
-                            tracer.detach(set);
-                        }
-                    }
+                    self.undo(tracer, before);
                     return Err(err);
                 }
             }
         }
         Ok(placed)
+    }
+
+    /// Removes the functions placed since there were `before` (budgeted, unbudgeted), with
+    /// their entries in the controller: an attach that failed part way leaves nothing.
+    fn undo(&mut self, tracer: &mut Tracer, (functions, unbudgeted): (usize, usize)) {
+        for f in self.functions.drain(functions..) {
+            if let Some(set) = f.placed {
+                tracer.detach(set);
+            }
+        }
+        self.controller.truncate(functions);
+        self.unbudgeted = unbudgeted;
     }
 
     /// One period's look: measures, decides, and carries the changes out (removals on a
@@ -193,7 +197,7 @@ impl BudgetedProbes {
             removed.push(f.placed.take()?);
         } else {
             match tracer.attach_probes(&f.binary, &f.probes, f.scope) {
-                Ok(set) => f.placed = Some(set),
+                Ok((_, set)) => f.placed = Some(set),
                 Err(err) => {
                     errln!(
                         "fdr-profiled: warning: budget: {} stays dropped: {err:#}",
@@ -258,20 +262,6 @@ impl BudgetedProbes {
     }
 }
 
-/// Probes a set of sled probes places (a return-probed function's entry places two).
-fn probe_count(probes: &[Probe]) -> usize {
-    probes
-        .iter()
-        .map(
-            |p| match (SledKind::from_u8(p.cookie.kind), p.cookie.return_probed()) {
-                (Some(SledKind::Exit), true) => 0,
-                (Some(k), true) if k.is_entry() => 2,
-                _ => 1,
-            },
-        )
-        .sum()
-}
-
 fn counts_of(tracer: &Tracer, slot: u16) -> u64 {
     tracer.call_counts().map_or(0, |c| c.total(slot))
 }
@@ -304,8 +294,6 @@ fn remove_on_a_thread(
     let spawned = std::thread::Builder::new()
         .name("budget-remove".into())
         .spawn(move || {
-            let started = std::time::Instant::now();
-            let n = links.len();
             std::thread::scope(|s| {
                 let mut links = links;
                 let per = links.len().div_ceil(8).max(1);
@@ -314,13 +302,6 @@ fn remove_on_a_thread(
                     s.spawn(move || drop(part));
                 }
             });
-            if std::env::var_os("FDR_BUDGET_DEBUG").is_some() {
-                errln!(
-                    "fdr-profiled: budget: {} links removed in {:?}",
-                    n,
-                    started.elapsed()
-                );
-            }
             done.fetch_sub(1, Ordering::AcqRel);
         });
     if let Err(err) = spawned {

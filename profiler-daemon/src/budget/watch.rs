@@ -2,7 +2,7 @@
 //! the service's for each binary): the traced processes' threads' CPU time read, the
 //! functions that cost too much dropped, and those whose cost the load allows again
 //! re-admitted.
-use super::load::{processes_running, ThreadsCpu};
+use super::load::ThreadsCpu;
 use super::probes::BudgetedProbes;
 use super::Sample;
 use crate::kernel::bpf::{Scope, Tracer};
@@ -68,7 +68,9 @@ impl Budgeting {
         let now_ns = crate::session::monotonic_ns();
         let pids = match &self.traced {
             Traced::Process(pid) => vec![*pid],
-            Traced::Running(binary) => processes_running(binary),
+            Traced::Running(binary) => crate::traced::mappings::file_id(binary)
+                .map(crate::traced::process::running)
+                .unwrap_or_default(),
         };
         let measured = self.cpu.sample(&pids);
         let stopped_ns = self
@@ -88,9 +90,6 @@ impl Budgeting {
             stopped_ns,
         };
         let (estimate, changes) = self.probes.tick(tracer, &sample);
-        if std::env::var_os("FDR_BUDGET_DEBUG").is_some() {
-            eprintln!("fdr-profiled: budget: {sample:?} {estimate:?}");
-        }
         let lines = change_lines(&changes, estimate.overhead, estimate.overhead_after);
         (changes, lines)
     }

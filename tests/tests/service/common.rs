@@ -24,16 +24,7 @@ pub fn one_target(
     window: &str,
     settings: &str,
 ) -> (ServiceStart, PathBuf) {
-    let output = scratch.join("out");
-    let start = ServiceStart::written(
-        scratch,
-        &format!(
-            "output = \"{}\"\n{settings}\n[[target]]\nname = \"{name}\"\nbinary = \"{}\"\nwindow = \"{window}\"\n",
-            output.display(),
-            bin.display()
-        ),
-    );
-    (start, output)
+    written_target(scratch, name, bin, window, settings, "")
 }
 
 /// [`one_target`] with no budget (`max_overhead = "none"`): every call of a flat-out run is
@@ -44,11 +35,23 @@ pub fn one_target_traced_whole(
     bin: &Path,
     window: &str,
 ) -> (ServiceStart, PathBuf) {
+    written_target(scratch, name, bin, window, "", "max_overhead = \"none\"\n")
+}
+
+/// The configuration of [`one_target`], `settings` before the target, `target_settings` in it.
+fn written_target(
+    scratch: &Path,
+    name: &str,
+    bin: &Path,
+    window: &str,
+    settings: &str,
+    target_settings: &str,
+) -> (ServiceStart, PathBuf) {
     let output = scratch.join("out");
     let start = ServiceStart::written(
         scratch,
         &format!(
-            "output = \"{}\"\n[[target]]\nname = \"{name}\"\nbinary = \"{}\"\nwindow = \"{window}\"\nmax_overhead = \"none\"\n",
+            "output = \"{}\"\n{settings}\n[[target]]\nname = \"{name}\"\nbinary = \"{}\"\nwindow = \"{window}\"\n{target_settings}",
             output.display(),
             bin.display()
         ),

@@ -75,14 +75,15 @@ impl Tracer {
 
     /// Places `probes` (some of a plan's, with the cookies the plan gave them) of `binary`
     /// as a set of their own, which [`Tracer::detach`] or [`Tracer::detach_later`] removes
-    /// again: the overhead budget's unit, one function's probes. Not in
-    /// [`Tracer::take_attachment`]'s set; nothing stays placed when it fails.
+    /// again: the overhead budget's unit, one function's probes. Returns how many probes were
+    /// placed, and the set. Not in [`Tracer::take_attachment`]'s set; nothing stays placed
+    /// when it fails.
     pub fn attach_probes(
         &mut self,
         binary: &Path,
         probes: &[Probe],
         scope: Scope,
-    ) -> Result<Attachment> {
+    ) -> Result<(usize, Attachment)> {
         let scope = UProbeScope::from(scope);
         let (sled_prog, return_prog) = self.sled_programs();
         let (sleds, returns) = split_probes(probes);
@@ -92,7 +93,7 @@ impl Tracer {
             .and_then(|()| self.place(sled_prog, &sleds, binary, scope));
         let set = std::mem::replace(&mut self.attachment, before);
         match placed {
-            Ok(()) => Ok(set),
+            Ok(()) => Ok((sleds.len() + returns.len(), set)),
             Err(err) => {
                 self.detach(set);
                 Err(err)
