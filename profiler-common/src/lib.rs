@@ -478,7 +478,11 @@ pub struct RepairState {
     /// The signal sent to stop the thread (one of [`STOP_SIGNALS`], or `SIGSTOP`): the tracer
     /// takes only that stop as the repair's, every other signal is the program's.
     pub signal: u32,
-    pub reserved: u32,
+    /// The thread's process (tgid): whose [`STOP_TIMES_MAP`] entries the stop's time goes to.
+    pub process: u32,
+    /// When the program stopped the thread (`bpf_ktime_get_ns`, `CLOCK_MONOTONIC`): the tracer
+    /// times the stop from here to the thread's resumption, the time it cost the program.
+    pub at_ns: u64,
     /// The stack pointer at the probe (at the throw, or at the catch): the slot of the probed
     /// function's own return address. The tracer reads the registers only after the probed
     /// instruction ran (a `push`, at the catch function: 8 bytes lower), so a frame that
@@ -490,6 +494,42 @@ pub struct RepairState {
     pub slots: [u64; MAX_REPAIR_FRAMES],
     /// Each instance's original return address.
     pub origs: [u64; MAX_REPAIR_FRAMES],
+    /// Each instance's probed function (the address its return probe was placed at): whose
+    /// frames made the thread stop, for the overhead budget.
+    pub funcs: [u64; MAX_REPAIR_FRAMES],
+}
+
+/// Name of the hash map of the time threads spent stopped for their repair, by process and
+/// hooked function ([`StopKey`] to [`StopTime`]): written by the repair keepers (each stop's
+/// time shared among the functions whose live frames were hooked), read by the overhead budget.
+pub const STOP_TIMES_MAP: &str = "STOP_TIMES";
+
+/// Name of the hash map of the functions ([`StopKey`] to 1) whose live frames the repair
+/// keepers leave unhooked at a catch (their original return address stays): functions the
+/// overhead budget dropped, whose frames hooked before would otherwise go on stopping every
+/// throw through them until they return (a removed return probe leaves its frames hooked).
+/// Written by the daemon, read by the keepers.
+pub const UNHOOK_MAP: &str = "UNHOOK";
+
+/// A key of [`STOP_TIMES_MAP`] and [`UNHOOK_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StopKey {
+    /// The process (tgid).
+    pub pid: u32,
+    pub reserved: u32,
+    /// The function's address in it (see [`RepairState::funcs`]).
+    pub func: u64,
+}
+
+/// A value of [`STOP_TIMES_MAP`]: since the process was traced.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StopTime {
+    /// Stops its frames had a share of.
+    pub stops: u64,
+    /// Its share of their time, in nanoseconds.
+    pub ns: u64,
 }
 
 /// The signals that may stop a thread for its repair, in order of preference: both are ignored
@@ -601,6 +641,7 @@ pub mod globals {
     pub const RI_STACK_OFFSET: &str = "CFG_RI_STACK_OFFSET";
     pub const RI_ORIG_OFFSET: &str = "CFG_RI_ORIG_OFFSET";
     pub const RI_NEXT_OFFSET: &str = "CFG_RI_NEXT_OFFSET";
+    pub const RI_FUNC_OFFSET: &str = "CFG_RI_FUNC_OFFSET";
     pub const BLOCKED_OFFSET: &str = "CFG_BLOCKED_OFFSET";
     pub const SIGHAND_OFFSET: &str = "CFG_SIGHAND_OFFSET";
     pub const SIGHAND_ACTION_OFFSET: &str = "CFG_SIGHAND_ACTION_OFFSET";

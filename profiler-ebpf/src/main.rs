@@ -49,8 +49,8 @@ use aya_log_ebpf::{error, warn};
 use core::ffi::c_void;
 use profiler_common::{
     ablate, counter, event_flags, event_kind, repair_state, ArgsEvent, Cookie, EventHeader,
-    EventPayload, RepairState, SledKind, ThreadState, MAX_ARGS, MAX_EVENT_BYTES, MAX_REPAIR_FRAMES,
-    MAX_RETURN_PROBE_DEPTH, STOP_SIGNALS, STUCK_BEYOND_RETURN_LIMIT,
+    EventPayload, RepairState, SledKind, StopKey, StopTime, ThreadState, MAX_ARGS, MAX_EVENT_BYTES,
+    MAX_REPAIR_FRAMES, MAX_RETURN_PROBE_DEPTH, STOP_SIGNALS, STUCK_BEYOND_RETURN_LIMIT,
 };
 use task_storage::TaskStorage;
 
@@ -142,6 +142,8 @@ static CFG_RI_ORIG_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static CFG_RI_NEXT_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
+static CFG_RI_FUNC_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
 static CFG_BLOCKED_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static CFG_SIGHAND_OFFSET: u32 = 0;
@@ -204,6 +206,16 @@ static STARTED: Queue<u64> = Queue::with_max_entries(1024, 0);
 /// throw, read and updated by the daemon, removed by the daemon after the catch).
 #[map(name = "REPAIRS")]
 static REPAIRS: HashMap<u32, RepairState> = HashMap::with_max_entries(1 << 14, 0);
+
+/// `--exits repair`: the time threads spent stopped for their repair, by process and hooked
+/// function; written by the repair keepers only (declared here for the daemon to create it).
+#[map(name = "STOP_TIMES")]
+static STOP_TIMES: HashMap<StopKey, StopTime> = HashMap::with_max_entries(1 << 16, 0);
+
+/// `--exits repair`: the functions whose live frames the repair keepers leave unhooked at a
+/// catch; written by the daemon only (declared here for it to create the map).
+#[map(name = "UNHOOK")]
+static UNHOOK: HashMap<StopKey, u8> = HashMap::with_max_entries(1 << 16, 0);
 
 /// Where a [`RepairState`] is assembled (it is larger than a program's stack).
 #[map(name = "REPAIR_SCRATCH")]
@@ -906,6 +918,8 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
                 if (*r).state == repair_state::RESTORED {
                     (*r).state = repair_state::CATCHING;
                     (*r).sp = stack_pointer(ctx.as_ptr());
+                    (*r).at_ns = bpf_ktime_get_ns();
+                    (*r).process = (bpf_get_current_pid_tgid() >> 32) as u32;
                     // The kernel's instances now, for the keeper to drop those of the frames
                     // the exception left when the kernel is at its limit.
                     copy_return_instances(task, &mut *r);
@@ -929,6 +943,9 @@ pub fn unwind_stop(ctx: ProbeContext) -> u32 {
     let r = unsafe { &mut *scratch };
     r.state = repair_state::THROWN;
     r.sp = stack_pointer(ctx.as_ptr());
+    // SAFETY: plain helper call.
+    r.at_ns = unsafe { bpf_ktime_get_ns() };
+    r.process = (bpf_get_current_pid_tgid() >> 32) as u32;
     let frames = copy_return_instances(task, r);
     if frames == 0 || !live_frame_hooked(r, frames) {
         return 0;
@@ -994,6 +1011,7 @@ fn copy_return_instances(task: *const u8, r: &mut RepairState) -> usize {
         let stack_at = u64::from(setting(&CFG_RI_STACK_OFFSET) & 0xffff);
         let orig_at = u64::from(setting(&CFG_RI_ORIG_OFFSET) & 0xffff);
         let next_at = u64::from(setting(&CFG_RI_NEXT_OFFSET) & 0xffff);
+        let func_at = u64::from(setting(&CFG_RI_FUNC_OFFSET) & 0xffff);
         let mut n = 0usize;
         for i in 0..MAX_REPAIR_FRAMES {
             if ri == 0 {
@@ -1008,6 +1026,7 @@ fn copy_return_instances(task: *const u8, r: &mut RepairState) -> usize {
             };
             r.slots[i] = stack;
             r.origs[i] = orig;
+            r.funcs[i] = bpf_probe_read_kernel((ri + func_at) as *const u64).unwrap_or(0);
             n = i + 1;
             ri = next;
         }
@@ -1052,6 +1071,7 @@ pub fn repair_release(ctx: *mut c_void) -> i32 {
     let r = unsafe { &mut *scratch };
     r.state = repair_state::RELEASE;
     r.signal = 0;
+    r.at_ns = 0;
     r.sp = 0;
     if copy_return_instances(task, r) > 0 {
         let _ = REPAIRS.insert(&tid, &*r, 0);

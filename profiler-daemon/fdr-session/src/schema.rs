@@ -256,6 +256,9 @@ pub struct RepairStats {
     pub catches: u64,
     /// Trampolines put back at catches.
     pub frames_hooked_again: u64,
+    /// Live frames left unhooked at catches: their functions were dropped by the overhead
+    /// budget (their returns are not observed; the session closes them when proven gone).
+    pub frames_left_unhooked: u64,
     /// Slots that did not hold what the kernel's books said (left alone).
     pub slots_left_alone: u64,
     /// Signals and stops meant for the program, passed on.
@@ -284,6 +287,7 @@ impl RepairStats {
         self.frames_restored += other.frames_restored;
         self.catches += other.catches;
         self.frames_hooked_again += other.frames_hooked_again;
+        self.frames_left_unhooked += other.frames_left_unhooked;
         self.slots_left_alone += other.slots_left_alone;
         self.signals_passed_on += other.signals_passed_on;
         self.frames_released += other.frames_released;

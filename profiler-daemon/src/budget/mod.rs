@@ -54,8 +54,19 @@ pub struct Sample {
     pub threads: u32,
     /// The CPU time they used (their own code and the probes' traps).
     pub cpu_ns: u64,
-    /// Time the threads spent stopped for the stack repair at throws through hooked frames
-    /// (the repair keeper's CPU time: the threads wait while it works).
+    /// Time the threads spent stopped for the stack repair that no budgeted function is
+    /// charged with (frames of functions outside the budget); the rest comes with each
+    /// function's [`Counts`].
+    pub stopped_ns: u64,
+}
+
+/// What the kernel and the repair keepers counted for one function so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Its calls (entries).
+    pub calls: u64,
+    /// Its share of the time threads spent stopped for the stack repair at throws through
+    /// its hooked frames (`profiler_common::STOP_TIMES_MAP`).
     pub stopped_ns: u64,
 }
 
@@ -89,25 +100,21 @@ pub struct Estimate {
 #[derive(Clone, Copy, Debug)]
 enum State {
     Traced,
-    /// Since `at_ns`; it made `calls_per_cpu_ns` calls per nanosecond of the threads'
-    /// CPU time then.
+    /// Since `at_ns`; it made `calls_per_cpu_ns` calls, and cost `ns_per_cpu_ns` (its
+    /// share of the repair's stops included), per nanosecond of the threads' CPU time then:
+    /// what it would cost again.
     Dropped {
         at_ns: u64,
         calls_per_cpu_ns: f64,
-        /// What one call cost then, its share of the repair's stops included: what a call
-        /// would cost again.
-        ns_per_call: f64,
+        ns_per_cpu_ns: f64,
     },
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Function {
     cost_ns: f64,
-    /// Its frames are hooked by a return probe: a throw through one stops the thread for the
-    /// repair ([`Sample::stopped_ns`] is shared among such functions by their calls).
-    hooks: bool,
-    /// Its count at the last look.
-    seen: u64,
+    /// Its counts at the last look.
+    seen: Counts,
     state: State,
 }
 
@@ -132,13 +139,12 @@ impl Controller {
         self.limit
     }
 
-    /// Adds a traced function whose calls cost `cost_ns` each, counted `count` so far, whose
-    /// frames are hooked by a return probe (`hooks`); returns its index.
-    pub fn add(&mut self, cost_ns: f64, count: u64, hooks: bool) -> usize {
+    /// Adds a traced function whose calls cost `cost_ns` each, counted `counts` so far;
+    /// returns its index.
+    pub fn add(&mut self, cost_ns: f64, counts: Counts) -> usize {
         self.functions.push(Function {
             cost_ns,
-            hooks,
-            seen: count,
+            seen: counts,
             state: State::Traced,
         });
         self.functions.len() - 1
@@ -176,7 +182,7 @@ impl Controller {
         }
     }
 
-    /// Takes one period's measurements (`count(i)`: function `i`'s count now) and, with
+    /// Takes one period's measurements (`count(i)`: function `i`'s counts now) and, with
     /// `decide`, decides: the hottest functions dropped while the overhead exceeds the limit,
     /// down to [`DROP_TO`] of it; else dropped ones re-admitted, cheapest first, while it
     /// would stay under [`READMIT_UNDER`] of it. The caller carries the changes out. Without
@@ -185,35 +191,29 @@ impl Controller {
     pub fn observe(
         &mut self,
         sample: &Sample,
-        count: impl Fn(usize) -> u64,
+        count: impl Fn(usize) -> Counts,
         decide: bool,
     ) -> (Estimate, Vec<Change>) {
         let seconds = sample.period_ns.max(1) as f64 / 1e9;
         let mut costs = Vec::new();
         let mut calls = 0u64;
-        let mut hooking_calls = 0u64;
+        // Costs no drop can remove: stops charged to no budgeted function, and those of
+        // dropped functions' frames still hooked (a removed return probe leaves the frames it
+        // hooked hooked until they return).
+        let mut fixed_ns = sample.stopped_ns as f64;
         for (i, f) in self.functions.iter_mut().enumerate() {
             let now = count(i);
-            let delta = now.saturating_sub(f.seen);
+            let delta = now.calls.saturating_sub(f.seen.calls);
+            let stopped = now.stopped_ns.saturating_sub(f.seen.stopped_ns);
             f.seen = now;
-            if matches!(f.state, State::Traced) && delta > 0 {
+            if !matches!(f.state, State::Traced) {
+                fixed_ns += stopped as f64;
+            } else if delta > 0 || stopped > 0 {
                 calls += delta;
-                if f.hooks {
-                    hooking_calls += delta;
-                }
-                costs.push((i, delta, delta as f64 * f.cost_ns));
+                costs.push((i, delta, delta as f64 * f.cost_ns + stopped as f64));
             }
         }
-        // The repair's stops, shared among the hooking functions by their calls: which frames
-        // a throw went through is not known here, and the most called are the likeliest.
-        let stopped = sample.stopped_ns as f64;
-        for (i, delta, ns) in &mut costs {
-            if self.functions[*i].hooks && hooking_calls > 0 {
-                *ns += stopped * *delta as f64 / hooking_calls as f64;
-            }
-        }
-        let probe_ns: f64 =
-            costs.iter().map(|c| c.2).sum::<f64>() + if hooking_calls == 0 { stopped } else { 0.0 };
+        let probe_ns: f64 = costs.iter().map(|c| c.2).sum::<f64>() + fixed_ns;
         let overhead = Self::overhead(sample, probe_ns);
         let mut estimate = Estimate {
             overhead,
@@ -231,18 +231,20 @@ impl Controller {
         }
         // No thread ran: nothing paid, nothing to drop; functions may come back (at no cost
         // now, predicted from no CPU time).
-        if overhead > self.limit && sample.threads > 0 {
+        // Costs no drop removes do not make other functions go: they are those of frames
+        // hooked before a drop (gone once they return, or are left unhooked at a catch).
+        if Self::overhead(sample, probe_ns - fixed_ns) > self.limit && sample.threads > 0 {
             costs.sort_by(|a, b| b.2.total_cmp(&a.2));
             let mut left = probe_ns;
             for (i, delta, ns) in costs {
-                if Self::overhead(sample, left) <= self.limit * DROP_TO {
+                if Self::overhead(sample, left - fixed_ns) <= self.limit * DROP_TO {
                     break;
                 }
                 left -= ns;
                 self.functions[i].state = State::Dropped {
                     at_ns: sample.now_ns,
                     calls_per_cpu_ns: delta as f64 / cpu_ns,
-                    ns_per_call: ns / delta as f64,
+                    ns_per_cpu_ns: ns / cpu_ns,
                 };
                 changes.push(Change {
                     function: i,
@@ -264,10 +266,9 @@ impl Controller {
                 State::Dropped {
                     at_ns,
                     calls_per_cpu_ns,
-                    ns_per_call,
+                    ns_per_cpu_ns,
                 } if sample.now_ns.saturating_sub(at_ns) >= HOLD_NS => {
-                    let calls = calls_per_cpu_ns * cpu_ns;
-                    Some((i, calls, calls * ns_per_call))
+                    Some((i, calls_per_cpu_ns * cpu_ns, ns_per_cpu_ns * cpu_ns))
                 }
                 _ => None,
             })

@@ -1,9 +1,10 @@
 //! The probes under a budget: each function's probes placed as a set of their own (see
 //! `Tracer::attach_probes`), its calls counted in a slot of the kernel's counters, so that
 //! [`BudgetedProbes::tick`] can remove the hottest and place them again later.
-use super::{Change, Controller, Estimate, Sample};
+use super::{Change, Controller, Counts, Estimate, Sample};
 use crate::kernel::bpf::{Attachment, Scope, Tracer};
 use crate::plan::{AttachPlan, Probe};
+use crate::traced::mappings::FileId;
 use anyhow::{bail, Result};
 use fdr_session::schema::{BudgetChange, BudgetReport, ProbeCosts, TrapCosts};
 use profiler_common::SledKind;
@@ -29,17 +30,31 @@ pub struct BudgetedProbes {
     costs: ProbeCosts,
     /// Functions placed without the budget (no slot left).
     unbudgeted: usize,
+    /// Each return-probed function by its file and entry's offset (where its return probe
+    /// is, which the kernel names a hooked frame by): the repair's stops are charged to it.
+    by_entry: std::collections::HashMap<(FileId, u64), usize>,
     /// Probes not of one function (event sleds), and unbudgeted functions' probes.
     rest: Vec<Attachment>,
     changes: Vec<BudgetChange>,
     started_ns: u64,
     peak: f64,
     last: Estimate,
-    /// Removals still under way (each on a thread of its own), and whether the last period
-    /// had one: no decision until a whole period without (see [`Controller::observe`]).
+    /// Removals still under way (each on a thread of its own), since when, and whether the
+    /// last period had one: no decision until a whole period without (see
+    /// [`Controller::observe`]), or [`REMOVAL_WAIT_NS`] at most.
     removing: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    removing_since_ns: Option<u64>,
     settling: bool,
 }
+
+/// How long at most the budget waits for removals to end before it decides again. Closing a
+/// `uprobe_multi` link takes its breakpoints out first, then waits for the kernel's
+/// return-probe grace period (`synchronize_srcu`), which on Linux 6.12+ lasts until every
+/// frame hooked before it returns or its lease expires; the lease timer (100 ms) starts again
+/// at each new hooked frame of the thread, so a busy thread with a long-lived hooked frame (a
+/// server's loop) holds every link's close for as long as it runs. The probes are gone long
+/// before: what is measured after this wait is what is traced.
+pub const REMOVAL_WAIT_NS: u64 = 3_000_000_000;
 
 impl BudgetedProbes {
     /// A budget of `limit` (a fraction), on a host where a probe hit costs `traps`.
@@ -52,12 +67,14 @@ impl BudgetedProbes {
                 ..ProbeCosts::default()
             },
             unbudgeted: 0,
+            by_entry: std::collections::HashMap::new(),
             rest: Vec::new(),
             changes: Vec::new(),
             started_ns,
             peak: 0.0,
             last: Estimate::default(),
             removing: std::sync::Arc::default(),
+            removing_since_ns: None,
             settling: false,
         }
     }
@@ -94,6 +111,7 @@ impl BudgetedProbes {
         crate::kernel::rlimit::reserve_open_files(2 * by_function.len() + 1)?;
         let mut placed = 0;
         let before = (self.functions.len(), self.unbudgeted);
+        let file = crate::traced::mappings::file_id(&plan.binary);
         for (function_id, mut probes) in by_function {
             let next = self.functions.len() + 1;
             if next >= slots as usize {
@@ -113,11 +131,28 @@ impl BudgetedProbes {
                 }
             };
             placed += n;
-            let hooks = probes.iter().any(|p| p.cookie.return_probed());
-            let exit = if hooks { "return" } else { "sleds" };
-            let count = counts_of(tracer, slot);
-            self.controller
-                .add(self.costs.per_call_ns(exit), count, hooks);
+            // Its return probe: at its entry (see `Tracer::attach_probes`).
+            let hooked_at = probes.iter().find(|p| {
+                p.cookie.return_probed()
+                    && SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry)
+            });
+            let exit = if hooked_at.is_some() {
+                "return"
+            } else {
+                "sleds"
+            };
+            if let (Some(file), Some(p)) = (file, hooked_at) {
+                self.by_entry
+                    .insert((file, p.file_offset), self.functions.len());
+            }
+            let calls = counts_of(tracer, slot);
+            self.controller.add(
+                self.costs.per_call_ns(exit),
+                Counts {
+                    calls,
+                    stopped_ns: 0,
+                },
+            );
             let (function_id, name) = id_of(function_id);
             self.functions.push(Function {
                 binary: plan.binary.clone(),
@@ -153,19 +188,44 @@ impl BudgetedProbes {
             }
         }
         self.controller.truncate(functions);
+        self.by_entry.retain(|_, i| *i < functions);
         self.unbudgeted = unbudgeted;
     }
 
+    /// Whether function `index` is dropped now.
+    pub fn is_dropped(&self, index: usize) -> bool {
+        self.controller.is_dropped(index)
+    }
+
+    /// The function whose return probe is at `offset` of `file`, if it is budgeted.
+    pub fn hooked_at(&self, file: FileId, offset: u64) -> Option<usize> {
+        self.by_entry.get(&(file, offset)).copied()
+    }
+
     /// One period's look: measures, decides, and carries the changes out (removals on a
-    /// thread of their own). Returns the estimate and the changes, described.
-    pub fn tick(&mut self, tracer: &mut Tracer, sample: &Sample) -> (Estimate, Vec<BudgetChange>) {
+    /// thread of their own). Returns the estimate and the changes, described. `stopped_ns`:
+    /// each function's share so far of the time threads were stopped for the repair.
+    pub fn tick(
+        &mut self,
+        tracer: &mut Tracer,
+        sample: &Sample,
+        stopped_ns: &[u64],
+    ) -> (Estimate, Vec<BudgetChange>) {
         let slots: Vec<u16> = self.functions.iter().map(|f| f.slot).collect();
-        let removing = self.removing.load(std::sync::atomic::Ordering::Acquire) > 0;
+        let under_way = self.removing.load(std::sync::atomic::Ordering::Acquire) > 0;
+        if !under_way {
+            self.removing_since_ns = None;
+        }
+        let removing = self
+            .removing_since_ns
+            .is_some_and(|since| sample.now_ns.saturating_sub(since) < REMOVAL_WAIT_NS);
         let decide = !removing && !self.settling;
         self.settling = removing;
-        let (estimate, changes) =
-            self.controller
-                .observe(sample, |i| counts_of(tracer, slots[i]), decide);
+        let counts = |i: usize| Counts {
+            calls: counts_of(tracer, slots[i]),
+            stopped_ns: stopped_ns.get(i).copied().unwrap_or(0),
+        };
+        let (estimate, changes) = self.controller.observe(sample, counts, decide);
         self.last = estimate;
         if estimate.overhead.is_finite() {
             self.peak = self.peak.max(estimate.overhead);
@@ -179,6 +239,7 @@ impl BudgetedProbes {
         }
         if !removed.is_empty() {
             remove_on_a_thread(tracer, removed, self.removing.clone());
+            self.removing_since_ns = Some(sample.now_ns);
             self.settling = true;
         }
         self.changes.extend(described.iter().cloned());

@@ -7,6 +7,7 @@ use super::probes::BudgetedProbes;
 use super::Sample;
 use crate::kernel::bpf::{Scope, Tracer};
 use fdr_session::schema::BudgetChange;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -29,19 +30,93 @@ pub struct Budgeting {
     pub probes: BudgetedProbes,
     traced: Traced,
     cpu: ThreadsCpu,
-    /// The repair keeper (`fdr-repair`), whose CPU time is the traced threads' time stopped
-    /// for repairs.
-    keeper: Option<(u32, ThreadsCpu)>,
+    stops: Stops,
     last: Option<(Instant, u64)>,
 }
 
+/// The time the traced threads spent stopped for the stack repair, as the repair keepers
+/// record it (`Tracer::stop_times`: by process and hooked function's address), charged to
+/// the budgeted functions.
+struct Seen {
+    ns: u64,
+    function: Option<usize>,
+    unhooked: bool,
+}
+
+#[derive(Default)]
+struct Stops {
+    /// By process and function address: the time seen at the last look, the budgeted
+    /// function it is (`None`: none, or not known), and whether its frames are left
+    /// unhooked (`Tracer::unhook`).
+    seen: HashMap<(u32, u64), Seen>,
+    /// Each budgeted function's share so far.
+    by_function: Vec<u64>,
+}
+
+impl Stops {
+    /// Takes the keepers' records of the processes `pids`; returns the time since the last
+    /// look that no budgeted function is charged with. The records of processes gone are
+    /// removed.
+    fn look(&mut self, tracer: &mut Tracer, pids: &[u32], probes: &BudgetedProbes) -> u64 {
+        let mut uncharged = 0;
+        let mut gone = Vec::new();
+        for (key, time) in tracer.stop_times() {
+            if !pids.contains(&key.pid) {
+                if !std::path::Path::new(&format!("/proc/{}", key.pid)).exists() {
+                    gone.push(key);
+                    self.seen.remove(&(key.pid, key.func));
+                }
+                continue;
+            }
+            let seen = self
+                .seen
+                .entry((key.pid, key.func))
+                .or_insert_with(|| Seen {
+                    ns: 0,
+                    function: crate::traced::mappings::file_offset_of(key.pid, key.func)
+                        .and_then(|(file, offset)| probes.hooked_at(file, offset)),
+                    unhooked: false,
+                });
+            let delta = time.ns.saturating_sub(seen.ns);
+            seen.ns = time.ns;
+            match seen.function {
+                Some(i) => {
+                    if self.by_function.len() <= i {
+                        self.by_function.resize(i + 1, 0);
+                    }
+                    self.by_function[i] += delta;
+                }
+                None => uncharged += delta,
+            }
+        }
+        if !gone.is_empty() {
+            tracer.forget_stop_times(&gone);
+        }
+        uncharged
+    }
+
+    /// Has the keepers leave the frames of the dropped functions unhooked at catches, and
+    /// hook those of re-admitted ones again: a dropped function's frames hooked before its
+    /// probes went would otherwise stop the thread at every throw until they return (a
+    /// server's loop: never).
+    fn unhook_dropped(&mut self, tracer: &mut Tracer, probes: &BudgetedProbes) {
+        for (&(pid, func), seen) in &mut self.seen {
+            let dropped = seen.function.is_some_and(|i| probes.is_dropped(i));
+            if dropped != seen.unhooked {
+                let key = profiler_common::StopKey {
+                    pid,
+                    reserved: 0,
+                    func,
+                };
+                tracer.unhook(key, dropped);
+                seen.unhooked = dropped;
+            }
+        }
+    }
+}
+
 impl Budgeting {
-    pub fn new(
-        probes: BudgetedProbes,
-        scope: Scope,
-        executable: PathBuf,
-        keeper: Option<u32>,
-    ) -> Budgeting {
+    pub fn new(probes: BudgetedProbes, scope: Scope, executable: PathBuf) -> Budgeting {
         let traced = match scope {
             Scope::Process(pid) => Traced::Process(pid.get()),
             Scope::AllProcesses => Traced::Running(executable),
@@ -50,7 +125,7 @@ impl Budgeting {
             probes,
             traced,
             cpu: ThreadsCpu::new(),
-            keeper: keeper.map(|pid| (pid, ThreadsCpu::new())),
+            stops: Stops::default(),
             last: None,
         }
     }
@@ -73,11 +148,7 @@ impl Budgeting {
                 .unwrap_or_default(),
         };
         let measured = self.cpu.sample(&pids);
-        let stopped_ns = self
-            .keeper
-            .as_mut()
-            .and_then(|(pid, cpu)| cpu.sample(&[*pid]))
-            .map_or(0, |(_, ns)| ns);
+        let stopped_ns = self.stops.look(tracer, &pids, &self.probes);
         let last = self.last.replace((now, now_ns));
         let (Some((threads, cpu_ns)), Some((_, last_ns))) = (measured, last) else {
             return (Vec::new(), Vec::new());
@@ -89,7 +160,8 @@ impl Budgeting {
             cpu_ns,
             stopped_ns,
         };
-        let (estimate, changes) = self.probes.tick(tracer, &sample);
+        let (estimate, changes) = self.probes.tick(tracer, &sample, &self.stops.by_function);
+        self.stops.unhook_dropped(tracer, &self.probes);
         let lines = change_lines(&changes, estimate.overhead, estimate.overhead_after);
         (changes, lines)
     }

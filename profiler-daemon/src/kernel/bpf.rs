@@ -20,6 +20,7 @@ use profiler_common::{
     FLOOR_RETURN_PROGRAM, FOLLOW_FORK_PROGRAM, PROCESS_START_PROGRAM, RETURN_PROGRAM, RINGS_MAP,
     SLED_PROGRAM, THREAD_BOOKS_PROGRAM, THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
 };
+pub use repair::RepairMaps;
 use std::num::NonZeroU32;
 
 /// The eBPF object built by `build.rs` from the `profiler-ebpf` crate (public for
@@ -200,6 +201,7 @@ impl Tracer {
             .override_global(globals::RI_STACK_OFFSET, &offsets.ri_stack, true)
             .override_global(globals::RI_ORIG_OFFSET, &offsets.ri_orig, true)
             .override_global(globals::RI_NEXT_OFFSET, &offsets.ri_next, true)
+            .override_global(globals::RI_FUNC_OFFSET, &offsets.ri_func, true)
             .override_global(globals::BLOCKED_OFFSET, &offsets.blocked, true)
             .override_global(globals::SIGHAND_OFFSET, &offsets.sighand, true)
             .override_global(
@@ -546,6 +548,18 @@ pub fn recording_program_ns(costs: &[ProgramCost]) -> (Option<f64>, Option<f64>)
 pub struct PodRepairState(pub RepairState);
 // SAFETY: RepairState is #[repr(C)] plain data without padding; any bit pattern is valid.
 unsafe impl aya::Pod for PodRepairState {}
+
+/// [`profiler_common::StopKey`] and [`profiler_common::StopTime`] as aya reads and writes them.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct PodStopKey(pub profiler_common::StopKey);
+// SAFETY: #[repr(C)] plain data without padding; any bit pattern is valid.
+unsafe impl aya::Pod for PodStopKey {}
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct PodStopTime(pub profiler_common::StopTime);
+// SAFETY: #[repr(C)] plain data without padding; any bit pattern is valid.
+unsafe impl aya::Pod for PodStopTime {}
 
 /// Errors from aya and the verifier can span many lines; our errors are one line.
 pub(super) fn one_line(err: &dyn std::error::Error) -> String {

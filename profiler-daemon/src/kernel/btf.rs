@@ -38,10 +38,11 @@ pub struct RepairOffsets {
     pub utask: u32,
     /// `uprobe_task.return_instances`.
     pub return_instances: u32,
-    /// `return_instance.stack`, `.orig_ret_vaddr`, `.next`.
+    /// `return_instance.stack`, `.orig_ret_vaddr`, `.next`, `.func`.
     pub ri_stack: u32,
     pub ri_orig: u32,
     pub ri_next: u32,
+    pub ri_func: u32,
     /// `task_struct.blocked`.
     pub blocked: u32,
     /// `task_struct.sighand`, `sighand_struct.action`, `sizeof(struct k_sigaction)`: the
@@ -67,6 +68,7 @@ pub fn repair_offsets() -> Result<RepairOffsets, String> {
         ri_stack: find("return_instance", "stack")?,
         ri_orig: find("return_instance", "orig_ret_vaddr")?,
         ri_next: find("return_instance", "next")?,
+        ri_func: find("return_instance", "func")?,
         blocked: find("task_struct", "blocked")?,
         sighand: find("task_struct", "sighand")?,
         sighand_action: find("sighand_struct", "action")?,
@@ -195,9 +197,9 @@ mod tests {
         let o = super::repair_offsets().expect("the repair offsets in the BTF");
         assert!(o.utask > 0 && o.blocked > 0, "{o:?}");
         // Three distinct fields of one small struct.
-        let mut ri = [o.ri_stack, o.ri_orig, o.ri_next];
+        let mut ri = [o.ri_stack, o.ri_orig, o.ri_next, o.ri_func];
         ri.sort_unstable();
-        assert!(ri[0] < ri[1] && ri[1] < ri[2] && ri[2] < 256, "{o:?}");
+        assert!(ri.windows(2).all(|w| w[0] < w[1]) && ri[3] < 256, "{o:?}");
         // x86-64: struct k_sigaction is a struct sigaction (handler, flags, restorer, mask),
         // 32 bytes; sighand_struct keeps its 64 actions after its count and lock.
         assert_eq!(o.k_sigaction_size, 32, "{o:?}");

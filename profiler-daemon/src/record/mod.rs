@@ -381,17 +381,10 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
             repaired,
             traps,
             budget: budget.map(|probes| {
-                let keeper = match &target {
-                    Target::Launch(_, keeper) | Target::Pid(_, _, keeper) => {
-                        keeper.as_ref().map(|k| k.pid())
-                    }
-                    Target::Attach => None,
-                };
                 crate::budget::watch::Budgeting::new(
                     probes,
                     scope,
                     planned.executable.path.clone().into(),
-                    keeper,
                 )
             }),
         };

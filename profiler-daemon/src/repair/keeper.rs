@@ -34,10 +34,9 @@ use super::ptrace::{
 };
 use super::release::{listen_for_release, Reports, LET_GO, RELEASE_POLL, RELEASE_SIGNAL};
 use super::repairer::Repairer;
-use crate::kernel::bpf::PodRepairState;
+use crate::kernel::bpf::RepairMaps;
 use crate::session::summary::RepairsByThread;
 use anyhow::{bail, Context as _, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData};
 use std::fs::File;
 use std::io::{BufRead as _, Write as _};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, RawFd};
@@ -115,7 +114,7 @@ impl Keeper {
     /// make fdr-profiled's holder let the process go, for the keeper to seize it.
     pub fn start(
         tracee: Tracee,
-        (repairs, repairs_fd): (BpfHashMap<MapData, u32, PodRepairState>, RawFd),
+        maps: RepairMaps,
         stops: &UnwindStops,
         let_go: impl FnOnce(),
     ) -> Result<Keeper> {
@@ -128,12 +127,8 @@ impl Keeper {
             _ => (None, None),
         };
         let mut keep: Vec<RawFd> = stops.links.clone();
-        keep.extend([
-            repairs_fd,
-            write_end.as_raw_fd(),
-            stops.program,
-            stops.release_program,
-        ]);
+        keep.extend(maps.fds);
+        keep.extend([write_end.as_raw_fd(), stops.program, stops.release_program]);
         keep.extend(go_read.as_ref().map(|r| r.as_raw_fd()));
         if let Tracee::Held(_, handover) = tracee {
             keep.push(handover);
@@ -149,14 +144,14 @@ impl Keeper {
             -1 => Err(std::io::Error::last_os_error()).context("--exits repair: fork"),
             0 => {
                 drop(go_write);
-                let code = keeper_main(tracee, parent, repairs, stops, write_end, go_read, &keep);
+                let code = keeper_main(tracee, parent, maps, stops, write_end, go_read, &keep);
                 // SAFETY: the keeper ends here, without running the parent's destructors.
                 unsafe { libc::_exit(code) }
             }
             pid => {
                 drop(write_end);
                 drop(go_read);
-                drop(repairs);
+                drop(maps);
                 let held = matches!(tracee, Tracee::Held(..));
                 let mut keeper = Keeper {
                     pid,
@@ -322,7 +317,7 @@ impl Keeper {
 fn keeper_main(
     tracee: Tracee,
     parent: libc::pid_t,
-    repairs: BpfHashMap<MapData, u32, PodRepairState>,
+    maps: RepairMaps,
     stops: &UnwindStops,
     mut reports: File,
     go: Option<File>,
@@ -383,7 +378,7 @@ fn keeper_main(
         resume_all(&stopped);
     }
     let mut reports = Reports(reports);
-    match Repairer::new(command, threads, repairs, stops).serve(running, &mut reports) {
+    match Repairer::new(command, threads, maps, stops).serve(running, &mut reports) {
         Ok(()) => 0,
         Err(err) => {
             errln!("fdr-profiled: repair keeper: {err:#}");

@@ -7,7 +7,7 @@ use super::ptrace::{
 };
 use super::release::{release_due, Reports, RELEASE_WAIT};
 use super::stops::UnwindStops;
-use crate::kernel::bpf::PodRepairState;
+use crate::kernel::bpf::{PodRepairState, PodStopKey, PodStopTime, RepairMaps};
 use crate::session::summary::RepairsByThread;
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -32,11 +32,16 @@ pub(super) struct Repairer<'a> {
     exited: bool,
     stops: &'a UnwindStops,
     repairs: BpfHashMap<MapData, u32, PodRepairState>,
+    /// Where each stop's time goes, shared among the functions whose frames caused it.
+    stop_times: BpfHashMap<MapData, PodStopKey, PodStopTime>,
+    /// The functions whose frames stay unhooked at a catch (dropped by the overhead budget).
+    unhook: BpfHashMap<MapData, PodStopKey, u8>,
     /// The kernel's return-probe trampoline in the command (its `[uprobes]` mapping, at the
     /// same address in a forked child), once known.
     trampoline: Option<u64>,
-    /// By thread: the slots restored at its last throws, with the address written.
-    restored: HashMap<u32, Vec<(u64, u64)>>,
+    /// By thread: the slots restored at its last throws, with the address written and the
+    /// frame's function (its process and address, see [`profiler_common::StopKey`]).
+    restored: HashMap<u32, Vec<(u64, u64, PodStopKey)>>,
     /// What the repairs did, by thread.
     stats: RepairsByThread,
 }
@@ -52,7 +57,7 @@ impl<'a> Repairer<'a> {
     pub(super) fn new(
         pid: u32,
         threads: Vec<u32>,
-        repairs: BpfHashMap<MapData, u32, PodRepairState>,
+        maps: RepairMaps,
         stops: &'a UnwindStops,
     ) -> Repairer<'a> {
         Repairer {
@@ -61,7 +66,9 @@ impl<'a> Repairer<'a> {
             children: HashMap::new(),
             exited: false,
             stops,
-            repairs,
+            repairs: maps.repairs,
+            stop_times: maps.stop_times,
+            unhook: maps.unhook,
             trampoline: None,
             restored: HashMap::new(),
             stats: RepairsByThread::new(),
@@ -377,13 +384,17 @@ impl<'a> Repairer<'a> {
         let started = Instant::now();
         // A signal for the program that came while the thread passed through the trampoline.
         let mut deliver = 0;
+        // The functions whose hooked frames made this stop needed.
+        let mut culprits = Vec::new();
         if let Some(state) = state {
             if state.state == repair_state::THROWN {
                 self.throw(tid, &state);
+                culprits = self.culprits(tid);
                 let mut done = state;
                 done.state = repair_state::RESTORED;
                 let _ = self.repairs.insert(tid, PodRepairState(done), 0);
             } else {
+                culprits = self.culprits(tid);
                 self.catch(tid, &state);
                 deliver = self.drop_dead_instances(tid, &state);
                 let _ = self.repairs.remove(&tid);
@@ -394,7 +405,57 @@ impl<'a> Repairer<'a> {
         stats.repair_ns_total += took;
         stats.repair_ns_max = stats.repair_ns_max.max(took);
         request(libc::PTRACE_CONT, tid, deliver);
+        if let Some(state) = state {
+            self.account_stop(&state, culprits);
+        }
         true
+    }
+
+    /// The functions of the frames restored at the thread's last throw (those still hooked
+    /// then, alive): a throw stops only for them, and its catch only because they were.
+    fn culprits(&self, tid: u32) -> Vec<u64> {
+        let mut funcs: Vec<u64> = self
+            .restored
+            .get(&tid)
+            .into_iter()
+            .flatten()
+            .map(|(.., function)| function.0.func)
+            .filter(|&func| func != 0)
+            .collect();
+        funcs.sort_unstable();
+        funcs.dedup();
+        funcs
+    }
+
+    /// The time the stop of `state` cost its thread (from the program's stop to its
+    /// resumption), shared in [`profiler_common::STOP_TIMES_MAP`] among `culprits`: without
+    /// every one of them hooked there would have been no stop (see `unwind_stop`), so the
+    /// overhead budget charges it to them.
+    fn account_stop(&mut self, state: &profiler_common::RepairState, mut culprits: Vec<u64>) {
+        let now = crate::session::monotonic_ns();
+        if state.at_ns == 0 || state.at_ns > now {
+            return;
+        }
+        if culprits.is_empty() {
+            // Unknown functions: the time is still the program's, charged to none (key 0).
+            culprits.push(0);
+        }
+        let share = (now - state.at_ns) / culprits.len() as u64;
+        for func in culprits {
+            let key = PodStopKey(profiler_common::StopKey {
+                pid: state.process,
+                reserved: 0,
+                func,
+            });
+            let mut time = self
+                .stop_times
+                .get(&key, 0)
+                .map_or_else(|_| Default::default(), |t| t.0);
+            time.stops += 1;
+            time.ns += share;
+            // A full table: this stop goes unaccounted (the budget under-estimates; no more).
+            let _ = self.stop_times.insert(key, PodStopTime(time), 0);
+        }
     }
 
     /// At a catch: when the kernel holds as many return-probe instances for the thread as it
@@ -487,17 +548,22 @@ impl<'a> Repairer<'a> {
         };
         let restored = self.restored.entry(tid).or_default();
         // Frames restored at an earlier throw that were never caught, and are gone now.
-        restored.retain(|&(slot, _)| slot > sp);
+        restored.retain(|&(slot, ..)| slot > sp);
         let frames = (state.frames as usize).min(state.slots.len());
         for i in 0..frames {
             let (slot, orig) = (state.slots[i], state.origs[i]);
-            if slot <= sp || restored.iter().any(|&(s, _)| s == slot) {
+            if slot <= sp || restored.iter().any(|&(s, ..)| s == slot) {
                 continue;
             }
             match read_word(tid, slot) {
                 Some(word) if word == trampoline => {
                     if write_word(tid, slot, orig) {
-                        restored.push((slot, orig));
+                        let function = PodStopKey(profiler_common::StopKey {
+                            pid: state.process,
+                            reserved: 0,
+                            func: state.funcs[i],
+                        });
+                        restored.push((slot, orig, function));
                         stats.frames_restored += 1;
                     } else {
                         stats.slots_left_alone += 1;
@@ -517,9 +583,15 @@ impl<'a> Repairer<'a> {
         let (Some(sp), Some(trampoline)) = (sp, trampoline) else {
             return;
         };
-        for (slot, orig) in restored {
+        for (slot, orig, function) in restored {
             if slot <= sp {
                 // Unwound: the kernel drops its instance as dead.
+                continue;
+            }
+            if self.unhook.get(&function, 0).is_ok() {
+                // Its function is no longer traced: the frame returns straight to its caller,
+                // and the kernel drops the instance as dead after (as for a frame unwound).
+                stats.frames_left_unhooked += 1;
                 continue;
             }
             match read_word(tid, slot) {

@@ -348,7 +348,7 @@ fn attach_binary(
         !repairs && config.exits == ExitMode::Auto && policy == ExitPolicy::All(Exits::Return),
     );
     let budget = budget.map(|probes| {
-        crate::budget::watch::Budgeting::new(probes, Scope::AllProcesses, plan.binary.clone(), None)
+        crate::budget::watch::Budgeting::new(probes, Scope::AllProcesses, plan.binary.clone())
     });
     Ok(Some(Watched {
         repaired,

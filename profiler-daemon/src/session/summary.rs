@@ -520,8 +520,16 @@ pub fn repair_line(stats: &RepairStats) -> String {
     } else {
         String::new()
     };
+    let unhooked = if stats.frames_left_unhooked > 0 {
+        format!(
+            ", {} of functions the budget dropped left unhooked",
+            stats.frames_left_unhooked
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again), {} slots left alone; stopped {:.3} ms for repairs, worst {:.1} us; {} signals passed on{}{}{passes}",
+        "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again{unhooked}), {} slots left alone; stopped {:.3} ms for repairs, worst {:.1} us; {} signals passed on{}{}{passes}",
         stats.throws,
         stats.frames_restored,
         stats.catches,

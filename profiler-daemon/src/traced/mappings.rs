@@ -161,6 +161,20 @@ pub fn file_id(path: &std::path::Path) -> Option<FileId> {
     Some((meta.dev(), meta.ino()))
 }
 
+/// Which file `address` of process `pid` is mapped from, and at what offset in it: the file
+/// (device and inode) and the offset. `None` when it is not in a file's mapping (or the
+/// process is gone).
+pub fn file_offset_of(pid: u32, address: u64) -> Option<(FileId, u64)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let line = maps
+        .lines()
+        .filter_map(parse_line)
+        .find(|l| l.start <= address && address < l.end)?;
+    let link = format!("/proc/{pid}/map_files/{:x}-{:x}", line.start, line.end);
+    let id = file_id(std::path::Path::new(&link))?;
+    Some((id, address - line.start + line.offset))
+}
+
 /// Device and inode of `/proc/PID/exe`: which mapped object is the executable.
 pub fn executable_id(pid: u32) -> Option<FileId> {
     file_id(std::path::Path::new(&format!("/proc/{pid}/exe")))
@@ -218,6 +232,21 @@ mod tests {
         assert_eq!(lines[4].offset, 0x2000);
         assert_eq!(parse_line("garbage"), None);
         assert_eq!(parse_line("1-0 r-xp 0 fd:01 5 /x"), None);
+    }
+
+    #[test]
+    fn an_address_of_our_code_is_in_our_executable_at_its_file_offset() {
+        let me = std::process::id();
+        let address = parses_file_mappings_only as fn() as usize as u64;
+        let (id, offset) = file_offset_of(me, address).expect("our own code is file-mapped");
+        assert_eq!(Some(id), executable_id(me));
+        // The same bytes in the file at that offset as in memory.
+        let file = std::fs::read("/proc/self/exe").expect("read our executable");
+        let at = usize::try_from(offset).expect("offset");
+        // SAFETY: 16 bytes of our own mapped code.
+        let memory = unsafe { std::slice::from_raw_parts(address as *const u8, 16) };
+        assert_eq!(&file[at..at + 16], memory);
+        assert_eq!(file_offset_of(me, 8), None);
     }
 
     #[test]

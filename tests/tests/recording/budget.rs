@@ -186,3 +186,56 @@ fn a_server_by_pid_keeps_its_requests_under_a_budget() {
         .unwrap();
     assert!(last <= served + 1, "request {last} traced, {served} served");
 }
+
+/// A launched C++ server (the defaults: return probes, the stack repaired at each throw) under
+/// 50%: every throw through a hooked frame stops the thread for its repair, and the keeper
+/// times each stop and charges it to the functions whose frames it restored. `main`, called
+/// once, hooked for the whole run, is charged its share of every stop and dropped for it
+/// (at no call a second); its frame, hooked before the drop, is left unhooked at the next
+/// catch, so throws no longer stop the thread: most of the program's exceptions are thrown
+/// without a stop, and it ends as it would untraced.
+#[test]
+fn a_launched_server_drops_a_long_lived_frame_for_its_stops_and_unhooks_it() {
+    let run = launch(
+        "budget-stops",
+        &tests::fixtures::workloads::deep_server_fixture(),
+        &["--max-overhead", "50%"],
+        &["5", "100", "50", "8"],
+        TIMEOUT,
+    );
+    let stderr = &run.done.stderr;
+    let session = &run.session.json;
+    let budget = &session["budget"];
+    let changes = budget["changes"].as_array().unwrap();
+    let main = changes
+        .iter()
+        .find(|c| c["function"] == "main")
+        .unwrap_or_else(|| panic!("main was not dropped: {budget}\n{stderr}"));
+    assert_eq!(main["action"], "dropped", "{main}");
+    assert!(main["calls_per_second"].as_f64().unwrap() < 1.0, "{main}");
+    assert!(main["overhead_percent"].as_f64().unwrap() > 1.0, "{main}");
+    let repair = &session["repair"];
+    assert!(
+        repair["frames_left_unhooked"].as_u64().unwrap() >= 1,
+        "{repair}"
+    );
+    // The program's own count of what it did: it ended normally.
+    let (rounds, caught): (u64, u64) = run
+        .done
+        .stdout
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("deep_server: rounds=")?;
+            let (r, c) = rest.split_once(" caught=")?;
+            Some((r.parse().ok()?, c.trim().parse().ok()?))
+        })
+        .unwrap_or_else(|| panic!("no rounds line:\n{}", run.done.stdout));
+    assert_eq!(caught, rounds / 5, "every fifth request throws");
+    let stops = repair["throws"].as_u64().unwrap();
+    assert!(
+        stops * 2 < caught,
+        "{stops} throws stopped the thread of {caught}: {repair}\n{stderr}"
+    );
+    // The files load, every call in them complete or closed and counted.
+    tests::trace::check_trace_dir(&run.out, &run.bin);
+}

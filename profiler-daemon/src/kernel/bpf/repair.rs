@@ -1,13 +1,13 @@
 //! What `--exits repair` and `--follow-forks` ask of the loaded programs: the unwind stops,
 //! the per-thread repair state, the program that lets a process go, the processes followed.
-use super::{one_line, ExecReports, PodRepairState, Scope, Tracer};
+use super::{one_line, ExecReports, PodRepairState, PodStopKey, PodStopTime, Scope, Tracer};
 use crate::plan::Probe;
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::programs::uprobe::UProbeScope;
 use profiler_common::{
     Cookie, ENTERED_MAP, EXECS_MAP, EXEC_WATCHED_MAP, FOLLOWED_MAP, PROCESS_EXEC_PROGRAM,
-    REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, UNWIND_STOP_PROGRAM,
+    REPAIRS_MAP, REPAIR_RELEASE_PROGRAM, STOP_TIMES_MAP, UNHOOK_MAP, UNWIND_STOP_PROGRAM,
 };
 use std::path::Path;
 
@@ -91,29 +91,101 @@ impl Tracer {
         Ok(probe.cookie.encode())
     }
 
-    /// `--exits repair`: the table of stopped threads' [`RepairState`], for a repair keeper
-    /// (each keeper gets its own handle on the one table), and its file descriptor.
-    pub fn take_repairs(
-        &mut self,
-    ) -> Result<(BpfHashMap<MapData, u32, PodRepairState>, std::os::fd::RawFd)> {
+    /// `--exits repair`: the maps a repair keeper writes (each keeper gets handles of its own
+    /// on the one table of each).
+    pub fn take_repairs(&mut self) -> Result<RepairMaps> {
+        let (repairs, repairs_fd) = self.own_handle(REPAIRS_MAP)?;
+        let (stop_times, stop_times_fd) = self.own_handle(STOP_TIMES_MAP)?;
+        let (unhook, unhook_fd) = self.own_handle(UNHOOK_MAP)?;
+        Ok(RepairMaps {
+            repairs: BpfHashMap::try_from(repairs)?,
+            stop_times: BpfHashMap::try_from(stop_times)?,
+            unhook: BpfHashMap::try_from(unhook)?,
+            fds: [repairs_fd, stop_times_fd, unhook_fd],
+        })
+    }
+
+    /// A handle of its own on the hash map `name`, and its descriptor.
+    fn own_handle(&self, name: &str) -> Result<(aya::maps::Map, std::os::fd::RawFd)> {
         use std::os::fd::{AsFd as _, AsRawFd as _};
         let map = self
             .ebpf
-            .map(REPAIRS_MAP)
-            .context("the eBPF object has no repairs map")?;
+            .map(name)
+            .with_context(|| format!("the eBPF object has no {name} map"))?;
         let aya::maps::Map::HashMap(data) = map else {
-            bail!("the repairs map is not a hash map");
+            bail!("the {name} map is not a hash map");
         };
         let fd = data
             .fd()
             .as_fd()
             .try_clone_to_owned()
-            .context("duplicating the repairs map's descriptor")?;
+            .with_context(|| format!("duplicating the {name} map's descriptor"))?;
         let data = MapData::from_fd(fd)?;
         let raw = data.fd().as_fd().as_raw_fd();
-        Ok((BpfHashMap::try_from(aya::maps::Map::HashMap(data))?, raw))
+        Ok((aya::maps::Map::HashMap(data), raw))
     }
 
+    /// `--exits repair`: the time the traced threads spent stopped for their repair so far,
+    /// by process and hooked function (what the keepers wrote; see
+    /// [`profiler_common::STOP_TIMES_MAP`]). Empty when the programs have no such map.
+    pub fn stop_times(&self) -> Vec<(profiler_common::StopKey, profiler_common::StopTime)> {
+        let Some(map) = self.ebpf.map(STOP_TIMES_MAP) else {
+            return Vec::new();
+        };
+        let Ok(map) = BpfHashMap::<_, PodStopKey, PodStopTime>::try_from(map) else {
+            return Vec::new();
+        };
+        map.iter()
+            .filter_map(|entry| entry.ok())
+            .map(|(k, v)| (k.0, v.0))
+            .collect()
+    }
+
+    /// Forgets these stop times and unhook marks (of processes gone).
+    pub fn forget_stop_times(&mut self, keys: &[profiler_common::StopKey]) {
+        if let Some(Ok(mut map)) = self
+            .ebpf
+            .map_mut(STOP_TIMES_MAP)
+            .map(BpfHashMap::<_, PodStopKey, PodStopTime>::try_from)
+        {
+            for key in keys {
+                let _ = map.remove(&PodStopKey(*key));
+            }
+        }
+        for key in keys {
+            self.unhook(*key, false);
+        }
+    }
+
+    /// Has the repair keepers leave the frames of `key`'s function unhooked at catches
+    /// (`unhook`), or hook them again as before (see [`profiler_common::UNHOOK_MAP`]).
+    pub fn unhook(&mut self, key: profiler_common::StopKey, unhook: bool) {
+        let Some(Ok(mut map)) = self
+            .ebpf
+            .map_mut(UNHOOK_MAP)
+            .map(BpfHashMap::<_, PodStopKey, u8>::try_from)
+        else {
+            return;
+        };
+        let _ = if unhook {
+            map.insert(PodStopKey(key), 1, 0)
+        } else {
+            map.remove(&PodStopKey(key))
+        };
+    }
+}
+
+/// The maps a repair keeper uses: the stopped threads' [`RepairState`], the time their stops
+/// took ([`profiler_common::STOP_TIMES_MAP`]), the functions whose frames it leaves unhooked
+/// ([`profiler_common::UNHOOK_MAP`]); their descriptors, for the keeper to keep.
+pub struct RepairMaps {
+    pub repairs: BpfHashMap<MapData, u32, PodRepairState>,
+    pub stop_times: BpfHashMap<MapData, PodStopKey, PodStopTime>,
+    pub unhook: BpfHashMap<MapData, PodStopKey, u8>,
+    pub fds: [std::os::fd::RawFd; 3],
+}
+
+impl Tracer {
     /// `--exits repair`: the `repair_release` task iterator program (loaded at the first
     /// call), for the repair keeper to run over the threads of each process it lets go (see
     /// `kernel::task_iter` and `profiler_common::repair_state::RELEASE`).
