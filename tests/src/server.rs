@@ -144,3 +144,16 @@ pub fn wait_untraced(pid: u32, gone: &str) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `deep_server`'s own count at its end (`deep_server: rounds=N caught=M`): the requests it
+/// served and the exceptions it caught. Panics when it did not say (it did not end normally).
+pub fn deep_server_rounds(stdout: &str) -> (u64, u64) {
+    stdout
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("deep_server: rounds=")?;
+            let (r, c) = rest.split_once(" caught=")?;
+            Some((r.parse().ok()?, c.trim().parse().ok()?))
+        })
+        .unwrap_or_else(|| panic!("no rounds line:\n{stdout}"))
+}

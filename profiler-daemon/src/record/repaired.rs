@@ -1,6 +1,7 @@
 //! `--attach BIN --exits repair` in a recording: every process running the executable, traced
 //! as [`crate::repair::processes`] says, with the session told what happened to each (the
 //! objects, the repairs, the processes that could not be traced).
+use crate::budget::probes::BudgetedProbes;
 use crate::kernel::bpf::{KernelBooks, Tracer};
 use crate::plan::exits::ExitPolicy;
 use crate::plan::AttachPlan;
@@ -26,6 +27,7 @@ impl AttachRepair {
         executable: &Path,
         plans: Vec<AttachPlan>,
         policy: ExitPolicy,
+        mut budget: Option<&mut BudgetedProbes>,
     ) -> Result<AttachRepair> {
         let plans = plans
             .into_iter()
@@ -33,8 +35,17 @@ impl AttachRepair {
                 crate::plan::exits::decide(&mut plan, policy);
                 plan
             })
-            .collect();
-        let processes = RepairedProcesses::new(tracer, executable, plans, 0)?;
+            .collect::<Vec<AttachPlan>>();
+        let names: Vec<_> = plans.iter().map(|p| p.names.clone()).collect();
+        let id_of = move |id: u32| {
+            let name = names
+                .iter()
+                .map(|n| n.name(id))
+                .find(|n| !n.starts_with('#'))
+                .unwrap_or_else(|| format!("#{id}"));
+            (id, name)
+        };
+        let processes = RepairedProcesses::new(tracer, executable, plans, 0, Box::new(id_of))?;
         if let Some(why) = processes.hold_error() {
             errln!("fdr-profiled: warning: repair: the processes that start running {} will be traced from their entry point, their first calls not recorded: {why}", executable.display());
         }
@@ -43,23 +54,31 @@ impl AttachRepair {
             objects_added: false,
         };
         for pid in this.processes.running() {
-            this.trace(pid, tracer, session, Found::Running);
+            this.trace(pid, tracer, session, Found::Running, budget.as_deref_mut());
         }
         Ok(this)
     }
 
     /// Traces the processes that started since the last call, and removes the probes of those
     /// that exited (adding what their keeper repaired to the session).
-    pub fn poll(&mut self, tracer: &mut Tracer, session: &mut Session) {
+    pub fn poll(
+        &mut self,
+        tracer: &mut Tracer,
+        session: &mut Session,
+        mut budget: Option<&mut BudgetedProbes>,
+    ) {
         let started: Vec<u32> = tracer
             .started_processes()
             .into_iter()
             .map(|(_, pid)| pid)
             .collect();
-        for (pid, traced) in self.processes.trace_started(&started, tracer) {
+        for (pid, traced) in self
+            .processes
+            .trace_started(&started, tracer, budget.as_deref_mut())
+        {
             self.said(pid, traced, session);
         }
-        for (pid, report) in self.processes.ended(tracer) {
+        for (pid, report) in self.processes.ended(tracer, budget) {
             match report {
                 Ok(report) => {
                     match &report.let_go {
@@ -78,8 +97,15 @@ impl AttachRepair {
         }
     }
 
-    fn trace(&mut self, pid: u32, tracer: &mut Tracer, session: &mut Session, found: Found) {
-        let traced = self.processes.trace(pid, tracer, found);
+    fn trace(
+        &mut self,
+        pid: u32,
+        tracer: &mut Tracer,
+        session: &mut Session,
+        found: Found,
+        budget: Option<&mut BudgetedProbes>,
+    ) {
+        let traced = self.processes.trace(pid, tracer, found, budget);
         self.said(pid, traced, session);
     }
 
@@ -151,11 +177,17 @@ impl AttachRepair {
     /// At the end of the session (recording disarmed): removes every process's probes, has each
     /// keeper let its process go, and says which processes were and were not traced. `unseen`:
     /// processes the start queue had no room for.
-    pub fn finish(mut self, tracer: &mut Tracer, session: &mut Session, unseen: u64) {
+    pub fn finish(
+        mut self,
+        tracer: &mut Tracer,
+        session: &mut Session,
+        unseen: u64,
+        budget: Option<&mut BudgetedProbes>,
+    ) {
         if !self.objects_added {
             self.add_objects(session, 0);
         }
-        for (pid, ended) in self.processes.finish(tracer) {
+        for (pid, ended) in self.processes.finish(tracer, budget) {
             match ended {
                 Ended::Report(Ok(report)) => session.add_repairs(report.repairs),
                 Ended::Report(Err(err)) => errln!("fdr-profiled: warning: {err:#}"),

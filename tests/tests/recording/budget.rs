@@ -220,16 +220,7 @@ fn a_launched_server_drops_a_long_lived_frame_for_its_stops_and_unhooks_it() {
         "{repair}"
     );
     // The program's own count of what it did: it ended normally.
-    let (rounds, caught): (u64, u64) = run
-        .done
-        .stdout
-        .lines()
-        .find_map(|l| {
-            let rest = l.strip_prefix("deep_server: rounds=")?;
-            let (r, c) = rest.split_once(" caught=")?;
-            Some((r.parse().ok()?, c.trim().parse().ok()?))
-        })
-        .unwrap_or_else(|| panic!("no rounds line:\n{}", run.done.stdout));
+    let (rounds, caught) = tests::server::deep_server_rounds(&run.done.stdout);
     assert_eq!(caught, rounds / 5, "every fifth request throws");
     let stops = repair["throws"].as_u64().unwrap();
     assert!(
@@ -238,4 +229,56 @@ fn a_launched_server_drops_a_long_lived_frame_for_its_stops_and_unhooks_it() {
     );
     // The files load, every call in them complete or closed and counted.
     tests::trace::check_trace_dir(&run.out, &run.bin);
+}
+
+/// `--attach` on a C++ server (`--exits repair` by `auto`: each process probed on its own,
+/// with a keeper of its own) under 20%: the hot functions' probes are removed from the
+/// running server's process; a server started after the drops is traced without them (fewer
+/// probes); both end normally, every exception caught; the files load.
+#[test]
+fn attach_budgets_each_repaired_process() {
+    let scratch = tests::tools::scratch_dir("budget-attach");
+    let bin = tests::fixtures::private_copy(
+        &tests::fixtures::workloads::deep_server_fixture(),
+        scratch.path(),
+    );
+    let first = tests::run::spawn_fixture("deep_server", &bin, &["5", "100", "50", "60"]);
+    let out = scratch.path().join("out");
+    let mut tracer =
+        tests::run::start_attach(&bin, &out, &["--max-overhead", "20%", "--no-report"]);
+    let traced = |pid: u32| {
+        move |l: &str| l.starts_with(&format!("fdr-profiled: repair: process {pid} traced"))
+    };
+    let probes_of = |line: &str| -> u64 {
+        line.split(", ")
+            .find_map(|part| part.split_once(" probes (its tracer")?.0.parse().ok())
+            .unwrap_or_else(|| panic!("no probe count in {line:?}"))
+    };
+    let line =
+        tracer.wait_for_stderr_match("the running server traced", TIMEOUT, traced(first.pid()));
+    let all = probes_of(&line);
+    tracer.wait_for_stderr_match("a drop", TIMEOUT, |l| {
+        l.starts_with("fdr-profiled: budget: dropped") && l.contains("ds_leaf")
+    });
+    let second = tests::run::spawn_fixture("deep_server", &bin, &["5", "100", "50", "2"]);
+    let line = tracer.wait_for_stderr_match("the new server traced", TIMEOUT, traced(second.pid()));
+    assert!(probes_of(&line) < all, "{line} (the first: {all} probes)");
+    let second = second.finish(TIMEOUT);
+    let done = tests::run::interrupt_and_finish(tracer, TIMEOUT);
+    tests::run::assert_success("fdr-profiled --attach --max-overhead", &done);
+    first.signal(libc::SIGTERM);
+    let first = first.finish(TIMEOUT);
+    for server in [&first, &second] {
+        tests::run::assert_success("deep_server", server);
+        let (rounds, caught) = tests::server::deep_server_rounds(&server.stdout);
+        assert_eq!(caught, rounds / 5, "{}", server.stdout);
+    }
+    let trace = tests::trace::check_trace_dir(&out, &bin);
+    let budget = &trace.session.json["budget"];
+    assert!(
+        budget["changes"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["function"] == "ds_leaf")),
+        "{budget}"
+    );
 }

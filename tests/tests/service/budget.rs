@@ -128,3 +128,106 @@ fn the_default_budget_drops_and_readmits_as_the_load_changes() {
     );
     assert!(changes[0]["calls_per_second"].as_f64().unwrap() > 10_000.0);
 }
+
+/// The program's own count at its end (`deep_server: rounds=N caught=M`): it ended normally,
+/// every fifth request's exception caught.
+fn deep_server_ended_well(done: &tests::run::Finished) -> u64 {
+    tests::run::assert_success("deep_server", done);
+    let (rounds, caught) = tests::server::deep_server_rounds(&done.stdout);
+    assert_eq!(caught, rounds / 5, "{}", done.stdout);
+    rounds
+}
+
+/// The probes a repaired process got, from the service's line saying it is traced.
+fn probes_of(line: &str) -> u64 {
+    line.split(", ")
+        .find_map(|part| part.split_once(" probes (its tracer")?.0.parse().ok())
+        .unwrap_or_else(|| panic!("no probe count in {line:?}"))
+}
+
+/// A C++ target, its stack repaired (`exits = "auto"`: each process probed on its own), under
+/// the default 2%: a server serving flat out when the service starts gets its hottest functions
+/// dropped, their probes removed from its process; a server started afterwards is traced
+/// without them (fewer probes); both serve and end as untraced, every exception caught, and
+/// the status and a snapshot (loaded by llvm-xray) say what the budget did.
+#[test]
+fn a_repaired_cpp_target_is_budgeted_in_each_process() {
+    let scratch = tests::scratch_dir("service-budget-repair");
+    let bin = private_copy(
+        &tests::fixtures::workloads::deep_server_fixture(),
+        scratch.path(),
+    );
+    let first = tests::run::spawn_fixture("deep_server", &bin, &["5", "100", "50", "60"]);
+    let deadline = Instant::now() + TIMEOUT;
+    while !first.output_so_far().0.contains("deep_server: second=1 ") {
+        assert!(Instant::now() < deadline, "the server did not serve");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (start, _output) = one_target(scratch.path(), "cpp", &bin, "1s", "");
+    let mut service = start.start();
+    let socket = start.socket_path().to_path_buf();
+    let traced = |pid: u32| {
+        move |l: &str| l.contains(&format!("process {pid} traced with its stack repaired"))
+    };
+    let line =
+        service.wait_for_stderr_match("the running server traced", TIMEOUT, traced(first.pid()));
+    let all = probes_of(&line);
+    service.wait_for_stderr_match("a drop", TIMEOUT, |l| {
+        l.contains("budget: dropped") && l.contains("ds_leaf")
+    });
+    let status = || -> serde_json::Value {
+        let out = run_output(
+            Command::new(tests::fdr_profiled())
+                .args(["status", "--json", "--socket"])
+                .arg(&socket),
+        );
+        assert!(out.status.success());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let json = status();
+    let budget = &json["targets"][0]["binaries"][0]["budget"];
+    assert_eq!(budget["max_overhead_percent"].as_f64(), Some(2.0), "{json}");
+    let dropped: Vec<&str> = budget["dropped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert!(dropped.contains(&"ds_leaf"), "{json}");
+    // A server started now gets the functions traced now, not the dropped ones.
+    let second = tests::run::spawn_fixture("deep_server", &bin, &["5", "100", "50", "3"]);
+    let line =
+        service.wait_for_stderr_match("the new server traced", TIMEOUT, traced(second.pid()));
+    let fewer = probes_of(&line);
+    assert!(
+        fewer < all,
+        "{fewer} probes after the drops, {all} before:\n{line}"
+    );
+    let rounds = deep_server_ended_well(&second.finish(TIMEOUT));
+    assert!(rounds > 0);
+    let snapshot = run_output(
+        Command::new(tests::fdr_profiled())
+            .args(["snapshot", "cpp", "--socket"])
+            .arg(&socket),
+    );
+    assert!(snapshot.status.success(), "{snapshot:?}");
+    let dir = std::path::PathBuf::from(
+        String::from_utf8_lossy(&snapshot.stdout)
+            .lines()
+            .next()
+            .expect("a snapshot"),
+    );
+    let trace = check_trace_dir(&dir, &bin);
+    assert!(
+        trace.session.json["budget"]["changes"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty()),
+        "{}",
+        trace.session.json
+    );
+    first.signal(libc::SIGTERM);
+    deep_server_ended_well(&first.finish(TIMEOUT));
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+}
