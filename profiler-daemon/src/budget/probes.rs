@@ -14,22 +14,13 @@ use std::path::PathBuf;
 /// One function under the budget.
 struct Function {
     binary: PathBuf,
+    scope: Scope,
     function_id: u32,
     name: String,
     slot: u16,
     probes: Vec<Probe>,
-    /// Its probes while they are placed: a set per scope.
-    placed: Vec<(Scope, Attachment)>,
-}
-
-/// What one [`BudgetedProbes::attach`] did so far, to undo it.
-struct Attempt {
-    /// Functions before it.
-    functions: usize,
-    /// The functions it placed a set of.
-    placed_in: Vec<usize>,
-    /// Probes it placed.
-    probes: usize,
+    /// Its probes while they are placed.
+    placed: Option<Attachment>,
 }
 
 /// Every budgeted function of a session (or of a service target), and what the budget did.
@@ -37,16 +28,13 @@ pub struct BudgetedProbes {
     controller: Controller,
     functions: Vec<Function>,
     costs: ProbeCosts,
-    /// Every function seen, by its binary and the function id in its probes' cookies: its
-    /// index, or `None` for one placed without the budget (no slot left).
-    known: std::collections::HashMap<(PathBuf, u32), Option<usize>>,
-    /// The scopes placed (the budget's probes are placed again in each at a re-admission).
-    scopes: Vec<Scope>,
+    /// Functions placed without the budget (no slot left).
+    unbudgeted: usize,
     /// Each return-probed function by its file and entry's offset (where its return probe
     /// is, which the kernel names a hooked frame by): the repair's stops are charged to it.
     by_entry: std::collections::HashMap<(FileId, u64), usize>,
-    /// Probes not of one function (event sleds), and unbudgeted functions' probes, by scope.
-    rest: Vec<(Scope, Attachment)>,
+    /// Probes not of one function (event sleds), and unbudgeted functions' probes.
+    rest: Vec<Attachment>,
     changes: Vec<BudgetChange>,
     started_ns: u64,
     peak: f64,
@@ -78,8 +66,7 @@ impl BudgetedProbes {
                 traps,
                 ..ProbeCosts::default()
             },
-            known: std::collections::HashMap::new(),
-            scopes: Vec::new(),
+            unbudgeted: 0,
             by_entry: std::collections::HashMap::new(),
             rest: Vec::new(),
             changes: Vec::new(),
@@ -92,14 +79,10 @@ impl BudgetedProbes {
         }
     }
 
-    /// Places `plan`'s probes (its exits decided, see `plan::exits::decide`) for `scope`, one
-    /// set per function; `id_of` gives, for the function id in the probes' cookies, the id its
-    /// events have in a session and its name. Returns how many probes were placed. What fails
-    /// to be placed is removed again and is the error.
-    ///
-    /// Called again for another scope (a process of its own, see `repair::processes`), the
-    /// same functions are placed there too, but those dropped now: each function's probes
-    /// are one set per scope, dropped and re-admitted in all of them together.
+    /// Places `plan`'s probes (its exits decided, see `plan::exits::decide`), one set per
+    /// function; `id_of` gives, for the function id in the probes' cookies, the id its events
+    /// have in a session and its name. Returns how many probes were placed. What fails to be
+    /// placed is removed again and is the error.
     pub fn attach(
         &mut self,
         tracer: &mut Tracer,
@@ -126,139 +109,87 @@ impl BudgetedProbes {
         }
         // A link (one descriptor) per function's sled probes, and one per return probe.
         crate::kernel::rlimit::reserve_open_files(2 * by_function.len() + 1)?;
-        let mut attempt = Attempt {
-            functions: self.functions.len(),
-            placed_in: Vec::new(),
-            probes: 0,
-        };
+        let mut placed = 0;
+        let before = (self.functions.len(), self.unbudgeted);
         let file = crate::traced::mappings::file_id(&plan.binary);
         for (function_id, mut probes) in by_function {
-            let key = (plan.binary.clone(), function_id);
-            let index = match self.known.get(&key) {
-                Some(&known) => known,
-                None => {
-                    let next = self.functions.len() + 1;
-                    let index = (next < slots as usize).then(|| {
-                        self.add_function(tracer, plan, file, next as u16, &probes, id_of)
-                    });
-                    self.known.insert(key, index);
-                    index
-                }
-            };
-            let Some(index) = index else {
+            let next = self.functions.len() + 1;
+            if next >= slots as usize {
                 rest.extend(probes);
-                continue;
-            };
-            if self.controller.is_dropped(index) {
+                self.unbudgeted += 1;
                 continue;
             }
-            let slot = self.functions[index].slot;
+            let slot = next as u16;
             for p in &mut probes {
                 p.cookie = p.cookie.with_call_slot(slot);
             }
-            match tracer.attach_probes(&plan.binary, &probes, scope) {
-                Ok((n, set)) => {
-                    attempt.probes += n;
-                    self.functions[index].placed.push((scope, set));
-                    attempt.placed_in.push(index);
-                }
+            let (n, set) = match tracer.attach_probes(&plan.binary, &probes, scope) {
+                Ok(placed) => placed,
                 Err(err) => {
-                    self.undo(tracer, attempt);
+                    self.undo(tracer, before);
                     return Err(err);
                 }
+            };
+            placed += n;
+            // Its return probe: at its entry (see `Tracer::attach_probes`).
+            let hooked_at = probes.iter().find(|p| {
+                p.cookie.return_probed()
+                    && SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry)
+            });
+            let exit = if hooked_at.is_some() {
+                "return"
+            } else {
+                "sleds"
+            };
+            if let (Some(file), Some(p)) = (file, hooked_at) {
+                self.by_entry
+                    .insert((file, p.file_offset), self.functions.len());
             }
+            let calls = counts_of(tracer, slot);
+            self.controller.add(
+                self.costs.per_call_ns(exit),
+                Counts {
+                    calls,
+                    stopped_ns: 0,
+                },
+            );
+            let (function_id, name) = id_of(function_id);
+            self.functions.push(Function {
+                binary: plan.binary.clone(),
+                scope,
+                function_id,
+                name,
+                slot,
+                probes,
+                placed: Some(set),
+            });
         }
         if !rest.is_empty() {
             match tracer.attach_probes(&plan.binary, &rest, scope) {
                 Ok((n, set)) => {
-                    attempt.probes += n;
-                    self.rest.push((scope, set));
+                    placed += n;
+                    self.rest.push(set);
                 }
                 Err(err) => {
-                    self.undo(tracer, attempt);
+                    self.undo(tracer, before);
                     return Err(err);
                 }
             }
         }
-        if !self.scopes.contains(&scope) {
-            self.scopes.push(scope);
-        }
-        Ok(attempt.probes)
+        Ok(placed)
     }
 
-    /// Adds a function to the budget, counted in `slot`; returns its index.
-    fn add_function(
-        &mut self,
-        tracer: &Tracer,
-        plan: &AttachPlan,
-        file: Option<FileId>,
-        slot: u16,
-        probes: &[Probe],
-        id_of: &dyn Fn(u32) -> (u32, String),
-    ) -> usize {
-        let index = self.functions.len();
-        // Its return probe: at its entry (see `Tracer::attach_probes`).
-        let hooked_at = probes.iter().find(|p| {
-            p.cookie.return_probed()
-                && SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry)
-        });
-        let exit = if hooked_at.is_some() {
-            "return"
-        } else {
-            "sleds"
-        };
-        if let (Some(file), Some(p)) = (file, hooked_at) {
-            self.by_entry.insert((file, p.file_offset), index);
-        }
-        let calls = counts_of(tracer, slot);
-        self.controller.add(
-            self.costs.per_call_ns(exit),
-            Counts {
-                calls,
-                stopped_ns: 0,
-            },
-        );
-        let (function_id, name) = id_of(probes[0].cookie.function_id);
-        self.functions.push(Function {
-            binary: plan.binary.clone(),
-            function_id,
-            name,
-            slot,
-            probes: probes.to_vec(),
-            placed: Vec::new(),
-        });
-        index
-    }
-
-    /// Removes what the `attempt` placed, and the functions it added with their entries in
-    /// the controller: an attach that failed part way leaves nothing.
-    fn undo(&mut self, tracer: &mut Tracer, attempt: Attempt) {
-        for index in attempt.placed_in {
-            if let Some((_, set)) = self.functions[index].placed.pop() {
+    /// Removes the functions placed since there were `before` (budgeted, unbudgeted), with
+    /// their entries in the controller: an attach that failed part way leaves nothing.
+    fn undo(&mut self, tracer: &mut Tracer, (functions, unbudgeted): (usize, usize)) {
+        for f in self.functions.drain(functions..) {
+            if let Some(set) = f.placed {
                 tracer.detach(set);
             }
         }
-        self.functions.truncate(attempt.functions);
-        self.controller.truncate(attempt.functions);
-        self.by_entry.retain(|_, i| *i < attempt.functions);
-        self.known
-            .retain(|_, i| i.is_none_or(|i| i < attempt.functions));
-    }
-
-    /// Forgets `scope` (a process gone, or let go): its probes, to remove.
-    pub fn forget_scope(&mut self, scope: Scope) -> Vec<Attachment> {
-        self.scopes.retain(|s| *s != scope);
-        let mut sets = Vec::new();
-        for f in &mut self.functions {
-            let (theirs, kept): (Vec<_>, Vec<_>) =
-                f.placed.drain(..).partition(|(s, _)| *s == scope);
-            f.placed = kept;
-            sets.extend(theirs.into_iter().map(|(_, set)| set));
-        }
-        let (theirs, kept): (Vec<_>, Vec<_>) = self.rest.drain(..).partition(|(s, _)| *s == scope);
-        self.rest = kept;
-        sets.extend(theirs.into_iter().map(|(_, set)| set));
-        sets
+        self.controller.truncate(functions);
+        self.by_entry.retain(|_, i| *i < functions);
+        self.unbudgeted = unbudgeted;
     }
 
     /// Whether function `index` is dropped now.
@@ -324,22 +255,16 @@ impl BudgetedProbes {
     ) -> Option<BudgetChange> {
         let f = &mut self.functions[change.function];
         if change.dropped {
-            removed.extend(f.placed.drain(..).map(|(_, set)| set));
+            removed.push(f.placed.take()?);
         } else {
-            for &scope in &self.scopes {
-                match tracer.attach_probes(&f.binary, &f.probes, scope) {
-                    Ok((_, set)) => f.placed.push((scope, set)),
-                    // A process that ended meanwhile: forgotten at its end.
-                    Err(err) if self.scopes.len() > 1 => {
-                        tracing::debug!("budget: {} not placed again in {scope:?}: {err:#}", f.name)
-                    }
-                    Err(err) => {
-                        errln!(
-                            "fdr-profiled: warning: budget: {} stays dropped: {err:#}",
-                            f.name
-                        );
-                        return None;
-                    }
+            match tracer.attach_probes(&f.binary, &f.probes, f.scope) {
+                Ok((_, set)) => f.placed = Some(set),
+                Err(err) => {
+                    errln!(
+                        "fdr-profiled: warning: budget: {} stays dropped: {err:#}",
+                        f.name
+                    );
+                    return None;
                 }
             }
         }
@@ -362,13 +287,12 @@ impl BudgetedProbes {
     /// Every probe placed, to remove them all (a service target removed); the budget has no
     /// function placed after.
     pub fn take_sets(&mut self) -> Vec<Attachment> {
-        self.scopes.clear();
         let mut sets: Vec<Attachment> = self
             .functions
             .iter_mut()
-            .flat_map(|f| f.placed.drain(..).map(|(_, set)| set))
+            .filter_map(|f| f.placed.take())
             .collect();
-        sets.extend(self.rest.drain(..).map(|(_, set)| set));
+        sets.append(&mut self.rest);
         sets
     }
 
@@ -390,7 +314,7 @@ impl BudgetedProbes {
         BudgetReport {
             max_overhead_percent: self.controller.limit() * 100.0,
             functions: self.functions.len(),
-            functions_unbudgeted: self.known.values().filter(|i| i.is_none()).count(),
+            functions_unbudgeted: self.unbudgeted,
             changes: self.changes.clone(),
             dropped_at_end: self.dropped_now(),
             peak_overhead_percent: self.peak * 100.0,

@@ -126,7 +126,7 @@ pub struct ExecReports {
 }
 
 /// Which processes the probes fire for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub enum Scope {
     /// Every process that runs the binary, now or later.
     AllProcesses,

@@ -254,6 +254,9 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     let budget = match cli.max_overhead {
         None => Ok(None),
         Some(_) if cli.floor => Err(anyhow::anyhow!("--max-overhead does nothing with --floor")),
+        Some(_) if repairing && matches!(target, Target::Attach) => Err(anyhow::anyhow!(
+            "--max-overhead: not with --exits repair under --attach yet (each process has probes of its own there): use --exits per-function"
+        )),
         Some(limit) => match traps {
             Some(traps) => Ok(Some(crate::budget::probes::BudgetedProbes::new(
                 limit,
@@ -303,7 +306,6 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
                 std::path::Path::new(&planned.executable.path),
                 std::mem::take(&mut planned.plans),
                 policy,
-                budget.as_mut(),
             )?);
             Ok(())
         })
@@ -679,11 +681,7 @@ async fn record(
                     last_flush = Instant::now();
                 }
                 if let Some(repaired) = &mut probing.repaired {
-                    repaired.poll(
-                        &mut probing.tracer,
-                        &mut session,
-                        probing.budget.as_mut().map(|b| &mut b.probes),
-                    );
+                    repaired.poll(&mut probing.tracer, &mut session);
                 }
                 if last_stuck_check.elapsed() >= STUCK_CHECK_INTERVAL {
                     if probing.return_probes.is_some() {
@@ -753,12 +751,7 @@ async fn record(
     drop(events);
     if let Some(repaired) = probing.repaired.take() {
         let unseen = books.counter(profiler_common::counter::PROCESSES_UNSEEN);
-        repaired.finish(
-            &mut probing.tracer,
-            &mut session,
-            unseen,
-            probing.budget.as_mut().map(|b| &mut b.probes),
-        );
+        repaired.finish(&mut probing.tracer, &mut session, unseen);
     }
     if let Some(mut keeper) = pid_keeper {
         // Our probes go first (the keeper holds only the throw and catch probes): then no new

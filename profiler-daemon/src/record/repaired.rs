@@ -1,7 +1,6 @@
 //! `--attach BIN --exits repair` in a recording: every process running the executable, traced
 //! as [`crate::repair::processes`] says, with the session told what happened to each (the
 //! objects, the repairs, the processes that could not be traced).
-use crate::budget::probes::BudgetedProbes;
 use crate::kernel::bpf::{KernelBooks, Tracer};
 use crate::plan::exits::ExitPolicy;
 use crate::plan::AttachPlan;
@@ -27,7 +26,6 @@ impl AttachRepair {
         executable: &Path,
         plans: Vec<AttachPlan>,
         policy: ExitPolicy,
-        mut budget: Option<&mut BudgetedProbes>,
     ) -> Result<AttachRepair> {
         let plans = plans
             .into_iter()
@@ -35,17 +33,8 @@ impl AttachRepair {
                 crate::plan::exits::decide(&mut plan, policy);
                 plan
             })
-            .collect::<Vec<AttachPlan>>();
-        let names: Vec<_> = plans.iter().map(|p| p.names.clone()).collect();
-        let id_of = move |id: u32| {
-            let name = names
-                .iter()
-                .map(|n| n.name(id))
-                .find(|n| !n.starts_with('#'))
-                .unwrap_or_else(|| format!("#{id}"));
-            (id, name)
-        };
-        let processes = RepairedProcesses::new(tracer, executable, plans, 0, Box::new(id_of))?;
+            .collect();
+        let processes = RepairedProcesses::new(tracer, executable, plans, 0)?;
         if let Some(why) = processes.hold_error() {
             errln!("fdr-profiled: warning: repair: the processes that start running {} will be traced from their entry point, their first calls not recorded: {why}", executable.display());
         }
@@ -54,31 +43,23 @@ impl AttachRepair {
             objects_added: false,
         };
         for pid in this.processes.running() {
-            this.trace(pid, tracer, session, Found::Running, budget.as_deref_mut());
+            this.trace(pid, tracer, session, Found::Running);
         }
         Ok(this)
     }
 
     /// Traces the processes that started since the last call, and removes the probes of those
     /// that exited (adding what their keeper repaired to the session).
-    pub fn poll(
-        &mut self,
-        tracer: &mut Tracer,
-        session: &mut Session,
-        mut budget: Option<&mut BudgetedProbes>,
-    ) {
+    pub fn poll(&mut self, tracer: &mut Tracer, session: &mut Session) {
         let started: Vec<u32> = tracer
             .started_processes()
             .into_iter()
             .map(|(_, pid)| pid)
             .collect();
-        for (pid, traced) in self
-            .processes
-            .trace_started(&started, tracer, budget.as_deref_mut())
-        {
+        for (pid, traced) in self.processes.trace_started(&started, tracer) {
             self.said(pid, traced, session);
         }
-        for (pid, report) in self.processes.ended(tracer, budget) {
+        for (pid, report) in self.processes.ended(tracer) {
             match report {
                 Ok(report) => {
                     match &report.let_go {
@@ -97,15 +78,8 @@ impl AttachRepair {
         }
     }
 
-    fn trace(
-        &mut self,
-        pid: u32,
-        tracer: &mut Tracer,
-        session: &mut Session,
-        found: Found,
-        budget: Option<&mut BudgetedProbes>,
-    ) {
-        let traced = self.processes.trace(pid, tracer, found, budget);
+    fn trace(&mut self, pid: u32, tracer: &mut Tracer, session: &mut Session, found: Found) {
+        let traced = self.processes.trace(pid, tracer, found);
         self.said(pid, traced, session);
     }
 
@@ -177,17 +151,11 @@ impl AttachRepair {
     /// At the end of the session (recording disarmed): removes every process's probes, has each
     /// keeper let its process go, and says which processes were and were not traced. `unseen`:
     /// processes the start queue had no room for.
-    pub fn finish(
-        mut self,
-        tracer: &mut Tracer,
-        session: &mut Session,
-        unseen: u64,
-        budget: Option<&mut BudgetedProbes>,
-    ) {
+    pub fn finish(mut self, tracer: &mut Tracer, session: &mut Session, unseen: u64) {
         if !self.objects_added {
             self.add_objects(session, 0);
         }
-        for (pid, ended) in self.processes.finish(tracer, budget) {
+        for (pid, ended) in self.processes.finish(tracer) {
             match ended {
                 Ended::Report(Ok(report)) => session.add_repairs(report.repairs),
                 Ended::Report(Err(err)) => errln!("fdr-profiled: warning: {err:#}"),

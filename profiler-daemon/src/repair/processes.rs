@@ -17,7 +17,6 @@
 //! process go as under `--pid`.
 use super::hold::ExecHold;
 use super::keeper::{self, Keeper, KeeperReport, Tracee};
-use crate::budget::probes::BudgetedProbes;
 use crate::kernel::bpf::{Attachment, Scope, Tracer};
 use crate::kernel::uprobe_multi::MultiLink;
 use crate::plan::AttachPlan;
@@ -60,9 +59,6 @@ pub struct RepairedProcesses {
     /// [`NOT_TRACED_KEPT`]: a service runs for months, and short processes come and go).
     not_traced: u64,
     not_traced_latest: VecDeque<(u32, String)>,
-    /// For a budget: the id a function of the plans has in a session, and its name, by the
-    /// id in its probes' cookies (see `BudgetedProbes::attach`).
-    id_of: Box<dyn Fn(u32) -> (u32, String)>,
 }
 
 /// How many of the processes traced last are remembered (see `RepairedProcesses::recent`).
@@ -130,7 +126,6 @@ impl RepairedProcesses {
         executable: &Path,
         plans: Vec<AttachPlan>,
         tag: u32,
-        id_of: Box<dyn Fn(u32) -> (u32, String)>,
     ) -> Result<RepairedProcesses> {
         let entry = xray_object::elf::ElfImage::open(executable)
             .map_err(anyhow::Error::from)
@@ -165,7 +160,6 @@ impl RepairedProcesses {
             traced: 0,
             not_traced: 0,
             not_traced_latest: VecDeque::new(),
-            id_of,
         })
     }
 
@@ -221,7 +215,6 @@ impl RepairedProcesses {
         &mut self,
         started: &[u32],
         tracer: &mut Tracer,
-        mut budget: Option<&mut BudgetedProbes>,
     ) -> Vec<(u32, Result<Option<Traced>>)> {
         let hold = self.hold.as_ref().ok().cloned();
         let mut done = Vec::new();
@@ -242,8 +235,7 @@ impl RepairedProcesses {
             } else {
                 Found::AtExec
             };
-            let traced = self.trace_as(pid, tracer, found, Some(image), budget.as_deref_mut());
-            done.push((pid, traced));
+            done.push((pid, self.trace_as(pid, tracer, found, Some(image))));
         }
         for &pid in started {
             if self.recent.contains(&pid) {
@@ -254,12 +246,12 @@ impl RepairedProcesses {
                 // Still held, being stopped: taken from the holder at the next call.
                 continue;
             }
-            let traced = self.trace(pid, tracer, Found::AtEntry, budget.as_deref_mut());
+            let traced = self.trace(pid, tracer, Found::AtEntry);
             if !matches!(traced, Ok(None)) {
                 done.push((pid, traced));
             }
         }
-        done.extend(self.check_loaded(tracer, budget));
+        done.extend(self.check_loaded(tracer));
         done
     }
 
@@ -268,11 +260,7 @@ impl RepairedProcesses {
     /// (its loader found a library elsewhere than foreseen) is let go at once, no frame left
     /// hooked, before an exception could find a hooked frame there with no keeper stop; said
     /// as an error.
-    fn check_loaded(
-        &mut self,
-        tracer: &mut Tracer,
-        mut budget: Option<&mut BudgetedProbes>,
-    ) -> Vec<(u32, Result<Option<Traced>>)> {
+    fn check_loaded(&mut self, tracer: &mut Tracer) -> Vec<(u32, Result<Option<Traced>>)> {
         let Ok(hold) = self.hold.as_ref().cloned() else {
             return Vec::new();
         };
@@ -305,7 +293,7 @@ impl RepairedProcesses {
                 continue;
             };
             let process = self.live.remove(at);
-            let mut keeper = remove_probes(process, tracer, budget.as_deref_mut());
+            let mut keeper = remove_probes(process, tracer);
             if keeper.release() {
                 let _ = keeper.finish();
             }
@@ -334,14 +322,8 @@ impl RepairedProcesses {
     /// Traces `pid`: its keeper first, then the throw and catch stops, its return probes, its
     /// sleds. `None` when it is traced already; an error (nothing of it placed, counted) when
     /// it cannot be.
-    pub fn trace(
-        &mut self,
-        pid: u32,
-        tracer: &mut Tracer,
-        found: Found,
-        budget: Option<&mut BudgetedProbes>,
-    ) -> Result<Option<Traced>> {
-        self.trace_as(pid, tracer, found, None, budget)
+    pub fn trace(&mut self, pid: u32, tracer: &mut Tracer, found: Found) -> Result<Option<Traced>> {
+        self.trace_as(pid, tracer, found, None)
     }
 
     /// [`RepairedProcesses::trace`]; `held_image`, for a process held at its exec: the objects
@@ -352,11 +334,10 @@ impl RepairedProcesses {
         tracer: &mut Tracer,
         found: Found,
         held_image: Option<Vec<PathBuf>>,
-        budget: Option<&mut BudgetedProbes>,
     ) -> Result<Option<Traced>> {
         let hold = self.hold.as_ref().ok().cloned();
         let held = hold.as_deref().filter(|_| held_image.is_some());
-        let traced = self.place(pid, tracer, held, held_image, found, budget);
+        let traced = self.place(pid, tracer, held, held_image, found);
         if let Some(hold) = held {
             // Whatever happened, it is not held any more (a no-op when its keeper has it).
             hold.let_go(pid);
@@ -434,7 +415,6 @@ impl RepairedProcesses {
         held: Option<&ExecHold>,
         held_image: Option<Vec<PathBuf>>,
         mut found: Found,
-        mut budget: Option<&mut BudgetedProbes>,
     ) -> Result<Option<Traced>> {
         if self.live.iter().any(|p| p.pid == pid) {
             return Ok(None);
@@ -487,16 +467,10 @@ impl RepairedProcesses {
         if found == Found::AtExec && held.is_some_and(|hold| hold.entered(pid)) {
             found = Found::AtExecLate;
         }
-        // Traced: now its frames may be hooked. Under a budget each function's probes are a
-        // set of their own (its return probes with them: exits are not moved to the exit
-        // sleds then, see `exit_sleds_instead`), the functions dropped now left out.
+        // Traced: now its frames may be hooked.
         let mut returns = Vec::new();
         let mut placed = 0;
         let attached = self.plans.iter().try_for_each(|plan| {
-            if let Some(budget) = budget.as_deref_mut() {
-                placed += budget.attach(tracer, plan, scope, &*self.id_of)?;
-                return Ok(());
-            }
             let (n, links) = tracer.attach_keeping_returns(plan, scope)?;
             placed += n;
             returns.push(links);
@@ -517,12 +491,12 @@ impl RepairedProcesses {
             pid,
             keeper,
             probes,
-            returns: budget.is_none().then_some(returns),
+            returns: Some(returns),
             unwind_stops,
             stops_in: held.map(|_| image),
         };
         if let Err(err) = attached {
-            let mut keeper = remove_probes(process, tracer, budget);
+            let mut keeper = remove_probes(process, tracer);
             if keeper.release() {
                 let _ = keeper.finish();
             }
@@ -542,11 +516,7 @@ impl RepairedProcesses {
     /// probes removed, with their keepers' reports. A process let go has its probes removed
     /// here, before its keeper is asked to release it (it waits for that, the process held
     /// at its exec), so that none is in place when its new program runs.
-    pub fn ended(
-        &mut self,
-        tracer: &mut Tracer,
-        mut budget: Option<&mut BudgetedProbes>,
-    ) -> Vec<(u32, Result<KeeperReport>)> {
+    pub fn ended(&mut self, tracer: &mut Tracer) -> Vec<(u32, Result<KeeperReport>)> {
         let (ended, live): (Vec<Process>, Vec<Process>) = std::mem::take(&mut self.live)
             .into_iter()
             .partition(|p| p.keeper.has_ended());
@@ -556,11 +526,11 @@ impl RepairedProcesses {
             .map(|mut process| {
                 let pid = process.pid;
                 if process.keeper.let_go().is_some() {
-                    let mut keeper = remove_probes(process, tracer, budget.as_deref_mut());
+                    let mut keeper = remove_probes(process, tracer);
                     keeper.release();
                     return (pid, keeper.finish());
                 }
-                let (keeper, links) = remove_probes_later(process, tracer, budget.as_deref_mut());
+                let (keeper, links) = remove_probes_later(process, tracer);
                 self.closer.close(links);
                 (pid, keeper.finish())
             })
@@ -603,16 +573,12 @@ impl RepairedProcesses {
 
     /// At the end (recording disarmed): removes every process's probes, then has each keeper
     /// let its process go, as under `--pid`.
-    pub fn finish(
-        &mut self,
-        tracer: &mut Tracer,
-        mut budget: Option<&mut BudgetedProbes>,
-    ) -> Vec<(u32, Ended)> {
+    pub fn finish(&mut self, tracer: &mut Tracer) -> Vec<(u32, Ended)> {
         std::mem::take(&mut self.live)
             .into_iter()
             .map(|process| {
                 let pid = process.pid;
-                let mut keeper = remove_probes(process, tracer, budget.as_deref_mut());
+                let mut keeper = remove_probes(process, tracer);
                 let ended = if keeper.release() {
                     Ended::Report(keeper.finish())
                 } else {
@@ -628,28 +594,15 @@ impl RepairedProcesses {
 
 /// Removes the probes placed for `process` (the keeper keeps its own handles on the throw and
 /// catch stops until it lets the process go); returns its keeper.
-fn remove_probes(
-    process: Process,
-    tracer: &mut Tracer,
-    budget: Option<&mut BudgetedProbes>,
-) -> Keeper {
-    let (keeper, links) = remove_probes_later(process, tracer, budget);
+fn remove_probes(process: Process, tracer: &mut Tracer) -> Keeper {
+    let (keeper, links) = remove_probes_later(process, tracer);
     drop(links);
     keeper
 }
 
 /// [`remove_probes`], handing back the links whose drop removes the probes.
-fn remove_probes_later(
-    process: Process,
-    tracer: &mut Tracer,
-    budget: Option<&mut BudgetedProbes>,
-) -> (Keeper, Vec<MultiLink>) {
+fn remove_probes_later(process: Process, tracer: &mut Tracer) -> (Keeper, Vec<MultiLink>) {
     let mut links = tracer.detach_later(process.probes);
-    if let (Some(budget), Some(pid)) = (budget, NonZeroU32::new(process.pid)) {
-        for set in budget.forget_scope(Scope::Process(pid)) {
-            links.extend(tracer.detach_later(set));
-        }
-    }
     for returns in process.returns.unwrap_or_default() {
         links.extend(tracer.detach_later(returns));
     }

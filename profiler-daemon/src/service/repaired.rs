@@ -1,7 +1,6 @@
 //! A target with `exits = "repair"`: every process of one of its binaries traced as
 //! [`crate::repair::processes`] says (a keeper each, probes of its own once the keeper holds
 //! it), what happened to each logged, and what the repairs did kept for the status.
-use crate::budget::probes::BudgetedProbes;
 use crate::kernel::bpf::Tracer;
 use crate::plan::AttachPlan;
 use crate::repair::keeper::KeeperReport;
@@ -29,12 +28,7 @@ impl Repaired {
         plan: AttachPlan,
         tag: u32,
     ) -> Result<Repaired> {
-        let names = plan.names.clone();
-        let id_of = move |id: u32| {
-            let id = super::libraries::untagged(id);
-            (id, names.name(id))
-        };
-        let processes = RepairedProcesses::new(tracer, binary, vec![plan], tag, Box::new(id_of))?;
+        let processes = RepairedProcesses::new(tracer, binary, vec![plan], tag)?;
         if let Some(why) = processes.hold_error() {
             tracing::warn!("{name}: the processes that start running it will be traced from their entry point, their first calls not recorded: {why}");
         }
@@ -57,26 +51,15 @@ impl Repaired {
 
     /// Traces the processes held since their exec, then those of `started` (named at their
     /// entry point) not traced yet.
-    pub fn trace_started(
-        &mut self,
-        started: &[u32],
-        tracer: &mut Tracer,
-        budget: Option<&mut BudgetedProbes>,
-    ) {
-        for (pid, traced) in self.processes.trace_started(started, tracer, budget) {
+    pub fn trace_started(&mut self, started: &[u32], tracer: &mut Tracer) {
+        for (pid, traced) in self.processes.trace_started(started, tracer) {
             self.said(pid, traced);
         }
     }
 
     /// Traces `pid` (said in the log, as is a process that cannot be traced).
-    pub fn trace(
-        &mut self,
-        pid: u32,
-        tracer: &mut Tracer,
-        found: Found,
-        budget: Option<&mut BudgetedProbes>,
-    ) {
-        let traced = self.processes.trace(pid, tracer, found, budget);
+    pub fn trace(&mut self, pid: u32, tracer: &mut Tracer, found: Found) {
+        let traced = self.processes.trace(pid, tracer, found);
         self.said(pid, traced);
     }
 
@@ -110,8 +93,8 @@ impl Repaired {
     }
 
     /// Removes the probes of the processes that exited, keeping what their keepers repaired.
-    pub fn reap(&mut self, tracer: &mut Tracer, budget: Option<&mut BudgetedProbes>) {
-        for (pid, report) in self.processes.ended(tracer, budget) {
+    pub fn reap(&mut self, tracer: &mut Tracer) {
+        for (pid, report) in self.processes.ended(tracer) {
             match report.as_ref().ok().and_then(|r| r.let_go.as_deref()) {
                 Some(why) => tracing::warn!(
                     fdr_pid = pid,
@@ -126,8 +109,8 @@ impl Repaired {
 
     /// Removes every process's probes and has each keeper let its process go (the service
     /// stops, or a reload removes the target).
-    pub fn finish(mut self, tracer: &mut Tracer, budget: Option<&mut BudgetedProbes>) {
-        for (pid, ended) in self.processes.finish(tracer, budget) {
+    pub fn finish(mut self, tracer: &mut Tracer) {
+        for (pid, ended) in self.processes.finish(tracer) {
             match ended {
                 Ended::Report(report) => {
                     tracing::info!(fdr_pid = pid, "{}: process {pid} let go, no frame left hooked", self.name);

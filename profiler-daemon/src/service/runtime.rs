@@ -559,7 +559,7 @@ fn stop(svc: &mut Service<'_>, events: &mut Pipeline) {
     // Repaired processes are let go, with no frame left hooked.
     for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
         if let Some(repaired) = w.repaired.take() {
-            repaired.finish(svc.tracer, w.budget.as_mut().map(|b| &mut b.probes));
+            repaired.finish(svc.tracer);
         }
     }
     let mut closed = 0;
@@ -644,13 +644,11 @@ fn reload(svc: &mut Service<'_>, drain: &mut dyn FnMut(&mut [Target], &mut Trigg
             attachments.append(&mut target.attachments);
             for w in &mut target.binaries {
                 attachments.extend(w.libraries.take_attachments());
-                // A repaired process's probes, the budget's included, go before its keeper
-                // lets it go.
-                if let Some(repaired) = w.repaired.take() {
-                    repaired.finish(svc.tracer, w.budget.as_mut().map(|b| &mut b.probes));
-                }
                 if let Some(budget) = &mut w.budget {
                     attachments.extend(budget.probes.take_sets());
+                }
+                if let Some(repaired) = w.repaired.take() {
+                    repaired.finish(svc.tracer);
                 }
             }
         }
@@ -758,23 +756,20 @@ fn look_at_repaired(svc: &mut Service<'_>) {
         return;
     }
     let started = svc.tracer.started_processes();
-    let watched = svc
+    let repaired = svc
         .targets
         .iter_mut()
         .filter(|t| !t.removed)
-        .flat_map(|t| t.binaries.iter_mut());
-    for w in watched {
-        let Some(r) = w.repaired.as_mut() else {
-            continue;
-        };
+        .flat_map(|t| t.binaries.iter_mut())
+        .filter_map(|w| w.repaired.as_mut());
+    for r in repaired {
         let tag = r.tag();
         let mine: Vec<u32> = started
             .iter()
             .filter(|&&(t, _)| t == tag)
             .map(|&(_, pid)| pid)
             .collect();
-        let mut budget = w.budget.as_mut().map(|b| &mut b.probes);
-        r.trace_started(&mine, svc.tracer, budget.as_deref_mut());
-        r.reap(svc.tracer, budget);
+        r.trace_started(&mine, svc.tracer);
+        r.reap(svc.tracer);
     }
 }

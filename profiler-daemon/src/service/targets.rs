@@ -70,14 +70,17 @@ pub(super) struct Watched {
 }
 
 /// The budget of a binary of `config` about to be attached, where it has one and can have
-/// it: with the kernel's call counters and the measured cost of a probe. (Under repair each
-/// process places the budget's functions for itself, see `repair::processes`.)
+/// it: not under repair (each process has probes of its own there: not yet budgeted), and
+/// with the kernel's call counters and the measured cost of a probe.
 fn budget_for(
     tracer: &Tracer,
     config: &TargetConfig,
+    repairs: bool,
 ) -> Option<crate::budget::probes::BudgetedProbes> {
     let limit = config.max_overhead?;
-    let why_not = if tracer.call_counts().is_none() {
+    let why_not = if repairs {
+        "its stack is repaired at throws (each process probed on its own): every function is traced"
+    } else if tracer.call_counts().is_none() {
         "the programs were loaded without call counters: restart the service"
     } else {
         match tracer.trap_costs() {
@@ -269,7 +272,7 @@ fn attach_binary(
     for probe in &mut tagged.probes {
         probe.cookie.function_id |= tag << TAG_SHIFT;
     }
-    let mut budget = budget_for(tracer, config);
+    let mut budget = budget_for(tracer, config, repairs);
     // Under repair every probe is per process (see `repair::processes`).
     let placed = if repairs {
         if tracer.options().repair.is_none() {
@@ -428,10 +431,8 @@ impl Watched {
     /// looked at when their first event arrives).
     pub(super) fn watch_running(&mut self, tracer: &mut Tracer, tags: &mut Tags) {
         if let Some(repaired) = &mut self.repaired {
-            let mut budget = self.budget.as_mut().map(|b| &mut b.probes);
             for pid in repaired.running() {
-                let found = crate::repair::processes::Found::Running;
-                repaired.trace(pid, tracer, found, budget.as_deref_mut());
+                repaired.trace(pid, tracer, crate::repair::processes::Found::Running);
             }
         }
         let Some(executable) = self.libraries.executable() else {
