@@ -4,7 +4,7 @@
 mod attach;
 mod calibrate;
 mod calls;
-mod repair;
+pub mod repair;
 
 pub use crate::kernel::books::{KernelBooks, PodThreadState};
 use crate::kernel::uprobe_multi::{self, MultiLink, MultiProgram};
@@ -20,7 +20,6 @@ use profiler_common::{
     FLOOR_RETURN_PROGRAM, FOLLOW_FORK_PROGRAM, PROCESS_START_PROGRAM, RETURN_PROGRAM, RINGS_MAP,
     SLED_PROGRAM, THREAD_BOOKS_PROGRAM, THREAD_EXIT_PROGRAM, UNWIND_STOP_PROGRAM,
 };
-pub use repair::RepairMaps;
 use std::num::NonZeroU32;
 
 /// The eBPF object built by `build.rs` from the `profiler-ebpf` crate (public for

@@ -34,7 +34,7 @@ use super::ptrace::{
 };
 use super::release::{listen_for_release, Reports, LET_GO, RELEASE_POLL, RELEASE_SIGNAL};
 use super::repairer::Repairer;
-use crate::kernel::bpf::RepairMaps;
+use crate::kernel::bpf::repair::RepairMaps;
 use crate::session::summary::RepairsByThread;
 use anyhow::{bail, Context as _, Result};
 use std::fs::File;

@@ -7,7 +7,8 @@ use super::ptrace::{
 };
 use super::release::{release_due, Reports, RELEASE_WAIT};
 use super::stops::UnwindStops;
-use crate::kernel::bpf::{PodRepairState, PodStopKey, PodStopTime, RepairMaps};
+use crate::kernel::bpf::repair::RepairMaps;
+use crate::kernel::bpf::{PodRepairState, PodStopKey, PodStopTime};
 use crate::session::summary::RepairsByThread;
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};

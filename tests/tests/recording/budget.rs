@@ -170,11 +170,14 @@ fn a_server_by_pid_keeps_its_requests_under_a_budget() {
         calls.entries(),
         "a request entered twice"
     );
+    // Every request between the first and the last, but those whose entry a counted loss
+    // took (a loaded host's rings can overflow; the session says how many events it lost).
     let (first, last) = (numbers[0], numbers[numbers.len() - 1]);
-    assert_eq!(
-        (last - first + 1) as usize,
-        numbers.len(),
-        "requests {first}..={last}: some missing"
+    let missing = (last - first + 1) as u64 - numbers.len() as u64;
+    assert!(
+        missing <= trace.session.events_lost,
+        "requests {first}..={last}: {missing} missing, {} events lost",
+        trace.session.events_lost
     );
     // Seconds of it: more than a few requests.
     assert!(numbers.len() > 100, "{} requests traced", numbers.len());
