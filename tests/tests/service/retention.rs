@@ -278,8 +278,10 @@ fn writing_stops_at_min_free_and_starts_again() {
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     // Read as systemd does, all along: a full queue would block the service's sends.
     let statuses = std::thread::spawn(move || {
+        // Until STOPPING=1; the timeout only ends a wait for a service that died (its start,
+        // calibration included, takes seconds on a slow host before the first STATUS=).
         notify
-            .set_read_timeout(Some(Duration::from_secs(5)))
+            .set_read_timeout(Some(Duration::from_secs(60)))
             .unwrap();
         let mut buf = [0u8; 4096];
         let mut statuses = Vec::new();
