@@ -12,19 +12,8 @@ pub fn demo() -> Result<()> {
     let dir = root.join("target").join("demo");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let bin = dir.join("demo");
-    run::status(
-        Command::new("clang++-19")
-            .args([
-                "-O2",
-                "-g",
-                "-fxray-instrument",
-                "-fxray-instruction-threshold=1",
-                "-pthread",
-            ])
-            .arg(root.join("xtask").join("demo").join("demo.cpp"))
-            .arg("-o")
-            .arg(&bin),
-    )?;
+    let source = root.join("xtask").join("demo").join("demo.cpp");
+    run::xray_build("clang++-19", &source, &bin, &["-pthread"])?;
     let trace = dir.join("trace");
     if trace.exists() {
         std::fs::remove_dir_all(&trace)

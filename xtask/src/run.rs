@@ -16,6 +16,25 @@ pub fn status(cmd: &mut Command) -> Result<()> {
 }
 
 /// Runs `cmd` quietly and returns its stdout; `None` if it cannot start or fails.
+/// Compiles `source` into `out` with `compiler` (`clang-19`, `clang++-19`) and the flags the
+/// tests' fixtures use: optimized, with debug info, every function XRay-instrumented;
+/// `extra` after them.
+pub fn xray_build(compiler: &str, source: &Path, out: &Path, extra: &[&str]) -> Result<()> {
+    status(
+        Command::new(compiler)
+            .args([
+                "-O2",
+                "-g",
+                "-fxray-instrument",
+                "-fxray-instruction-threshold=1",
+            ])
+            .args(extra)
+            .arg(source)
+            .arg("-o")
+            .arg(out),
+    )
+}
+
 pub fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
     out.status

@@ -132,10 +132,7 @@ impl BudgetedProbes {
             };
             placed += n;
             // Its return probe: at its entry (see `Tracer::attach_probes`).
-            let hooked_at = probes.iter().find(|p| {
-                p.cookie.return_probed()
-                    && SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry)
-            });
+            let hooked_at = probes.iter().find(|p| p.carries_return_probe());
             let exit = if hooked_at.is_some() {
                 "return"
             } else {

@@ -34,6 +34,16 @@ pub struct Probe {
     pub cookie: Cookie,
 }
 
+impl Probe {
+    /// Whether its function's return probe goes here: the entry of a function whose exits a
+    /// return probe observes (`plan::exits`), where `Tracer::attach` places it.
+    pub fn carries_return_probe(&self) -> bool {
+        self.cookie.return_probed()
+            && profiler_common::SledKind::from_u8(self.cookie.kind)
+                .is_some_and(profiler_common::SledKind::is_entry)
+    }
+}
+
 /// Bits of a trace function id that hold the function's id within its object.
 pub const OBJECT_ID_SHIFT: u32 = 24;
 /// Largest object id a trace can hold: FDR function records carry 28 bits of id.

@@ -14,7 +14,6 @@ use crate::service::segments::{SegmentSpec, Segments};
 use crate::session::flight::FlightRecorder;
 use crate::session::output::name_part;
 use anyhow::{bail, Context as _, Result};
-use profiler_common::SledKind;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -380,10 +379,7 @@ impl Watched {
         let of = |object_id: u32, plan: &AttachPlan| {
             plan.probes
                 .iter()
-                .filter(|p| {
-                    p.cookie.return_probed()
-                        && SledKind::from_u8(p.cookie.kind).is_some_and(SledKind::is_entry)
-                })
+                .filter(|p| p.carries_return_probe())
                 .map(move |p| {
                     crate::plan::packed_id(
                         object_id,

@@ -31,21 +31,9 @@ pub fn scratch(name: &str) -> Result<PathBuf> {
 
 /// Compiles `tests/fixtures/calls.c` into `dir/calls` with the tests' flags.
 pub fn build_calls(dir: &Path) -> Result<PathBuf> {
-    let source = run::workspace_root().join("tests/fixtures/calls.c");
     let bin = dir.join("calls");
-    run::status(
-        Command::new("clang-19")
-            .args([
-                "-O2",
-                "-g",
-                "-fxray-instrument",
-                "-fxray-instruction-threshold=1",
-                "-pthread",
-            ])
-            .arg(&source)
-            .arg("-o")
-            .arg(&bin),
-    )?;
+    let source = run::workspace_root().join("tests/fixtures/calls.c");
+    run::xray_build("clang-19", &source, &bin, &["-pthread"])?;
     Ok(bin)
 }
 
@@ -53,18 +41,8 @@ pub fn build_calls(dir: &Path) -> Result<PathBuf> {
 /// benchmarks) into `dir/deep_server`.
 pub fn build_deep_server(dir: &Path) -> Result<PathBuf> {
     let bin = dir.join("deep_server");
-    run::status(
-        Command::new("clang++-19")
-            .args([
-                "-O2",
-                "-g",
-                "-fxray-instrument",
-                "-fxray-instruction-threshold=1",
-            ])
-            .arg(run::workspace_root().join("tests/fixtures/deep_server.cpp"))
-            .arg("-o")
-            .arg(&bin),
-    )?;
+    let source = run::workspace_root().join("tests/fixtures/deep_server.cpp");
+    run::xray_build("clang++-19", &source, &bin, &[])?;
     Ok(bin)
 }
 
