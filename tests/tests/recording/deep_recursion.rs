@@ -21,7 +21,16 @@ fn a_deep_recursion_keeps_its_return_probes() {
     let run = launch(
         "deep-recursion",
         &deep_fixture(),
-        &["--exits", "repair", "--no-report"],
+        // 300,000 events in half a second: rings big enough for all of them, so that a loaded
+        // host (the suite runs tests side by side on two CPUs) that keeps the daemon from
+        // reading for a while loses nothing (a loss is counted, and would fail the exact counts).
+        &[
+            "--exits",
+            "repair",
+            "--no-report",
+            "--buffer-size",
+            "67108864",
+        ],
         &[&DEPTH.to_string(), &CALLS.to_string()],
         Duration::from_secs(120),
     );
