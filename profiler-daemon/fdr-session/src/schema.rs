@@ -275,9 +275,13 @@ pub struct RepairStats {
     pub trampoline_passes: u64,
     pub instances_dropped: u64,
     /// Time the program's thread stayed stopped for its repairs, in all and at worst
-    /// (nanoseconds, from its stop being seen to its resumption).
+    /// (nanoseconds, from the kernel's stamp at the throw or catch to the keeper's
+    /// `PTRACE_CONT`, and [`RepairStats::resumption_ns`] after it).
     pub repair_ns_total: u64,
     pub repair_ns_max: u64,
+    /// What a stop costs its thread after the keeper's `PTRACE_CONT`, until it runs again:
+    /// measured once at the start on a stopped process of fdr-profiled's own.
+    pub resumption_ns: u64,
 }
 
 impl RepairStats {
@@ -296,6 +300,7 @@ impl RepairStats {
         self.instances_dropped += other.instances_dropped;
         self.repair_ns_total += other.repair_ns_total;
         self.repair_ns_max = self.repair_ns_max.max(other.repair_ns_max);
+        self.resumption_ns = self.resumption_ns.max(other.resumption_ns);
     }
 }
 

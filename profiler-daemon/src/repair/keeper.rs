@@ -135,8 +135,9 @@ impl Keeper {
         }
         keep.extend(stops.objects.iter().map(|o| o.file.as_raw_fd()));
         let running = matches!(tracee, Tracee::Running(..) | Tracee::Held(..));
-        // Known before the fork, the keeper inherits it.
+        // Known before the fork, the keeper inherits them.
         kernel_has_syscall_trampoline();
+        super::resumption::resumption_ns();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         // SAFETY: no other thread exists (see above), so the child may run any code.

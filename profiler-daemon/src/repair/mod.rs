@@ -15,6 +15,7 @@ pub mod processes;
 mod ptrace;
 mod release;
 mod repairer;
+pub mod resumption;
 mod stops;
 
 /// Whether `--exits auto` (a target's `exits = "auto"`) repairs the stack of the processes

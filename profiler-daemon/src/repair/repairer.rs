@@ -45,6 +45,8 @@ pub(super) struct Repairer<'a> {
     restored: HashMap<u32, Vec<(u64, u64, PodStopKey)>>,
     /// What the repairs did, by thread.
     stats: RepairsByThread,
+    /// What a stop costs its thread after its `PTRACE_CONT` (measured before the fork).
+    resumption_ns: u64,
 }
 
 /// `PTRACE_EVENT_*` (uapi values).
@@ -73,6 +75,7 @@ impl<'a> Repairer<'a> {
             trampoline: None,
             restored: HashMap::new(),
             stats: RepairsByThread::new(),
+            resumption_ns: super::resumption::resumption_ns(),
         }
     }
 
@@ -401,14 +404,17 @@ impl<'a> Repairer<'a> {
                 let _ = self.repairs.remove(&tid);
             }
         }
-        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let stats = self.stats.entry(tid).or_default();
-        stats.repair_ns_total += took;
-        stats.repair_ns_max = stats.repair_ns_max.max(took);
+        let handled = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         request(libc::PTRACE_CONT, tid, deliver);
-        if let Some(state) = state {
-            self.account_stop(&state, culprits);
-        }
+        // The whole stop: from the kernel's stamp (else from the keeper's sight of it) to the
+        // thread running again.
+        let stopped = state
+            .and_then(|state| self.account_stop(&state, culprits))
+            .unwrap_or(handled + self.resumption_ns);
+        let stats = self.stats.entry(tid).or_default();
+        stats.repair_ns_total += stopped;
+        stats.repair_ns_max = stats.repair_ns_max.max(stopped);
+        stats.resumption_ns = self.resumption_ns;
         true
     }
 
@@ -429,19 +435,25 @@ impl<'a> Repairer<'a> {
     }
 
     /// The time the stop of `state` cost its thread (from the program's stop to its
-    /// resumption), shared in [`profiler_common::STOP_TIMES_MAP`] among `culprits`: without
+    /// `PTRACE_CONT`, and the measured time it takes to run again after that), shared in [`profiler_common::STOP_TIMES_MAP`] among `culprits`: without
     /// every one of them hooked there would have been no stop (see `unwind_stop`), so the
     /// overhead budget charges it to them.
-    fn account_stop(&mut self, state: &profiler_common::RepairState, mut culprits: Vec<u64>) {
+    /// Returns the stop's time (`None` where the kernel's stamp is missing).
+    fn account_stop(
+        &mut self,
+        state: &profiler_common::RepairState,
+        mut culprits: Vec<u64>,
+    ) -> Option<u64> {
         let now = crate::session::monotonic_ns();
         if state.at_ns == 0 || state.at_ns > now {
-            return;
+            return None;
         }
         if culprits.is_empty() {
             // Unknown functions: the time is still the program's, charged to none (key 0).
             culprits.push(0);
         }
-        let share = (now - state.at_ns) / culprits.len() as u64;
+        let stopped = now - state.at_ns + self.resumption_ns;
+        let share = stopped / culprits.len() as u64;
         for func in culprits {
             let key = PodStopKey(profiler_common::StopKey {
                 pid: state.process,
@@ -457,6 +469,7 @@ impl<'a> Repairer<'a> {
             // A full table: this stop goes unaccounted (the budget under-estimates; no more).
             let _ = self.stop_times.insert(key, PodStopTime(time), 0);
         }
+        Some(stopped)
     }
 
     /// At a catch: when the kernel holds as many return-probe instances for the thread as it

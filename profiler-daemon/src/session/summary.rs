@@ -529,13 +529,14 @@ pub fn repair_line(stats: &RepairStats) -> String {
         String::new()
     };
     format!(
-        "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again{unhooked}), {} slots left alone; stopped {:.3} ms for repairs, worst {:.1} us; {} signals passed on{}{}{passes}",
+        "repair: {} throws ({} return addresses restored), {} catches ({} frames hooked again{unhooked}), {} slots left alone; stopped {:.3} ms for repairs (from each throw or catch to the thread running again, {:.1} us of it to resume), worst {:.1} us; {} signals passed on{}{}{passes}",
         stats.throws,
         stats.frames_restored,
         stats.catches,
         stats.frames_hooked_again,
         stats.slots_left_alone,
         stats.repair_ns_total as f64 / 1e6,
+        stats.resumption_ns as f64 / 1e3,
         stats.repair_ns_max as f64 / 1e3,
         stats.signals_passed_on,
         released,

@@ -24,10 +24,18 @@ fn number(v: &serde_json::Value, what: &str) -> f64 {
 /// The calls fixture under `daemon_args`, whose exits are observed by `exit`: the costs
 /// measured, and every function's estimate its calls times the cost of one call.
 fn costs_under(daemon_args: &[&str], exit: &str, iterations: &str) {
+    // Rings that hold the whole run: a loaded host (the suite's tests side by side on two
+    // CPUs) that keeps the daemon from reading would otherwise lose events, and the counts
+    // below are exact.
+    let daemon_args: Vec<&str> = daemon_args
+        .iter()
+        .copied()
+        .chain(["--buffer-size", "67108864"])
+        .collect();
     let run = launch(
         &format!("costs-{exit}"),
         &calls_fixture(),
-        daemon_args,
+        &daemon_args,
         &["--threads", "2", "--iterations", iterations],
         TIMEOUT,
     );

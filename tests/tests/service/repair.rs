@@ -209,13 +209,31 @@ fn an_auto_target_repairs_a_cpp_server_from_its_exec() {
     let socket = scratch.path().join("control.sock");
     // Started: its targets are attached.
     let mut service = ServiceStart::config(&config).socket(&socket).start();
-    let mut server = Server::start_copy(scratch.path(), &bin);
-    let pid = server.pid();
-    service.wait_for_stderr_match("the server traced from its exec", TIMEOUT, |l| {
-        l.contains(&format!(
+    // Held at its exec, the server is traced from there. A loaded host (this suite's tests
+    // side by side on two CPUs, other daemons' real-time threads among them) may run a
+    // process past its entry point before it is held: the service says so and counts it as
+    // traced late; then another one is started, three at most.
+    let mut late = 0;
+    let (mut server, pid) = loop {
+        let server = Server::start_copy(scratch.path(), &bin);
+        let pid = server.pid();
+        let line = service.wait_for_stderr_match("the server traced", TIMEOUT, |l| {
+            l.contains(&format!("process {pid} traced with its stack repaired"))
+        });
+        if line.contains(&format!(
             "process {pid} traced with its stack repaired (from its exec)"
-        ))
-    });
+        )) {
+            break (server, pid);
+        }
+        late += 1;
+        assert!(late < 3, "three servers traced late: {line}");
+        eprintln!("traced late, another server started: {line}");
+        let last = server.stop();
+        assert_eq!(total(&last, "long_caught"), 0, "{last}");
+        service.wait_for_stderr_match("the late server's end seen", TIMEOUT, |l| {
+            l.contains(&format!("process {pid} exited"))
+        });
+    };
     server.command(b'a');
     server.command(b't');
     std::thread::sleep(Duration::from_millis(1000));
@@ -231,9 +249,9 @@ fn an_auto_target_repairs_a_cpp_server_from_its_exec() {
     };
     let json: serde_json::Value = serde_json::from_slice(&client(&["status", "--json"])).unwrap();
     let repair = &json["targets"][0]["binaries"][0]["repair"];
-    assert_eq!(repair["processes_traced"], 1, "{json}");
+    assert_eq!(repair["processes_traced"], 1 + late, "{json}");
     assert_eq!(repair["traced_from_exec"], 1, "{json}");
-    assert_eq!(repair["traced_late"], 0, "{json}");
+    assert_eq!(repair["traced_late"], late, "{json}");
     let snapshot = String::from_utf8(client(&["snapshot", "cpp"])).unwrap();
     let dir = PathBuf::from(
         snapshot
