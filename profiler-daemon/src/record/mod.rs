@@ -470,6 +470,12 @@ fn repair_wanted(
             let Some(unwinder) = crate::repair::auto_repairs(image, attach) else {
                 return Ok(None);
             };
+            // Under --attach each repaired process has probes of its own, which a budget
+            // cannot drop yet: per-function's are shared, each function's removable.
+            if attach && cli.max_overhead.is_some() {
+                errln!("fdr-profiled: exits: not repaired under --attach with --max-overhead (each repaired process has probes of its own, which the budget cannot drop yet): per-function");
+                return Ok(None);
+            }
             Ok(crate::kernel::btf::repair_offsets()
                 .ok()
                 .map(|offsets| RepairWanted {

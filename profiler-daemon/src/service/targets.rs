@@ -253,10 +253,15 @@ fn attach_binary(
     let mut image = exits::static_image(path);
     image[0] = plan.binary.clone();
     // `auto` repairs the stack where it can (the repair programs loaded, see `runtime`), as
-    // `--attach` does; else it decides per function.
+    // `--attach` does; else it decides per function. Not under a budget: a repaired stack's
+    // probes are per process, which a budget cannot drop yet (see `budget_for`), and an
+    // always-on target is kept cheap by its budget, which per-function's probes, shared by
+    // every process and each function's removable, allow.
     let auto_repair = (config.exits == ExitMode::Auto && tracer.options().repair.is_some())
         .then(|| crate::repair::auto_repairs(&image, true))
         .flatten();
+    let budget_not_repair = auto_repair.is_some() && config.max_overhead.is_some();
+    let auto_repair = auto_repair.filter(|_| config.max_overhead.is_none());
     let repairs = config.exits == ExitMode::Repair || auto_repair.is_some();
     let (policy, choice) = match &auto_repair {
         Some((unwinder, symbol)) => {
@@ -264,7 +269,17 @@ fn attach_binary(
             choice.reason = crate::repair::auto_reason(unwinder, symbol);
             (policy, choice)
         }
-        None => exits::choose(config.exits, &image),
+        None => {
+            let (policy, mut choice) = exits::choose(config.exits, &image);
+            if budget_not_repair {
+                choice.reason = format!(
+                    "{}; not repaired under max_overhead (a repaired stack's probes are per \
+                     process, which the budget cannot drop yet): max_overhead = \"none\" repairs",
+                    choice.reason
+                );
+            }
+            (policy, choice)
+        }
     };
     exits::decide(&mut plan, policy);
     let mut tagged = plan.clone();

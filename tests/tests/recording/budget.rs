@@ -258,3 +258,50 @@ fn a_launched_server_drops_a_long_lived_frame_for_its_stops_and_unhooks_it() {
     // The files load, every call in them complete or closed and counted.
     tests::trace::check_trace_dir(&run.out, &run.bin);
 }
+
+/// `--attach` a C++ server's binary under `--max-overhead 5%` with the default exits: each
+/// repaired process would have probes of its own, which a budget cannot drop, so the session
+/// decides per function instead (said on stderr and in `session.json`); a server started
+/// later gets the shared probes, the budget drops its hot functions with their rates, and the
+/// server throws, catches and ends as untraced, its files loading in llvm-xray 14 and 19.
+#[test]
+fn attach_under_a_budget_decides_per_function_and_drops() {
+    use tests::run::{
+        assert_success, interrupt_and_finish, spawn_fixture, start_attach, wait_attached,
+    };
+    let scratch = tests::scratch_dir("budget-attach");
+    let bin = tests::fixtures::private_copy(
+        &tests::fixtures::workloads::deep_server_fixture(),
+        scratch.path(),
+    );
+    let out = scratch.path().join("out");
+    let mut tracer = start_attach(&bin, &out, &["--max-overhead", "5%", "--no-report"]);
+    wait_attached(&mut tracer);
+    let server = spawn_fixture("deep_server", &bin, &["5", "100", "50", "4"]);
+    let done = server.finish(TIMEOUT);
+    assert_success("deep_server", &done);
+    let (rounds, caught) = tests::server::deep_server_rounds(&done.stdout);
+    assert_eq!(caught, rounds / 5, "every fifth request throws");
+    let traced = interrupt_and_finish(tracer, TIMEOUT);
+    assert_success("fdr-profiled --attach", &traced);
+    assert!(
+        traced
+            .stderr
+            .contains("not repaired under --attach with --max-overhead"),
+        "{}",
+        traced.stderr
+    );
+    let trace = tests::trace::check_trace_dir(&out, &bin);
+    let session = &trace.session.json;
+    assert_eq!(session["exits"], "per-function", "{session}");
+    let changes = session["budget"]["changes"].as_array().unwrap();
+    let leaf = changes
+        .iter()
+        .find(|c| c["function"] == "ds_leaf")
+        .unwrap_or_else(|| panic!("ds_leaf was not dropped: {session}\n{}", traced.stderr));
+    assert_eq!(leaf["action"], "dropped", "{leaf}");
+    assert!(
+        leaf["calls_per_second"].as_f64().unwrap() > 1000.0,
+        "{leaf}"
+    );
+}

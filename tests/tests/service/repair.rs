@@ -186,7 +186,8 @@ fn a_repaired_server_outlives_the_service_killed() {
     assert_eq!(total(&last, "long_caught"), 1, "{last}");
 }
 
-/// `exits = "auto"` (the default) on a C++ target: the service repairs its processes' stacks as
+/// `exits = "auto"` (the default) on a C++ target without a budget (`max_overhead = "none"`):
+/// the service repairs its processes' stacks as
 /// `exits = "repair"` does, and a server started while it runs is held from its exec until its
 /// keeper has it: traced from its first instruction, which the status counts; a snapshot
 /// says `repair` and why; the server serves and throws as untraced.
@@ -200,7 +201,7 @@ fn an_auto_target_repairs_a_cpp_server_from_its_exec() {
     std::fs::write(
         &config,
         format!(
-            "output = \"{}\"\n[[target]]\nname = \"cpp\"\nbinary = \"{}\"\nwindow = \"1s\"\n",
+            "output = \"{}\"\n[[target]]\nname = \"cpp\"\nbinary = \"{}\"\nwindow = \"1s\"\nmax_overhead = \"none\"\n",
             output.display(),
             bin.display()
         ),
@@ -276,6 +277,78 @@ fn an_auto_target_repairs_a_cpp_server_from_its_exec() {
     service.wait_for_stderr_match("the server's end seen", TIMEOUT, |l| {
         l.contains(&format!("process {pid} exited"))
     });
+    service.signal(libc::SIGTERM);
+    let done = service.finish(TIMEOUT);
+    assert!(done.status.success(), "{}", done.stderr);
+}
+
+/// `exits = "auto"` on a C++ target under the default budget: not repaired (a repaired
+/// stack's probes are per process, which a budget cannot drop), its functions decided one by
+/// one and budgeted: the session says so, the status has the budget, and the server throws,
+/// catches and ends as untraced.
+#[test]
+fn an_auto_target_under_a_budget_is_decided_per_function_and_budgeted() {
+    use tests::server::{server_fixture, total, tracers, Server};
+    let scratch = tests::scratch_dir("service-auto-budget");
+    let bin = private_copy(&server_fixture(), scratch.path());
+    let output = scratch.path().join("out");
+    let config = scratch.path().join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"cpp\"\nbinary = \"{}\"\nwindow = \"1s\"\n",
+            output.display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let socket = scratch.path().join("control.sock");
+    let service = ServiceStart::config(&config).socket(&socket).start();
+    let mut server = Server::start_copy(scratch.path(), &bin);
+    let pid = server.pid();
+    server.command(b'a');
+    server.command(b't');
+    std::thread::sleep(Duration::from_millis(1500));
+    // No keeper: nothing traces it with ptrace.
+    assert!(tracers(pid).iter().all(|&t| t == 0), "{:?}", tracers(pid));
+    let client = |args: &[&str]| {
+        let out = run_output(
+            Command::new(tests::fdr_profiled())
+                .args(args)
+                .arg("--socket")
+                .arg(&socket),
+        );
+        assert!(out.status.success(), "{out:?}");
+        out.stdout
+    };
+    let json: serde_json::Value = serde_json::from_slice(&client(&["status", "--json"])).unwrap();
+    let binary = &json["targets"][0]["binaries"][0];
+    assert!(binary["repair"].is_null(), "{json}");
+    assert_eq!(
+        binary["budget"]["max_overhead_percent"].as_f64(),
+        Some(2.0),
+        "{json}"
+    );
+    let snapshot = String::from_utf8(client(&["snapshot", "cpp"])).unwrap();
+    let dir = PathBuf::from(
+        snapshot
+            .lines()
+            .next()
+            .unwrap_or_else(|| panic!("no snapshot: {snapshot:?}")),
+    );
+    let trace = check_trace_dir(&dir, &bin);
+    let session = &trace.session.json;
+    assert_eq!(session["exits"], "per-function", "{session}");
+    assert!(
+        session["exits_reason"].as_str().is_some_and(
+            |r| r.starts_with("auto: ") && r.contains("not repaired under max_overhead")
+        ),
+        "{session}"
+    );
+    assert!(session["budget"].is_object(), "{session}");
+    let last = server.stop();
+    assert_eq!(total(&last, "long_caught"), 1, "{last}");
+    assert_eq!(total(&last, "caught"), total(&last, "third"), "{last}");
     service.signal(libc::SIGTERM);
     let done = service.finish(TIMEOUT);
     assert!(done.status.success(), "{}", done.stderr);
