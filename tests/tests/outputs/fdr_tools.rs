@@ -220,6 +220,21 @@ fn dump_adds_times_and_names_and_stops_at_the_first_error() {
         err.starts_with("fdr-profiled: error: ") && err.contains("bad.fdr: offset "),
         "{err}"
     );
+    // `report` on it, with its binary: what it can read, the break said once (it is found
+    // both when the file is listed and when it is replayed).
+    let out = run(&[
+        "report".as_ref(),
+        bad.as_os_str(),
+        "--binary".as_ref(),
+        bin.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        said.matches("only the records before it are used").count(),
+        1,
+        "{said}"
+    );
 
     // Not a file at all, or no manifest: one line, status 1, no panic.
     for args in [

@@ -219,6 +219,29 @@ fn bad_input_is_reported_and_good_files_still_counted() {
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("holds no session"), "{err}");
+    // A directory of sessions (the service's output, a folder of recordings, named as a
+    // process's directory would be): a one-line error naming them, not a report of nothing.
+    let many = scratch_dir("report-many");
+    for name in ["server-1", "server-2"] {
+        let session = many.path().join(name);
+        std::fs::create_dir(&session).unwrap();
+        write_session(
+            &session,
+            &[SynthProcess {
+                pid: 7,
+                binary: cpp.clone(),
+                build_id: Some(build_id(&cpp)),
+                threads: vec![(7, nested_calls(ids, 10, 1_000))],
+            }],
+        );
+    }
+    let (ok, _, err) = run_tool(&["report".as_ref(), many.path().as_os_str()]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("holds 2 sessions, not one") && err.contains("server-2"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -196,18 +196,7 @@ fn an_auto_target_repairs_a_cpp_server_from_its_exec() {
     use tests::server::{server_fixture, total, Server};
     let scratch = tests::scratch_dir("service-repair-auto");
     let bin = private_copy(&server_fixture(), scratch.path());
-    let output = scratch.path().join("out");
-    let config = scratch.path().join("fdr-profiled.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "output = \"{}\"\n[[target]]\nname = \"cpp\"\nbinary = \"{}\"\nwindow = \"1s\"\nmax_overhead = \"none\"\n",
-            output.display(),
-            bin.display()
-        ),
-    )
-    .unwrap();
-    let socket = scratch.path().join("control.sock");
+    let (config, socket) = cpp_target(scratch.path(), &bin, "max_overhead = \"none\"\n");
     // Started: its targets are attached.
     let mut service = ServiceStart::config(&config).socket(&socket).start();
     // Held at its exec, the server is traced from there. A loaded host (this suite's tests
@@ -238,28 +227,13 @@ fn an_auto_target_repairs_a_cpp_server_from_its_exec() {
     server.command(b'a');
     server.command(b't');
     std::thread::sleep(Duration::from_millis(1000));
-    let client = |args: &[&str]| {
-        let out = run_output(
-            Command::new(tests::fdr_profiled())
-                .args(args)
-                .arg("--socket")
-                .arg(&socket),
-        );
-        assert!(out.status.success(), "{out:?}");
-        out.stdout
-    };
-    let json: serde_json::Value = serde_json::from_slice(&client(&["status", "--json"])).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&client(&socket, &["status", "--json"])).unwrap();
     let repair = &json["targets"][0]["binaries"][0]["repair"];
     assert_eq!(repair["processes_traced"], 1 + late, "{json}");
     assert_eq!(repair["traced_from_exec"], 1, "{json}");
     assert_eq!(repair["traced_late"], late, "{json}");
-    let snapshot = String::from_utf8(client(&["snapshot", "cpp"])).unwrap();
-    let dir = PathBuf::from(
-        snapshot
-            .lines()
-            .next()
-            .unwrap_or_else(|| panic!("no snapshot: {snapshot:?}")),
-    );
+    let dir = snapshot_of_cpp(&socket);
     let trace = check_trace_dir(&dir, &bin);
     let session = &trace.session.json;
     assert_eq!(session["exits"], "repair", "{session}");
@@ -291,18 +265,7 @@ fn an_auto_target_under_a_budget_is_decided_per_function_and_budgeted() {
     use tests::server::{server_fixture, total, tracers, Server};
     let scratch = tests::scratch_dir("service-auto-budget");
     let bin = private_copy(&server_fixture(), scratch.path());
-    let output = scratch.path().join("out");
-    let config = scratch.path().join("fdr-profiled.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "output = \"{}\"\n[[target]]\nname = \"cpp\"\nbinary = \"{}\"\nwindow = \"1s\"\n",
-            output.display(),
-            bin.display()
-        ),
-    )
-    .unwrap();
-    let socket = scratch.path().join("control.sock");
+    let (config, socket) = cpp_target(scratch.path(), &bin, "");
     let service = ServiceStart::config(&config).socket(&socket).start();
     let mut server = Server::start_copy(scratch.path(), &bin);
     let pid = server.pid();
@@ -311,17 +274,8 @@ fn an_auto_target_under_a_budget_is_decided_per_function_and_budgeted() {
     std::thread::sleep(Duration::from_millis(1500));
     // No keeper: nothing traces it with ptrace.
     assert!(tracers(pid).iter().all(|&t| t == 0), "{:?}", tracers(pid));
-    let client = |args: &[&str]| {
-        let out = run_output(
-            Command::new(tests::fdr_profiled())
-                .args(args)
-                .arg("--socket")
-                .arg(&socket),
-        );
-        assert!(out.status.success(), "{out:?}");
-        out.stdout
-    };
-    let json: serde_json::Value = serde_json::from_slice(&client(&["status", "--json"])).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&client(&socket, &["status", "--json"])).unwrap();
     let binary = &json["targets"][0]["binaries"][0];
     assert!(binary["repair"].is_null(), "{json}");
     assert_eq!(
@@ -329,13 +283,7 @@ fn an_auto_target_under_a_budget_is_decided_per_function_and_budgeted() {
         Some(2.0),
         "{json}"
     );
-    let snapshot = String::from_utf8(client(&["snapshot", "cpp"])).unwrap();
-    let dir = PathBuf::from(
-        snapshot
-            .lines()
-            .next()
-            .unwrap_or_else(|| panic!("no snapshot: {snapshot:?}")),
-    );
+    let dir = snapshot_of_cpp(&socket);
     let trace = check_trace_dir(&dir, &bin);
     let session = &trace.session.json;
     assert_eq!(session["exits"], "per-function", "{session}");
@@ -352,4 +300,43 @@ fn an_auto_target_under_a_budget_is_decided_per_function_and_budgeted() {
     service.signal(libc::SIGTERM);
     let done = service.finish(TIMEOUT);
     assert!(done.status.success(), "{}", done.stderr);
+}
+
+/// A service configuration with one target, `cpp`, on `bin` (flight recorder, 1 s window)
+/// and `extra` lines, written into `scratch`; returns it and the control socket's path.
+fn cpp_target(scratch: &std::path::Path, bin: &std::path::Path, extra: &str) -> (PathBuf, PathBuf) {
+    let config = scratch.join("fdr-profiled.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output = \"{}\"\n[[target]]\nname = \"cpp\"\nbinary = \"{}\"\nwindow = \"1s\"\n{extra}",
+            scratch.join("out").display(),
+            bin.display()
+        ),
+    )
+    .unwrap();
+    (config, scratch.join("control.sock"))
+}
+
+/// What `fdr-profiled ARGS --socket SOCKET` prints; it must succeed.
+fn client(socket: &std::path::Path, args: &[&str]) -> Vec<u8> {
+    let out = run_output(
+        Command::new(tests::fdr_profiled())
+            .args(args)
+            .arg("--socket")
+            .arg(socket),
+    );
+    assert!(out.status.success(), "{out:?}");
+    out.stdout
+}
+
+/// A snapshot of target `cpp`: its directory.
+fn snapshot_of_cpp(socket: &std::path::Path) -> PathBuf {
+    let snapshot = String::from_utf8(client(socket, &["snapshot", "cpp"])).unwrap();
+    PathBuf::from(
+        snapshot
+            .lines()
+            .next()
+            .unwrap_or_else(|| panic!("no snapshot: {snapshot:?}")),
+    )
 }

@@ -368,6 +368,24 @@ impl Layout {
     }
 
     fn scan(&mut self) -> anyhow::Result<()> {
+        let sessions = sessions_in(&self.dir);
+        if !sessions.is_empty() {
+            let named: Vec<String> = sessions
+                .iter()
+                .take(SESSIONS_NAMED)
+                .map(|p| p.display().to_string())
+                .collect();
+            let more = match sessions.len().saturating_sub(SESSIONS_NAMED) {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
+            anyhow::bail!(
+                "{} holds {} sessions, not one ({}{more}): report one of them",
+                self.dir.display(),
+                sessions.len(),
+                named.join(", ")
+            );
+        }
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", self.dir.display()))?;
         for entry in entries.flatten() {
@@ -426,6 +444,28 @@ impl Layout {
         }
         Ok(())
     }
+}
+
+/// Sessions named in the error for a directory of sessions.
+const SESSIONS_NAMED: usize = 4;
+
+/// The directories in `dir` that are sessions (a `session.json` in them, a regular file: no
+/// link followed), sorted: a directory of sessions (the service's output, a user's folder of
+/// recordings) is not one session whose process directories they would be taken for.
+fn sessions_in(dir: &Path) -> Vec<PathBuf> {
+    let mut sessions: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .filter(|p| {
+            std::fs::symlink_metadata(p.join(fdr_session::manifest::MANIFEST))
+                .is_ok_and(|m| m.is_file())
+        })
+        .collect();
+    sessions.sort();
+    sessions
 }
 
 /// `bytes` as a manifest, or the one-line error saying what is wrong with it.

@@ -207,7 +207,13 @@ impl Aggregator {
                 self.totals.events += outcome.events;
             }
         }
-        session.warnings.extend(warnings);
+        // The session's listing may have said the same (a file that breaks off is found
+        // both when it is listed and when it is replayed): each said once.
+        for w in warnings {
+            if !session.warnings.contains(&w) {
+                session.warnings.push(w);
+            }
+        }
     }
 
     /// The report: rows named through `session`.
