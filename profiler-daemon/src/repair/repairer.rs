@@ -435,10 +435,10 @@ impl<'a> Repairer<'a> {
     }
 
     /// The time the stop of `state` cost its thread (from the program's stop to its
-    /// `PTRACE_CONT`, and the measured time it takes to run again after that), shared in [`profiler_common::STOP_TIMES_MAP`] among `culprits`: without
-    /// every one of them hooked there would have been no stop (see `unwind_stop`), so the
-    /// overhead budget charges it to them.
-    /// Returns the stop's time (`None` where the kernel's stamp is missing).
+    /// `PTRACE_CONT`, and the measured time it takes to run again after that), shared in
+    /// [`profiler_common::STOP_TIMES_MAP`] among `culprits`: without every one of them hooked
+    /// there would have been no stop (see `unwind_stop`), so the overhead budget charges it
+    /// to them. Returns the stop's time (`None` where the kernel's stamp is missing).
     fn account_stop(
         &mut self,
         state: &profiler_common::RepairState,
