@@ -15,7 +15,6 @@ pub fn status(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-/// Runs `cmd` quietly and returns its stdout; `None` if it cannot start or fails.
 /// Compiles `source` into `out` with `compiler` (`clang-19`, `clang++-19`) and the flags the
 /// tests' fixtures use: optimized, with debug info, every function XRay-instrumented;
 /// `extra` after them.
@@ -35,6 +34,7 @@ pub fn xray_build(compiler: &str, source: &Path, out: &Path, extra: &[&str]) -> 
     )
 }
 
+/// Runs `cmd` quietly and returns its stdout; `None` if it cannot start or fails.
 pub fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
     out.status
