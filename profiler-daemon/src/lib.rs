@@ -28,6 +28,7 @@
 pub mod console;
 pub mod budget;
 pub mod cli;
+pub mod inline;
 pub mod kernel;
 pub mod plan;
 pub mod record;

@@ -18,6 +18,7 @@ const STAGES: &[(&str, u32)] = &[
     ("session", 4),
     ("repair", 5),
     ("budget", 5),
+    ("inline", 5),
     ("record", 6),
     ("tools", 6),
     ("service", 6),

@@ -5,7 +5,9 @@
 //! at the end `fdr-analysis` writes the report.
 mod args;
 mod costs;
+mod inline;
 pub mod objects;
+mod outputs;
 
 mod repaired;
 mod stuck;
@@ -142,8 +144,14 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     if cli.follow_forks && cli.exits == ExitMode::Repair {
         bail!("--follow-forks cannot be used with --exits repair (the repair keeper traces one process)");
     }
-    let repair = repair_wanted(cli, cli.attach.is_some(), &planned.image)?;
+    let inline = cli.engine == args::Engine::Inline;
+    if inline {
+        inline::refused(cli)?;
+    }
+    let repair = repair_wanted(cli, cli.attach.is_some(), &planned.image)?.filter(|_| !inline);
     let (mut policy, mut exits_choice) = match &repair {
+        // Patched exit sleds cost what an entry does: every exit is observed there.
+        _ if inline => crate::plan::exits::choose(ExitMode::Sleds, &planned.image),
         Some(wanted) => wanted.choice(),
         None => crate::plan::exits::choose(cli.exits, &planned.image),
     };
@@ -246,7 +254,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     }
     // What a probe hit costs, measured on probes of the daemon's own before the session's
     // are placed (after every fork above: it starts a thread).
-    let traps = if cli.floor {
+    let traps = if cli.floor || inline {
         None
     } else {
         costs::measure_traps(&mut tracer)
@@ -296,7 +304,14 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     let mut return_probes =
         (policy != ExitPolicy::All(Exits::Sleds) && budget.is_none()).then(Vec::new);
     let mut repaired = None;
-    let placed = if repairing && matches!(target, Target::Attach) {
+    let mut engine = None;
+    let placed = if let (true, Target::Pid(pid, ..)) = (inline, &target) {
+        let plans = std::mem::take(&mut planned.plans);
+        let ring_bytes = u64::from(cli.buffer_size);
+        inline::start(*pid, plans, ring_bytes, &mut session)
+            .map(|started| engine = Some(started))
+            .and_then(|()| tracer.set_armed(true))
+    } else if repairing && matches!(target, Target::Attach) {
         // Each process gets its probes once its keeper traces it (see `repaired`).
         return_probes = None;
         tracer.set_armed(true).and_then(|()| {
@@ -372,7 +387,9 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     runtime.block_on(async {
         let intake = Intake::new(rings, rings_per_cpu)?;
         let probing = Probing {
-            discovery: planned.discovery,
+            // Objects mapped later are not patched (yet).
+            discovery: planned.discovery.filter(|_| engine.is_none()),
+            inline: engine,
             filter,
             policy,
             scope,
@@ -548,6 +565,8 @@ fn attach_catches(tracer: &mut Tracer, objects: &[PathBuf], scope: Scope) {
 /// What places probes while recording: the tracer, and the objects still to be found.
 struct Probing {
     discovery: Option<Discovery>,
+    /// `--engine inline`: the process's sleds patched, its events in shared memory.
+    inline: Option<crate::inline::Engine>,
     filter: FunctionFilter,
     policy: ExitPolicy,
     scope: Scope,
@@ -643,7 +662,11 @@ async fn record(
     };
 
     let deadline = cli.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut drain = tokio::time::interval(DRAIN_INTERVAL);
+    // The handler cannot wake us: its threads' rings are drained more often.
+    let mut drain = tokio::time::interval(match probing.inline {
+        Some(_) => inline::DRAIN_INTERVAL,
+        None => DRAIN_INTERVAL,
+    });
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_flush = Instant::now();
     let mut last_stuck_check = Instant::now();
@@ -661,6 +684,9 @@ async fn record(
         tokio::select! {
             _ = drain.tick() => {
                 events.drain(DRAIN_BUDGET, &mut locked(&own));
+                if let Some(engine) = &mut probing.inline {
+                    inline::drain(engine, &mut events, &own);
+                }
                 probing.tracer.show_kernel_log();
                 if let Some(sampling) = &mut cost_sampling {
                     sampling.tick(&probing.tracer);
@@ -747,7 +773,11 @@ async fn record(
     if let Err(err) = probing.tracer.set_armed(false) {
         errln!("fdr-profiled: warning: {err:#}");
     }
-    events.finish(&books.threads(), &mut locked(&own));
+    let mut threads = books.threads();
+    if let Some(engine) = probing.inline.take() {
+        threads.extend(inline::finish(engine, &mut events, &own, &mut session));
+    }
+    events.finish(&threads, &mut locked(&own));
     let losses = IntakeLosses {
         unattributed_lost: books.unattributed_lost(),
         returns_before_tracing: books.counter(profiler_common::counter::RETURNS_BEFORE_TRACING),
@@ -803,7 +833,7 @@ async fn record(
                 symbolizer.with_file(build_id.clone(), format!("/proc/self/fd/{fd}").into());
         }
         match out {
-            Ok(out) => write_outputs(&out, report.events, &symbolizer),
+            Ok(out) => outputs::write_outputs(&out, report.events, &symbolizer),
             Err(err) => errln!("fdr-profiled: warning: could not write the report: {err:#}"),
         }
     }
@@ -832,37 +862,6 @@ async fn record(
 /// `EX_IOERR` of sysexits.h. The files written before stay valid; the summary counts what was
 /// not stored. It replaces a launched command's own status, which the error line gives.
 pub const WRITE_ERROR_STATUS: u8 = 74;
-
-/// Above this many events the timeline is not written by default: its JSON would be several
-/// gigabytes, more than a browser opens (`fdr-profiled convert` writes it on request).
-const MAX_DEFAULT_TIMELINE_EVENTS: u64 = 2_000_000;
-
-/// The report and timeline written next to the trace files (see `fdr_analysis::outputs`).
-fn write_outputs(dir: &OutputDir, events: u64, symbolizer: &Symbolizer) {
-    if events > MAX_DEFAULT_TIMELINE_EVENTS {
-        match fdr_analysis::outputs::write_report_in(dir, symbolizer) {
-            Ok(path) => errln!(
-                "fdr-profiled: report: {} (no trace.json: {events} events; `fdr-profiled convert` writes one)",
-                path.display()
-            ),
-            Err(err) => errln!("fdr-profiled: warning: could not write the report: {err:#}"),
-        }
-        return;
-    }
-    match fdr_analysis::outputs::write_session_outputs_in(dir, symbolizer) {
-        Ok(outputs) => {
-            for w in &outputs.warnings {
-                errln!("fdr-profiled: warning: {w}");
-            }
-            errln!(
-                "fdr-profiled: report: {}, timeline: {}",
-                outputs.report.display(),
-                outputs.trace.display()
-            );
-        }
-        Err(err) => errln!("fdr-profiled: warning: could not write the report: {err:#}"),
-    }
-}
 
 /// Resolves when the process traced by `--pid` exits; never without one.
 async fn target_exited(pidfd: Option<&tokio::io::unix::AsyncFd<OwnedFd>>) -> Result<()> {

@@ -389,11 +389,11 @@ fn keeper_main(
 }
 
 /// A pipe, both ends closed on exec.
-fn pipe() -> Result<(File, File)> {
+pub(crate) fn pipe() -> Result<(File, File)> {
     let mut ends = [0; 2];
     // SAFETY: valid pointer to two ints.
     if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("--exits repair: pipe");
+        return Err(std::io::Error::last_os_error()).context("pipe");
     }
     // SAFETY: fresh descriptors from pipe2, owned from here on.
     Ok(unsafe { (File::from_raw_fd(ends[0]), File::from_raw_fd(ends[1])) })
@@ -401,7 +401,7 @@ fn pipe() -> Result<(File, File)> {
 
 /// Closes every descriptor but standard error and `keep`; standard input and output become
 /// /dev/null (the keeper must not hold the command's pipes or fdr-profiled's files open).
-fn close_all_but(keep: &[RawFd]) {
+pub(crate) fn close_all_but(keep: &[RawFd]) {
     let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
         .map(|dir| {
             dir.flatten()

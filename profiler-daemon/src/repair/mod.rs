@@ -12,7 +12,7 @@
 pub mod hold;
 pub mod keeper;
 pub mod processes;
-mod ptrace;
+pub(crate) mod ptrace;
 mod release;
 mod repairer;
 pub mod resumption;

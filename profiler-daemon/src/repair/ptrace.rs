@@ -8,10 +8,17 @@ pub(super) fn seize(pid: u32) -> Result<()> {
     // runs another program is let go).
     // TRACESYSGOOD: the stops of a pass through the return trampoline (see
     // `Repairer::drop_dead_instances`) are told from signals.
-    let options = libc::PTRACE_O_TRACECLONE
-        | libc::PTRACE_O_TRACEFORK
-        | libc::PTRACE_O_TRACEEXEC
-        | libc::PTRACE_O_TRACESYSGOOD;
+    seize_with(pid, REPAIR_OPTIONS)
+}
+
+/// What the keeper is told of its tracees: see [`seize`].
+const REPAIR_OPTIONS: libc::c_int = libc::PTRACE_O_TRACECLONE
+    | libc::PTRACE_O_TRACEFORK
+    | libc::PTRACE_O_TRACEEXEC
+    | libc::PTRACE_O_TRACESYSGOOD;
+
+/// `PTRACE_SEIZE` of thread `pid` with `options`.
+pub(crate) fn seize_with(pid: u32, options: libc::c_int) -> Result<()> {
     // SAFETY: plain system call.
     let r = unsafe {
         libc::ptrace(
@@ -31,7 +38,13 @@ pub(super) fn seize(pid: u32) -> Result<()> {
 /// meanwhile by one not seized yet shows up in the next listing; after that, the clone option
 /// traces them); returns their ids. Fails when one cannot be traced: another tracer (a
 /// debugger) has it.
-pub(super) fn seize_all(pid: u32) -> Result<Vec<u32>> {
+pub(crate) fn seize_all(pid: u32) -> Result<Vec<u32>> {
+    seize_all_with(pid, REPAIR_OPTIONS)
+}
+
+/// [`seize_all`] with `options` (`PTRACE_O_TRACECLONE` at least, for the threads created
+/// meanwhile).
+pub(crate) fn seize_all_with(pid: u32, options: libc::c_int) -> Result<Vec<u32>> {
     let mut seized: Vec<u32> = Vec::new();
     loop {
         let listed = crate::traced::process::threads(pid)
@@ -43,7 +56,7 @@ pub(super) fn seize_all(pid: u32) -> Result<Vec<u32>> {
         // SAFETY: getpid has no preconditions.
         let us = unsafe { libc::getpid() } as u32;
         for tid in new {
-            match seize(tid) {
+            match seize_with(tid, options) {
                 Ok(()) => seized.push(tid),
                 // It exited meanwhile.
                 Err(_) if !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() => {}
@@ -65,13 +78,13 @@ pub(super) fn seize_all(pid: u32) -> Result<Vec<u32>> {
 }
 
 /// The new process a `PTRACE_EVENT_FORK` stop of `tid` announces.
-pub(super) fn event_message(tid: u32) -> Option<u32> {
+pub(crate) fn event_message(tid: u32) -> Option<u32> {
     ptrace_get::<libc::c_ulong>(libc::PTRACE_GETEVENTMSG, tid).and_then(|m| u32::try_from(m).ok())
 }
 
 /// What a ptrace `request` that fills a `T` (`PTRACE_GETREGS`, `PTRACE_GETEVENTMSG`) gives of
 /// the stopped thread `tid`. `T` must be plain data, valid when all zero.
-pub(super) fn ptrace_get<T: Copy>(request: libc::c_uint, tid: u32) -> Option<T> {
+pub(crate) fn ptrace_get<T: Copy>(request: libc::c_uint, tid: u32) -> Option<T> {
     let mut out = std::mem::MaybeUninit::<T>::zeroed();
     // SAFETY: plain system call writing at most a `T` into `out`.
     let r = unsafe {
@@ -125,7 +138,7 @@ pub(super) fn wait_any() -> Result<Wait> {
 }
 
 /// A ptrace request on a stopped tracee; a tracee that died meanwhile is no error.
-pub(super) fn request(request: libc::c_uint, tid: u32, data: i32) {
+pub(crate) fn request(request: libc::c_uint, tid: u32, data: i32) {
     // SAFETY: plain system call; `data` is a signal number or 0.
     unsafe {
         libc::ptrace(
@@ -216,7 +229,7 @@ pub(super) fn pass_through_trampoline(tid: u32, trampoline: u64) -> (bool, i32) 
 }
 
 /// Sets the stopped thread's registers; whether it could.
-pub(super) fn set_regs(tid: u32, regs: &libc::user_regs_struct) -> bool {
+pub(crate) fn set_regs(tid: u32, regs: &libc::user_regs_struct) -> bool {
     // SAFETY: plain system call reading a `user_regs_struct` of ours.
     unsafe {
         libc::ptrace(
@@ -360,7 +373,7 @@ pub(super) fn set_realtime(priority: i32) -> bool {
 /// Stops every seized thread (`PTRACE_INTERRUPT`) and waits until each is stopped; returns,
 /// per thread still there, the signal to deliver when it is resumed (a signal that reached it
 /// first: its stop is then that signal's delivery stop), 0 for none.
-pub(super) fn stop_all(threads: &[u32]) -> Vec<(u32, i32)> {
+pub(crate) fn stop_all(threads: &[u32]) -> Vec<(u32, i32)> {
     let mut stopped = Vec::new();
     for &tid in threads {
         request(libc::PTRACE_INTERRUPT, tid, 0);
@@ -386,7 +399,7 @@ pub(super) fn stop_all(threads: &[u32]) -> Vec<(u32, i32)> {
 /// The signal a thread in the stop `status` (from `waitpid`) is to be resumed with: a stop of
 /// ptrace's own (an interrupt, an event) delivers nothing (0); any other is a signal's
 /// delivery stop, and the signal is the program's.
-pub(super) fn signal_of_stop(status: i32) -> i32 {
+pub(crate) fn signal_of_stop(status: i32) -> i32 {
     let signal = libc::WSTOPSIG(status);
     let event = status >> 16 != 0 || signal == (libc::SIGTRAP | 0x80);
     if event {
@@ -416,7 +429,7 @@ pub(super) fn try_wait(tid: u32) -> std::io::Result<Option<i32>> {
 }
 
 /// Resumes the threads [`stop_all`] stopped, each with its signal.
-pub(super) fn resume_all(stopped: &[(u32, i32)]) {
+pub(crate) fn resume_all(stopped: &[(u32, i32)]) {
     for &(tid, signal) in stopped {
         request(libc::PTRACE_CONT, tid, signal);
     }

@@ -385,6 +385,39 @@ impl<S: Sink> EventPipeline<S> {
         }
     }
 
+    /// Events from a source of the caller's own rather than the kernel's rings (the inline
+    /// engine's shared memory): `source` hands each to the closure it is given, which passes it
+    /// to the sequencer and sink of the worker that owns its thread, as if a ring had held it.
+    /// On this thread, every worker held for the call.
+    pub fn deliver_from<R>(
+        &mut self,
+        local: &mut impl FnMut(&mut Event, Option<Gap>),
+        source: impl FnOnce(&mut dyn FnMut(&mut Event)) -> R,
+    ) -> R {
+        let mut workers: Vec<_> = self.shared.workers.iter().map(lock).collect();
+        let count = workers.len();
+        let mut parts: Vec<_> = workers
+            .iter_mut()
+            .map(|worker| {
+                let Worker {
+                    order,
+                    sink,
+                    handled,
+                    ..
+                } = &mut **worker;
+                (order, sink.as_ref().map(|s| lock(s)), handled)
+            })
+            .collect();
+        source(&mut |event: &mut Event| {
+            let (order, sink, handled) = &mut parts[owner(event.header.tid, count)];
+            **handled += 1;
+            match sink {
+                Some(sink) => order.push(event, &mut |e: &mut Event, g| sink.record(e, g)),
+                None => order.push(event, local),
+            }
+        })
+    }
+
     /// Resolves when a program found its ring filling up and asked to be drained.
     pub async fn wakeup(&self) -> Result<()> {
         self.wakeups.wait().await

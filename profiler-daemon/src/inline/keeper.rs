@@ -1,0 +1,499 @@
+//! The inline engine's keeper: a process of its own, forked from fdr-profiled before any of
+//! its threads exists, that patches the traced process and puts it back as it was.
+//!
+//! It stops every thread of the process (ptrace), maps the shared memory and, near each
+//! object, a page for the handler (system calls made by a stopped thread, `super::remote`),
+//! copies the handler there, patches the sleds, and lets the threads go: the process then runs
+//! untraced by ptrace, each hit a call into the handler. It waits for fdr-profiled's word (its
+//! end: the pipe closed, whatever way fdr-profiled ended, SIGKILL included), stops every thread
+//! again, writes each sled's original bytes back and checks them, moves any thread that is
+//! inside the handler out of it, unmaps the handler's pages (kept when a thread's stack still
+//! points into them: a signal handler that interrupted the handler returns there), puts
+//! private anonymous memory where the shared memory was (a hit interrupted by that signal
+//! handler writes there, harmlessly), and lets the threads go.
+//!
+//! So fdr-profiled may die at any moment: while the keeper patches, it finishes and then finds
+//! the pipe closed; afterwards, it restores at once. Only the keeper's own death (SIGKILL)
+//! leaves the sleds patched; the handler then goes on writing into memory nobody reads,
+//! counting what it cannot write, which costs the process a few nanoseconds a call.
+use super::buffers::Layout;
+use super::handler::handler;
+use super::patch::{is_unpatched, patched, Sled, Trampoline, SLED_BYTES};
+use super::remote::{mapped_ranges, place_near, Stopped};
+use crate::repair::keeper::{close_all_but, pipe};
+use anyhow::{bail, Context as _, Result};
+use std::fs::File;
+use std::io::{BufRead as _, Read as _, Write as _};
+use std::os::fd::AsRawFd as _;
+
+/// One object's sleds.
+pub struct ObjectSleds {
+    /// How the object is named in messages.
+    pub name: String,
+    pub sleds: Vec<Sled>,
+}
+
+/// What the keeper did at the start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Patched {
+    /// Where the shared memory is mapped in the process.
+    pub shared_at: u64,
+    /// Sleds patched.
+    pub sleds: usize,
+    /// Sleds left as they were: not as the compiler leaves them (patched by the program's own
+    /// XRay runtime?), or with no free place for the handler within reach.
+    pub skipped: usize,
+}
+
+/// What the keeper did at the end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restored {
+    /// Sleds whose original bytes were written back, and read back equal.
+    pub sleds: usize,
+    /// Sleds found neither patched by us nor original (something else wrote there): left.
+    pub changed: usize,
+    /// Whether the handler's pages were unmapped (else a thread's stack pointed into them).
+    pub unmapped: bool,
+    /// The process was gone: nothing to restore.
+    pub gone: bool,
+}
+
+/// The keeper process.
+pub struct InlineKeeper {
+    pid: libc::pid_t,
+    /// Closed to say the session ends.
+    commands: Option<File>,
+    reports: std::io::BufReader<File>,
+}
+
+impl InlineKeeper {
+    /// Forks the keeper of process `target`, which patches `objects`' sleds to call the
+    /// handler, with shared memory laid out as `layout`; returns once it has (or why it could
+    /// not). Call it where no other thread of fdr-profiled exists.
+    pub fn start(
+        target: u32,
+        objects: Vec<ObjectSleds>,
+        layout: Layout,
+        tid_offset: u64,
+    ) -> Result<(InlineKeeper, Patched)> {
+        let (report_read, report_write) = pipe()?;
+        let (command_read, command_write) = pipe()?;
+        let keep = [report_write.as_raw_fd(), command_read.as_raw_fd()];
+        // SAFETY: no other thread exists (see above), so the child may run any code.
+        match unsafe { libc::fork() } {
+            -1 => Err(std::io::Error::last_os_error()).context("--engine inline: fork"),
+            0 => {
+                drop((report_read, command_write));
+                let code = keeper_main(
+                    target,
+                    &objects,
+                    layout,
+                    tid_offset,
+                    report_write,
+                    command_read,
+                    &keep,
+                );
+                // SAFETY: the keeper ends here, without running the parent's destructors.
+                unsafe { libc::_exit(code) }
+            }
+            pid => {
+                drop((report_write, command_read));
+                let mut keeper = InlineKeeper {
+                    pid,
+                    commands: Some(command_write),
+                    reports: std::io::BufReader::new(report_read),
+                };
+                let line = keeper.report();
+                match parse_patched(&line) {
+                    Some(patched) => Ok((keeper, patched)),
+                    None => {
+                        keeper.reap();
+                        bail!(
+                            "--engine inline: {}",
+                            if line.is_empty() {
+                                "the keeper died"
+                            } else {
+                                line.trim_end()
+                            }
+                        )
+                    }
+                }
+            }
+        }
+    }
+
+    fn report(&mut self) -> String {
+        let mut line = String::new();
+        let _ = self.reports.read_line(&mut line);
+        line
+    }
+
+    /// Ends the session: the keeper puts the process back as it was; what it did.
+    pub fn finish(mut self) -> Result<Restored> {
+        drop(self.commands.take());
+        let line = self.report();
+        self.reap();
+        parse_restored(&line).with_context(|| {
+            format!(
+                "--engine inline: the keeper could not put the process back: {}",
+                if line.is_empty() {
+                    "it died"
+                } else {
+                    line.trim_end()
+                }
+            )
+        })
+    }
+
+    fn reap(&mut self) {
+        drop(self.commands.take());
+        let mut status = 0;
+        // SAFETY: valid pointer; the keeper is our child.
+        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+    }
+}
+
+fn parse_patched(line: &str) -> Option<Patched> {
+    let mut words = line.strip_prefix("patched ")?.split_whitespace();
+    Some(Patched {
+        shared_at: words.next()?.parse().ok()?,
+        sleds: words.next()?.parse().ok()?,
+        skipped: words.next()?.parse().ok()?,
+    })
+}
+
+fn parse_restored(line: &str) -> Option<Restored> {
+    if line.trim_end() == "gone" {
+        return Some(Restored {
+            sleds: 0,
+            changed: 0,
+            unmapped: false,
+            gone: true,
+        });
+    }
+    let mut words = line.strip_prefix("restored ")?.split_whitespace();
+    Some(Restored {
+        sleds: words.next()?.parse().ok()?,
+        changed: words.next()?.parse().ok()?,
+        unmapped: words.next()? == "unmapped",
+        gone: false,
+    })
+}
+
+/// What the keeper changed in the process.
+struct Applied {
+    shared_at: u64,
+    /// The handler's pages (address, length).
+    pages: Vec<(u64, u64)>,
+    /// Each patched sled: address, original and patched bytes.
+    sleds: Vec<(u64, [u8; SLED_BYTES], [u8; SLED_BYTES])>,
+    skipped: usize,
+    /// Where system calls are made (a sled).
+    site: u64,
+}
+
+/// The keeper's life, in the forked child.
+fn keeper_main(
+    target: u32,
+    objects: &[ObjectSleds],
+    layout: Layout,
+    tid_offset: u64,
+    mut reports: File,
+    mut commands: File,
+    keep: &[i32],
+) -> i32 {
+    // SAFETY: plain system calls on our own process.
+    unsafe {
+        libc::setsid();
+        for signal in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGPIPE,
+            libc::SIGTSTP,
+            libc::SIGTTIN,
+            libc::SIGTTOU,
+        ] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        libc::prctl(libc::PR_SET_NAME, c"fdr-inline".as_ptr());
+    }
+    close_all_but(keep);
+    let applied = match apply(target, objects, layout, tid_offset) {
+        Ok(applied) => applied,
+        Err(err) => {
+            let _ = writeln!(reports, "{err:#}");
+            return 1;
+        }
+    };
+    let _ = writeln!(
+        reports,
+        "patched {} {} {}",
+        applied.shared_at,
+        applied.sleds.len(),
+        applied.skipped
+    );
+    // Until fdr-profiled says the session ends, or dies (either way the pipe closes).
+    let mut byte = [0u8; 64];
+    loop {
+        match commands.read(&mut byte) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    let line = match restore(target, &applied, layout) {
+        Ok(Some(r)) => format!(
+            "restored {} {} {}",
+            r.sleds,
+            r.changed,
+            if r.unmapped { "unmapped" } else { "kept" }
+        ),
+        Ok(None) => "gone".to_owned(),
+        Err(err) => format!("{err:#}"),
+    };
+    let _ = writeln!(reports, "{line}");
+    0
+}
+
+/// Stops the process and patches it.
+fn apply(target: u32, objects: &[ObjectSleds], layout: Layout, tid_offset: u64) -> Result<Applied> {
+    let site = objects
+        .iter()
+        .flat_map(|o| o.sleds.first())
+        .map(|s| s.address)
+        .next()
+        .context("no sled to patch")?;
+    let mut stopped = Stopped::stop(target)?;
+    let shared_at = stopped.mmap(
+        site,
+        0,
+        layout.bytes(),
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+    )?;
+    let mut applied = Applied {
+        shared_at,
+        pages: Vec::new(),
+        sleds: Vec::new(),
+        skipped: 0,
+        site,
+    };
+    match patch_objects(&mut stopped, objects, layout, tid_offset, &mut applied) {
+        Ok(()) => {
+            stopped.release();
+            Ok(applied)
+        }
+        Err(err) => {
+            // Nothing half done is left: the sleds patched so far go back.
+            for (address, original, _) in &applied.sleds {
+                let _ = write_sled(&stopped, *address, original);
+            }
+            Err(err)
+        }
+    }
+}
+
+fn patch_objects(
+    stopped: &mut Stopped,
+    objects: &[ObjectSleds],
+    layout: Layout,
+    tid_offset: u64,
+    applied: &mut Applied,
+) -> Result<()> {
+    let handler = handler();
+    let block = layout.data_block(applied.shared_at, tid_offset);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    let len = (handler.bytes.len() as u64).div_ceil(page) * page;
+    for object in objects {
+        let (Some(lo), Some(hi)) = (
+            object.sleds.iter().map(|s| s.address).min(),
+            object.sleds.iter().map(|s| s.address).max(),
+        ) else {
+            continue;
+        };
+        let mapped = mapped_ranges(stopped.pid())?;
+        let Some(at) = place_near(&mapped, lo, hi + SLED_BYTES as u64, len, page) else {
+            applied.skipped += object.sleds.len();
+            continue;
+        };
+        let code = stopped.mmap(
+            applied.site,
+            at,
+            len,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+        )?;
+        if code != at {
+            bail!(
+                "the handler's page for {} went to {code:#x}, not {at:#x}",
+                object.name
+            );
+        }
+        applied.pages.push((code, len));
+        stopped.write(code, handler.bytes)?;
+        stopped.write(code + handler.data as u64, &block)?;
+        for sled in &object.sleds {
+            let mut original = [0u8; SLED_BYTES];
+            stopped.read(sled.address, &mut original)?;
+            let trampoline = code
+                + match sled.kind {
+                    Trampoline::Entry => handler.entry,
+                    Trampoline::Exit => handler.exit,
+                    Trampoline::Tail => handler.tail,
+                } as u64;
+            let new = match patched(sled, trampoline) {
+                Some(new) if is_unpatched(sled.kind, &original) => new,
+                _ => {
+                    applied.skipped += 1;
+                    continue;
+                }
+            };
+            write_sled(stopped, sled.address, &new)?;
+            applied.sleds.push((sled.address, original, new));
+        }
+    }
+    Ok(())
+}
+
+/// Writes a sled's bytes: the last nine, then the first two (XRay's order: a thread that ran
+/// it meanwhile would see the old sled or the new one, never a mix).
+fn write_sled(stopped: &Stopped, address: u64, bytes: &[u8; SLED_BYTES]) -> Result<()> {
+    stopped.write(address + 2, &bytes[2..])?;
+    stopped.write(address, &bytes[..2])
+}
+
+/// Stops the process again and puts it back as it was; `None` if it is gone.
+fn restore(target: u32, applied: &Applied, layout: Layout) -> Result<Option<Restored>> {
+    let mut stopped = match Stopped::stop(target) {
+        Ok(stopped) => stopped,
+        Err(_) if gone(target) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let mut restored = Restored {
+        sleds: 0,
+        changed: 0,
+        unmapped: false,
+        gone: false,
+    };
+    for (address, original, new) in &applied.sleds {
+        let mut now = [0u8; SLED_BYTES];
+        stopped.read(*address, &mut now)?;
+        if now == *new {
+            // The first two bytes first: the sled is whole again from then on.
+            stopped.write(*address, &original[..2])?;
+            stopped.write(address + 2, &original[2..])?;
+        } else if now != *original {
+            restored.changed += 1;
+            continue;
+        }
+        stopped.read(*address, &mut now)?;
+        if now == *original {
+            restored.sleds += 1;
+        } else {
+            restored.changed += 1;
+        }
+    }
+    let inside = |at: u64| {
+        applied
+            .pages
+            .iter()
+            .any(|&(p, len)| (p..p + len).contains(&at))
+    };
+    // A thread stopped inside the handler finishes its hit first (a few instructions).
+    for (tid, rip, _) in stopped.positions() {
+        let mut rip = rip;
+        for _ in 0..256 {
+            if !inside(rip) {
+                break;
+            }
+            stopped.step(tid)?;
+            rip = stopped
+                .positions()
+                .into_iter()
+                .find(|p| p.0 == tid)
+                .map_or(0, |p| p.1);
+        }
+    }
+    let referenced = stopped
+        .positions()
+        .into_iter()
+        .any(|(_, rip, rsp)| inside(rip) || stack_words(&stopped, rsp).into_iter().any(inside));
+    if referenced {
+        // A hit interrupted in the handler writes its record here when it goes on.
+        stopped.mmap(
+            applied.site,
+            applied.shared_at,
+            layout.bytes(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+        )?;
+    } else {
+        for &(page, len) in &applied.pages {
+            stopped.munmap(applied.site, page, len)?;
+        }
+        stopped.munmap(applied.site, applied.shared_at, layout.bytes())?;
+        restored.unmapped = true;
+    }
+    stopped.release();
+    Ok(Some(restored))
+}
+
+/// Whether process `pid` has ended (a zombie has no memory left to restore).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_none_or(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+        Err(_) => true,
+    }
+}
+
+/// The words of the top 64 KiB of a stack (as far as it is readable).
+fn stack_words(stopped: &Stopped, rsp: u64) -> Vec<u64> {
+    let mut words = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let mut at = rsp & !7;
+    for _ in 0..17 {
+        // Page by page (the first from `rsp` to its page's end): the stack ends at a page.
+        let len = (4096 - (at % 4096)) as usize;
+        if stopped.read(at, &mut chunk[..len]).is_err() {
+            break;
+        }
+        words.extend(
+            chunk[..len]
+                .chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes"))),
+        );
+        at += len as u64;
+    }
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_keepers_reports_parse() {
+        assert_eq!(
+            parse_patched("patched 140000 12 1\n"),
+            Some(Patched {
+                shared_at: 140000,
+                sleds: 12,
+                skipped: 1
+            })
+        );
+        assert_eq!(
+            parse_patched("PTRACE_SEIZE: Operation not permitted\n"),
+            None
+        );
+        let restored = parse_restored("restored 12 0 unmapped\n").unwrap();
+        assert_eq!((restored.sleds, restored.unmapped), (12, true));
+        assert!(parse_restored("gone\n").unwrap().gone);
+    }
+}

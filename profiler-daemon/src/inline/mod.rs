@@ -1,0 +1,188 @@
+//! `--engine inline`: tracing a running process at in-process cost, by patching its XRay sleds
+//! from outside to call a handler put into it, as XRay's own runtime would patch them, instead
+//! of placing a uprobe (a kernel trap) on each.
+//!
+//! - [`handler`]: the handler, assembled with fdr-profiled and copied into the process: it
+//!   writes one record per hit into the calling thread's slot of memory shared with
+//!   fdr-profiled, with no system call and no lock;
+//! - [`patch`]: the bytes a sled gets, and what it must hold first;
+//! - [`remote`]: the process held still from outside (ptrace), its memory written, system
+//!   calls made in it;
+//! - [`keeper`]: the process, forked from fdr-profiled, that patches the process and puts it
+//!   back as it was at the end, whatever happens to fdr-profiled;
+//! - [`buffers`]: the shared memory, read by fdr-profiled into the events the kernel side
+//!   would have made, which go down the same pipeline (`session::pipeline`);
+//! - [`glibc`]: where a thread's id is, for the handler.
+//!
+//! uprobes stay the default: they change nothing in the process's memory, and what runs there
+//! is verified by the kernel. This engine is for code too hot for them.
+pub mod buffers;
+pub mod glibc;
+pub mod handler;
+pub mod keeper;
+pub mod patch;
+pub mod remote;
+
+use crate::kernel::intake::Event;
+use crate::plan::AttachPlan;
+use anyhow::{Context as _, Result};
+use buffers::{Layout, SharedBuffers, TscClock};
+use keeper::{InlineKeeper, ObjectSleds, Patched, Restored};
+use patch::{Sled, Trampoline};
+use profiler_common::{SledKind, ThreadState};
+
+/// Threads that can be traced at once (a slot each); more find none and their hits are
+/// counted, not recorded.
+pub const SLOTS: u64 = 1024;
+
+/// Drains between two looks at which slots' threads are gone.
+const CHECK_EVERY: u32 = 8;
+
+/// The inline engine tracing one process.
+pub struct Engine {
+    keeper: Option<InlineKeeper>,
+    buffers: SharedBuffers,
+    clock: TscClock,
+    patched: Patched,
+    drains: u32,
+    /// Threads found gone, not handed to the pipeline yet.
+    ended: Vec<(u32, ThreadState)>,
+}
+
+/// What the engine did, for the summary.
+#[derive(Clone, Debug)]
+pub struct EngineReport {
+    pub patched: Patched,
+    pub restored: Option<Restored>,
+    /// Hits of threads that found no slot.
+    pub no_slot: u64,
+}
+
+impl Engine {
+    /// Patches process `pid`'s sleds of `plans` (every thread stopped for the while) and
+    /// maps the memory its handler writes, `ring_bytes` per thread. Forks the keeper: call
+    /// it before any other thread of fdr-profiled exists.
+    pub fn start(pid: u32, plans: &[AttachPlan], ring_bytes: u64) -> Result<Engine> {
+        let tid_offset = glibc::tid_offset(pid)?;
+        let objects = plans
+            .iter()
+            .map(|plan| object_sleds(pid, plan))
+            .collect::<Result<Vec<_>>>()?;
+        let layout = Layout::new(SLOTS, ring_bytes)?;
+        // Before any hit: the handler's times are TSC ticks.
+        let clock = TscClock::measure(std::time::Duration::from_millis(20));
+        let (keeper, patched) = InlineKeeper::start(pid, objects, layout, tid_offset)?;
+        let buffers = match SharedBuffers::map(pid, patched.shared_at, layout) {
+            Ok(buffers) => buffers,
+            Err(err) => {
+                let _ = keeper.finish();
+                return Err(err);
+            }
+        };
+        Ok(Engine {
+            keeper: Some(keeper),
+            buffers,
+            clock,
+            patched,
+            drains: 0,
+            ended: Vec::new(),
+        })
+    }
+
+    /// What the keeper patched.
+    pub fn patched(&self) -> &Patched {
+        &self.patched
+    }
+
+    /// Hands the events written since the last drain to `sink` (each thread's ring at most
+    /// once around: one busy thread fills it in tens of milliseconds). Threads found gone are
+    /// kept for [`Engine::take_ended`].
+    pub fn drain(&mut self, sink: &mut dyn FnMut(&mut Event)) {
+        self.drains = self.drains.wrapping_add(1);
+        let check = self.drains.is_multiple_of(CHECK_EVERY);
+        self.buffers
+            .drain(u64::MAX, &self.clock, check, sink, &mut self.ended);
+    }
+
+    /// The threads found gone since the last call, with their books (their last number and
+    /// trailing losses), all their events drained.
+    pub fn take_ended(&mut self) -> Vec<(u32, ThreadState)> {
+        std::mem::take(&mut self.ended)
+    }
+
+    /// Ends the session: the keeper puts every sled back; then every event left is handed
+    /// to `sink`. Returns the books of the threads not ended yet, and what was done.
+    pub fn finish(
+        mut self,
+        sink: &mut dyn FnMut(&mut Event),
+    ) -> (Vec<(u32, ThreadState)>, EngineReport, Option<anyhow::Error>) {
+        let (restored, error) = match self.keeper.take().map(InlineKeeper::finish) {
+            Some(Ok(restored)) => (Some(restored), None),
+            Some(Err(err)) => (None, Some(err)),
+            None => (None, None),
+        };
+        self.buffers
+            .drain(u64::MAX, &self.clock, false, sink, &mut self.ended);
+        let mut books = std::mem::take(&mut self.ended);
+        books.extend(self.buffers.books());
+        let report = EngineReport {
+            patched: self.patched.clone(),
+            restored,
+            no_slot: self.buffers.no_slot(),
+        };
+        (books, report, error)
+    }
+}
+
+/// The sleds of `plan` where process `pid` has them: each probe's file offset in the mapping
+/// of the object that holds it (the object's file, by device and inode).
+fn object_sleds(pid: u32, plan: &AttachPlan) -> Result<ObjectSleds> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta =
+        std::fs::metadata(&plan.binary).with_context(|| format!("{}", plan.binary.display()))?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .with_context(|| format!("reading /proc/{pid}/maps"))?;
+    // (start, end, file offset) of each executable mapping of the file.
+    let mappings: Vec<(u64, u64, u64)> = maps
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (range, perms, offset, dev, inode) =
+                (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+            let (major, minor) = dev.split_once(':')?;
+            let dev = libc::makedev(
+                u32::from_str_radix(major, 16).ok()?,
+                u32::from_str_radix(minor, 16).ok()?,
+            );
+            if inode.parse::<u64>().ok()? != meta.ino() || dev != meta.dev() || !perms.contains('x')
+            {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+                u64::from_str_radix(offset, 16).ok()?,
+            ))
+        })
+        .collect();
+    let sleds = plan
+        .probes
+        .iter()
+        .filter_map(|probe| {
+            let kind = Trampoline::for_kind(SledKind::from_u8(probe.cookie.kind)?)?;
+            let &(start, _, offset) = mappings.iter().find(|&&(start, end, offset)| {
+                probe.file_offset >= offset && probe.file_offset + 11 <= offset + (end - start)
+            })?;
+            Some(Sled {
+                address: start + (probe.file_offset - offset),
+                function_id: probe.cookie.function_id,
+                kind,
+            })
+        })
+        .collect();
+    Ok(ObjectSleds {
+        name: plan.display_path.clone(),
+        sleds,
+    })
+}

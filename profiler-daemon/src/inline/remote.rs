@@ -1,0 +1,358 @@
+//! A traced process held still from outside: every thread seized and stopped (ptrace), its
+//! memory read and written through `/proc/PID/mem`, and system calls made in one of its
+//! threads (`mmap`, `munmap`), as a debugger's inferior calls are.
+//!
+//! A system call is made by the stopped thread itself: its registers are saved, it is pointed
+//! at a `syscall; int3` written over a sled (no thread runs while all are stopped; the bytes
+//! are put back at once), run to the breakpoint, and its registers put back. A thread stopped
+//! inside an interrupted system call gets it restarted as the kernel would have: its saved
+//! registers still say so (`orig_rax`, `-ERESTART*`), and the injected call runs with
+//! `orig_rax` = -1 so that the kernel does not restart that one instead.
+use crate::repair::ptrace;
+use anyhow::{bail, Context as _, Result};
+use std::fs::File;
+use std::os::unix::fs::FileExt as _;
+
+/// What the inline engine asks of ptrace: threads created while it works are traced (and
+/// stopped) from their first instruction; forks and execs are not followed.
+const OPTIONS: libc::c_int = libc::PTRACE_O_TRACECLONE;
+
+/// `syscall; int3`.
+const SYSCALL_SITE: [u8; 3] = [0x0f, 0x05, 0xcc];
+
+/// A process whose threads are all stopped, until [`Stopped::release`] (or drop).
+pub struct Stopped {
+    pid: u32,
+    /// Each stopped thread and the signal to deliver when it goes on.
+    threads: Vec<(u32, i32)>,
+    mem: File,
+    released: bool,
+}
+
+impl Stopped {
+    /// Seizes and stops every thread of `pid`, threads created meanwhile included. Fails
+    /// when a thread cannot be traced (another tracer, a debugger, has it: said in one line).
+    pub fn stop(pid: u32) -> Result<Stopped> {
+        let mem = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("opening the memory of process {pid}"))?;
+        let mut stopped = Stopped {
+            pid,
+            threads: Vec::new(),
+            mem,
+            released: false,
+        };
+        // Threads being created while the others stop show up in the next listing (traced
+        // from their creation by the clone option): until a listing finds none new.
+        loop {
+            let seized = ptrace::seize_all_with(pid, OPTIONS)?;
+            let new: Vec<u32> = seized
+                .into_iter()
+                .filter(|t| !stopped.threads.iter().any(|(s, _)| s == t))
+                .collect();
+            if new.is_empty() {
+                break;
+            }
+            stopped.threads.extend(ptrace::stop_all(&new));
+        }
+        if stopped.threads.is_empty() {
+            bail!("process {pid} has no thread left");
+        }
+        Ok(stopped)
+    }
+
+    /// The process.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The stopped threads.
+    pub fn threads(&self) -> impl Iterator<Item = u32> + '_ {
+        self.threads.iter().map(|(t, _)| *t)
+    }
+
+    /// Reads `buf.len()` bytes at `at`.
+    pub fn read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
+        self.mem.read_exact_at(buf, at).with_context(|| {
+            format!(
+                "reading {} bytes at {at:#x} in process {}",
+                buf.len(),
+                self.pid
+            )
+        })
+    }
+
+    /// Writes `bytes` at `at` (read-only code included: the kernel writes through the
+    /// process's own page tables, copying a shared page first).
+    pub fn write(&self, at: u64, bytes: &[u8]) -> Result<()> {
+        self.mem.write_all_at(bytes, at).with_context(|| {
+            format!(
+                "writing {} bytes at {at:#x} in process {}",
+                bytes.len(),
+                self.pid
+            )
+        })
+    }
+
+    /// Makes system call `nr` with `args` in the first stopped thread, using the code at
+    /// `site` (11 writable bytes no thread is about to run: a sled) for its instruction;
+    /// returns what it returned (negative: `-errno`).
+    pub fn syscall(&mut self, site: u64, nr: libc::c_long, args: [u64; 6]) -> Result<i64> {
+        let tid = self.threads[0].0;
+        let mut original = [0u8; SYSCALL_SITE.len()];
+        self.read(site, &mut original)?;
+        self.write(site, &SYSCALL_SITE)?;
+        let result = self.run_syscall(tid, site, nr, args);
+        // Put back whatever happened.
+        let restored = self.write(site, &original);
+        let result = result?;
+        restored?;
+        Ok(result)
+    }
+
+    fn run_syscall(
+        &mut self,
+        tid: u32,
+        site: u64,
+        nr: libc::c_long,
+        args: [u64; 6],
+    ) -> Result<i64> {
+        let Some(saved) = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid)
+        else {
+            bail!("reading the registers of thread {tid}");
+        };
+        let mut regs = saved;
+        regs.rax = nr as u64;
+        regs.orig_rax = u64::MAX;
+        regs.rdi = args[0];
+        regs.rsi = args[1];
+        regs.rdx = args[2];
+        regs.r10 = args[3];
+        regs.r8 = args[4];
+        regs.r9 = args[5];
+        regs.rip = site;
+        if !ptrace::set_regs(tid, &regs) {
+            bail!("setting the registers of thread {tid}");
+        }
+        let outcome = self.run_to_breakpoint(tid);
+        let after = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid);
+        // The thread's own registers back, whatever happened (it is still stopped unless it
+        // died).
+        let put_back = ptrace::set_regs(tid, &saved);
+        outcome?;
+        let Some(after) = after else {
+            bail!("reading the registers of thread {tid} after its system call");
+        };
+        if !put_back {
+            bail!("putting back the registers of thread {tid}");
+        }
+        if after.rip != site + 3 {
+            bail!(
+                "thread {tid} stopped at {:#x}, not after its system call",
+                after.rip
+            );
+        }
+        Ok(after.rax as i64)
+    }
+
+    /// Resumes stopped thread `tid` until its `int3`; signals that come meanwhile are kept
+    /// for it (delivered when it goes on).
+    fn run_to_breakpoint(&mut self, tid: u32) -> Result<()> {
+        for _ in 0..64 {
+            ptrace::request(libc::PTRACE_CONT, tid, 0);
+            let mut status = 0;
+            loop {
+                // SAFETY: valid pointer to an int; `tid` is a tracee of this thread.
+                let r = unsafe { libc::waitpid(tid as libc::pid_t, &mut status, libc::__WALL) };
+                if r >= 0 {
+                    break;
+                }
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                    bail!(
+                        "waiting for thread {tid}: {}",
+                        std::io::Error::last_os_error()
+                    );
+                }
+            }
+            if !libc::WIFSTOPPED(status) {
+                bail!("thread {tid} ended during a system call made for it");
+            }
+            let signal = ptrace::signal_of_stop(status);
+            if signal == libc::SIGTRAP {
+                return Ok(());
+            }
+            if signal != 0 {
+                if let Some(entry) = self.threads.iter_mut().find(|(t, _)| *t == tid) {
+                    entry.1 = signal;
+                }
+            }
+        }
+        bail!("thread {tid} did not reach its breakpoint")
+    }
+
+    /// `mmap` in the process; the address, or an error with the call's errno.
+    pub fn mmap(&mut self, site: u64, addr: u64, len: u64, prot: i32, flags: i32) -> Result<u64> {
+        let r = self.syscall(
+            site,
+            libc::SYS_mmap,
+            [addr, len, prot as u64, flags as u64, u64::MAX, 0],
+        )?;
+        if (-4095..0).contains(&r) {
+            return Err(std::io::Error::from_raw_os_error(-r as i32))
+                .with_context(|| format!("mmap of {len} bytes in process {}", self.pid));
+        }
+        Ok(r as u64)
+    }
+
+    /// `munmap` in the process.
+    pub fn munmap(&mut self, site: u64, addr: u64, len: u64) -> Result<()> {
+        let r = self.syscall(site, libc::SYS_munmap, [addr, len, 0, 0, 0, 0])?;
+        if r < 0 {
+            return Err(std::io::Error::from_raw_os_error(-r as i32))
+                .with_context(|| format!("munmap in process {}", self.pid));
+        }
+        Ok(())
+    }
+
+    /// Where each stopped thread is: its id, instruction and stack pointers.
+    pub fn positions(&self) -> Vec<(u32, u64, u64)> {
+        self.threads
+            .iter()
+            .filter_map(|&(tid, _)| {
+                ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid)
+                    .map(|r| (tid, r.rip, r.rsp))
+            })
+            .collect()
+    }
+
+    /// Runs stopped thread `tid` one instruction.
+    pub fn step(&mut self, tid: u32) -> Result<()> {
+        ptrace::request(libc::PTRACE_SINGLESTEP, tid, 0);
+        let mut status = 0;
+        // SAFETY: valid pointer to an int; `tid` is a tracee of this thread.
+        let r = unsafe { libc::waitpid(tid as libc::pid_t, &mut status, libc::__WALL) };
+        if r < 0 || !libc::WIFSTOPPED(status) {
+            bail!("thread {tid} ended while stepped");
+        }
+        let signal = ptrace::signal_of_stop(status);
+        if signal != 0 && signal != libc::SIGTRAP {
+            if let Some(entry) = self.threads.iter_mut().find(|(t, _)| *t == tid) {
+                entry.1 = signal;
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets every thread go on (each with the signal it had), no longer traced.
+    pub fn release(mut self) {
+        self.detach();
+    }
+
+    fn detach(&mut self) {
+        if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        for &(tid, signal) in &self.threads {
+            ptrace::request(libc::PTRACE_DETACH, tid, signal);
+        }
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// The mapped ranges of process `pid`, in order.
+pub fn mapped_ranges(pid: u32) -> Result<Vec<(u64, u64)>> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .with_context(|| format!("reading /proc/{pid}/maps"))?;
+    let mut ranges: Vec<(u64, u64)> = maps
+        .lines()
+        .filter_map(|line| {
+            let (range, _) = line.split_once(' ')?;
+            let (start, end) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            ))
+        })
+        .collect();
+    ranges.sort_unstable();
+    Ok(ranges)
+}
+
+/// A free, page-aligned place for `len` bytes whose every byte a `rel32` from each address in
+/// `lo..=hi` reaches (see [`super::patch::REACH`]), the nearest to `lo`; `None` if there is
+/// none among `mapped` (sorted ranges). Leaves a page free on each side.
+pub fn place_near(mapped: &[(u64, u64)], lo: u64, hi: u64, len: u64, page: u64) -> Option<u64> {
+    let reach = super::patch::REACH;
+    let len = len.div_ceil(page) * page;
+    let low_limit = hi.saturating_sub(reach).max(1 << 16);
+    let high_limit = lo.saturating_add(reach);
+    let mut best: Option<u64> = None;
+    let mut gap_start = 1u64 << 16;
+    let mut consider = |from: u64, to: u64| {
+        // Inside [from + page, to - page), within the limits, as near `lo` as it can be.
+        let from = from.saturating_add(page).max(low_limit);
+        let to = to.saturating_sub(page).min(high_limit);
+        if to <= from || to - from < len {
+            return;
+        }
+        let candidate = if to <= lo {
+            (to - len) / page * page
+        } else {
+            from.div_ceil(page) * page
+        };
+        if candidate < from || candidate + len > to {
+            return;
+        }
+        let distance = |a: u64| a.abs_diff(lo);
+        if best.is_none_or(|b| distance(candidate) < distance(b)) {
+            best = Some(candidate);
+        }
+    };
+    for &(start, end) in mapped {
+        if start > gap_start {
+            consider(gap_start, start);
+        }
+        gap_start = gap_start.max(end);
+    }
+    // Below the top of the user address space (47 bits).
+    consider(gap_start, 1 << 47);
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_is_placed_in_the_nearest_gap_within_reach() {
+        let page = 4096;
+        let mapped = [
+            (0x5555_0000_0000, 0x5555_0010_0000),
+            (0x5555_0010_0000, 0x5555_0020_0000),
+            (0x7fff_0000_0000, 0x7fff_1000_0000),
+        ];
+        // Just below the object, a page apart.
+        let at = place_near(&mapped, 0x5555_0000_1000, 0x5555_0000_9000, 100, page).unwrap();
+        assert_eq!(at, 0x5555_0000_0000 - 2 * page);
+        // A lower gap too small: the one above is taken.
+        let tight = [
+            (0x10000, 0x5555_0000_0000 - page),
+            (0x5555_0000_0000, 0x5555_0020_0000),
+        ];
+        let at = place_near(&tight, 0x5555_0000_1000, 0x5555_0000_9000, 100, page).unwrap();
+        assert_eq!(at, 0x5555_0020_0000 + page);
+        // Nothing within reach.
+        let full = [(0x10000, 1 << 47)];
+        assert_eq!(
+            place_near(&full, 0x5555_0000_1000, 0x5555_0000_9000, 100, page),
+            None
+        );
+    }
+}

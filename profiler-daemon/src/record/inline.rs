@@ -1,0 +1,114 @@
+//! `--engine inline` in a recording: the process's sleds patched by the inline engine's keeper
+//! instead of probed, its shared memory drained into the session's pipeline with the kernel's
+//! rings (which then hold nothing of it), and every sled put back at the end.
+use super::args::RecordArgs;
+use crate::inline::Engine;
+use crate::kernel::intake::DRAIN_BUDGET;
+use crate::plan::AttachPlan;
+use crate::session::pipeline::{locked, EventPipeline, Sink};
+use crate::session::Session;
+use anyhow::{bail, Result};
+use profiler_common::ThreadState;
+use std::sync::Mutex;
+
+/// How often the handler's rings are drained: it writes without waking fdr-profiled, and a
+/// thread calling flat out fills its ring (8 MiB by default: 262,144 hits) in about 40 ms.
+pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Why `cli` cannot run the inline engine, if it cannot.
+pub fn refused(cli: &RecordArgs) -> Result<()> {
+    if cli.pid.is_none() {
+        bail!("--engine inline: only with --pid for now (a running process)");
+    }
+    if cli.max_overhead.is_some() {
+        bail!("--engine inline: --max-overhead budgets uprobes; not with the inline engine");
+    }
+    if cli.follow_forks {
+        bail!("--engine inline: not with --follow-forks yet");
+    }
+    if cli.floor {
+        bail!("--engine inline: --floor measures uprobes; not with the inline engine");
+    }
+    Ok(())
+}
+
+/// Patches process `pid`'s sleds of `plans` and adds the objects to the session.
+pub fn start(
+    pid: u32,
+    plans: Vec<AttachPlan>,
+    ring_bytes: u64,
+    session: &mut Session,
+) -> Result<Engine> {
+    let engine = Engine::start(pid, &plans, ring_bytes)?;
+    let patched = engine.patched();
+    let attached_ns = crate::session::monotonic_ns();
+    errln!(
+        "fdr-profiled: inline engine: {} sleds patched in process {pid}{}; its keeper puts them back at the end",
+        patched.sleds,
+        match patched.skipped {
+            0 => String::new(),
+            n => format!(" ({n} left as they were: not as the compiler leaves them, or no room for the handler within reach)"),
+        }
+    );
+    for plan in plans {
+        let sleds = plan.probes.len();
+        session.add_object(plan, sleds, attached_ns);
+    }
+    Ok(engine)
+}
+
+/// Hands the events the handler wrote since the last drain to the pipeline, and ends the
+/// threads found gone.
+pub fn drain<S: Sink>(engine: &mut Engine, events: &mut EventPipeline<S>, own: &Mutex<S>) {
+    let mut local = locked(own);
+    events.deliver_from(&mut local, |sink| engine.drain(sink));
+    let ended = engine.take_ended();
+    if !ended.is_empty() {
+        events.end_exited(ended, DRAIN_BUDGET, &mut local);
+    }
+}
+
+/// The end: every sled put back, the last events drained; the books of the threads still
+/// open, for the pipeline's end.
+pub fn finish<S: Sink>(
+    engine: Engine,
+    events: &mut EventPipeline<S>,
+    own: &Mutex<S>,
+    session: &mut Session,
+) -> Vec<(u32, ThreadState)> {
+    let mut local = locked(own);
+    let (books, report, error) = events.deliver_from(&mut local, |sink| engine.finish(sink));
+    if let Some(err) = error {
+        errln!("fdr-profiled: warning: {err:#}");
+        session.add_note(format!("inline engine: {err:#}"));
+    }
+    match &report.restored {
+        Some(r) if r.gone => {}
+        Some(r) => {
+            errln!(
+                "fdr-profiled: inline engine: {} sleds put back{}{}",
+                r.sleds,
+                match r.changed {
+                    0 => String::new(),
+                    n => format!(", {n} found changed by something else and left"),
+                },
+                if r.unmapped {
+                    ""
+                } else {
+                    "; the handler's page is left mapped (a thread's stack still points into it)"
+                }
+            );
+        }
+        None => {}
+    }
+    if report.no_slot > 0 {
+        let note = format!(
+            "inline engine: {} hits of threads that found no free slot (more than {} threads at once) are not recorded",
+            report.no_slot,
+            crate::inline::SLOTS
+        );
+        errln!("fdr-profiled: warning: {note}");
+        session.add_note(note);
+    }
+    books
+}
