@@ -145,6 +145,16 @@ pub fn trace_pid(spec: &FixtureSpec, iterations: u32) -> ScenarioRun {
 /// bytes put at its path: a new inode) after the processes started and before attaching. The
 /// daemon must trace the file the process runs, not what the path names now.
 pub fn trace_pid_with(spec: &FixtureSpec, iterations: u32, replace_binary: bool) -> ScenarioRun {
+    trace_pid_as(spec, iterations, replace_binary, &[])
+}
+
+/// [`trace_pid_with`], fdr-profiled given `daemon_args` too (`--engine inline`).
+pub fn trace_pid_as(
+    spec: &FixtureSpec,
+    iterations: u32,
+    replace_binary: bool,
+    daemon_args: &[&str],
+) -> ScenarioRun {
     let scratch = scratch_dir(&format!("pid-{}", spec.name));
     let bin = private_copy(&(spec.build)(), scratch.path());
     let out = scratch.path().join("out");
@@ -167,7 +177,7 @@ pub fn trace_pid_with(spec: &FixtureSpec, iterations: u32, replace_binary: bool)
         std::fs::rename(&fresh, &bin).expect("put a new file at its path");
     }
 
-    let mut tracer = crate::run::start_pid(target_pid, &out, &[]);
+    let mut tracer = crate::run::start_pid(target_pid, &out, daemon_args);
     wait_attached(&mut tracer);
     std::fs::write(&wait, b"go\n").expect("create wait file");
 

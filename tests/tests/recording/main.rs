@@ -11,6 +11,8 @@ mod objects_launch;
 mod trace_cpp;
 mod trace_dso;
 mod trace_pid;
+// The inline engine: sleds patched from outside.
+mod inline;
 mod trace_rust;
 // What the records carry: arguments, custom and typed events, CPUs, timestamps.
 mod events;

@@ -1,0 +1,140 @@
+//! End to end, `--engine inline` (issue 31): a running process's sleds patched from outside to
+//! call a handler fdr-profiled puts into it, its hits written into shared memory.
+//!
+//! - The C++ fixture by pid (four threads, exceptions thrown and caught): the files hold
+//!   exactly the calls each thread counted, llvm-xray 14 and 19 load them, and a second
+//!   process running the same binary is untouched.
+//! - A busy process by pid (100,000 calls a second): after the session its
+//!   code is the ELF file's byte for byte (every sled put back), the handler's page and the
+//!   shared memory are gone, every traced call has its entry and its exit, nothing is lost,
+//!   and the process ends as it would untraced.
+use std::time::Duration;
+
+use tests::scenario::{trace_pid_as, CPP};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+#[test]
+fn cpp_process_by_pid_inline_counts_every_call() {
+    let run = trace_pid_as(&CPP, 100, false, &["--engine", "inline"]);
+    let stderr = &run.tracer.stderr;
+    // The process ended while traced: nothing was left to put back.
+    assert!(
+        stderr.contains("fdr-profiled: inline engine: ")
+            && stderr.contains(" sleds patched in process "),
+        "{stderr}"
+    );
+}
+
+/// The bytes of `pid`'s executable mappings of `bin` that differ from the file's.
+fn code_differences(pid: u32, bin: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::FileExt as _;
+    let file = std::fs::read(bin).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let name = bin.file_name().unwrap().to_str().unwrap();
+    let mut differences = Vec::new();
+    let mut compared = 0;
+    for line in maps.lines().filter(|l| l.ends_with(name)) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if !f[1].contains('x') {
+            continue;
+        }
+        let (start, end) = f[0].split_once('-').unwrap();
+        let start = u64::from_str_radix(start, 16).unwrap();
+        let end = u64::from_str_radix(end, 16).unwrap();
+        let offset = usize::from_str_radix(f[2], 16).unwrap();
+        let len = ((end - start) as usize).min(file.len() - offset);
+        let mut now = vec![0u8; len];
+        mem.read_exact_at(&mut now, start).unwrap();
+        let want = &file[offset..offset + len];
+        compared += len;
+        for (i, (a, b)) in now.iter().zip(want).enumerate() {
+            if a != b {
+                differences.push(format!("{:#x}: {a:#04x}, file {b:#04x}", start + i as u64));
+            }
+        }
+    }
+    assert!(
+        compared > 0,
+        "no code of {name} found in process {pid}:\n{maps}"
+    );
+    differences
+}
+
+#[test]
+fn a_busy_process_by_pid_is_put_back_byte_for_byte() {
+    let scratch = tests::scratch_dir("inline-busy");
+    let bin =
+        tests::fixtures::private_copy(&tests::fixtures::workloads::calls_fixture(), scratch.path());
+    let out = scratch.path().join("out");
+    let fixture = tests::run::spawn_fixture(
+        "calls",
+        &bin,
+        &["--threads", "1", "--seconds", "8", "--per-second"],
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = fixture.pid();
+    let tracer = tests::run::start_pid(
+        pid,
+        &out,
+        &["--engine", "inline", "--duration", "2", "--no-report"],
+    );
+    let tracer = tracer.finish(TIMEOUT);
+    tests::run::assert_success("fdr-profiled --pid --engine inline", &tracer);
+    let stderr = &tracer.stderr;
+    assert!(
+        stderr.contains("sleds patched in process") && stderr.contains("sleds put back"),
+        "{stderr}"
+    );
+    // Every sled is back, nothing of the engine is left in the process.
+    let differences = code_differences(pid, &bin);
+    assert!(
+        differences.is_empty(),
+        "code not put back: {differences:?}\n{stderr}"
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(
+        !maps.contains("/dev/zero"),
+        "the shared memory is still mapped:\n{maps}"
+    );
+    let done = fixture.finish(TIMEOUT);
+    tests::run::assert_success("calls fixture", &done);
+    assert_eq!(
+        tests::expected_calls(&tests::parse_count_lines(&done.stdout)).len(),
+        1,
+        "{}",
+        done.stdout
+    );
+    // The trace: nothing lost, every event accounted, each traced call entered and left
+    // (but the ones open when the sleds were patched and when they were put back).
+    let session = tests::read_session(&out);
+    assert_eq!(session.events_lost, 0, "{stderr}");
+    tests::assert_every_event_accounted(&session);
+    let trace = tests::trace::check_trace_dir(&out, &bin);
+    assert_eq!(trace.threads.len(), 1);
+    for t in &trace.threads {
+        let calls = t.calls();
+        let tiny = &calls["cx_tiny"];
+        assert!(tiny.entries() > 10_000, "thread {}: {tiny:?}", t.tid);
+        assert!(
+            tiny.entries() - tiny.exits() <= 1,
+            "thread {}: {tiny:?}",
+            t.tid
+        );
+    }
+    for p in session.json["processes"].as_array().into_iter().flatten() {
+        for t in p["threads"].as_array().into_iter().flatten() {
+            // At most the frames open when the sleds were patched (main, cx_loop, cx_tiny).
+            let unmatched = t["dropped_unmatched_exits"].as_u64().unwrap();
+            assert!(
+                unmatched <= 3,
+                "{unmatched} exits without entry: {}",
+                t["tid"]
+            );
+            for closed in ["frames_unwound", "frames_closed_by_loss"] {
+                assert_eq!(t[closed], 0, "{closed}: thread {}", t["tid"]);
+            }
+        }
+    }
+}
