@@ -174,6 +174,11 @@ impl SharedBuffers {
         self.layout.slots_at() + index * self.layout.slot_bytes()
     }
 
+    /// Slots: threads that can be traced at once.
+    pub fn slots(&self) -> u64 {
+        self.layout.slots
+    }
+
     /// Hits of threads that found no slot.
     pub fn no_slot(&self) -> u64 {
         self.word(header::NO_SLOT as u64).load(Ordering::Relaxed)
@@ -281,7 +286,7 @@ impl SharedBuffers {
             self.word32(self.layout.table() + u64::from(tid) * 4)
                 .store(0, Ordering::Release);
         }
-        for word in [slot::SEQ, slot::HEAD, slot::TAIL, slot::PENDING] {
+        for word in [slot::SEQ, slot::HEAD, slot::TAIL, slot::PENDING, slot::CPU] {
             self.word(at + word as u64).store(0, Ordering::Release);
         }
         let mask = self.layout.ring_records - 1;

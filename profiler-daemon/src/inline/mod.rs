@@ -32,8 +32,18 @@ use patch::{Sled, Trampoline};
 use profiler_common::{SledKind, ThreadState};
 
 /// Threads that can be traced at once (a slot each); more find none and their hits are
-/// counted, not recorded.
+/// counted, not recorded. Fewer with larger rings (see [`slots_for`]).
 pub const SLOTS: u64 = 1024;
+
+/// Bytes of address space the slots may take in the process (reserved, not used: only the
+/// pages a thread writes are ever touched).
+const SLOTS_SPACE: u64 = 64 << 30;
+
+/// Slots for rings of `ring_bytes`: [`SLOTS`], or fewer so that they fit [`SLOTS_SPACE`] (at
+/// least 16).
+pub fn slots_for(ring_bytes: u64) -> u64 {
+    (SLOTS_SPACE / ring_bytes.max(1)).clamp(16, SLOTS)
+}
 
 /// Drains between two looks at which slots' threads are gone.
 const CHECK_EVERY: u32 = 8;
@@ -53,6 +63,8 @@ pub struct Engine {
 #[derive(Clone, Debug)]
 pub struct EngineReport {
     pub patched: Patched,
+    /// Threads that can be traced at once.
+    pub slots: u64,
     pub restored: Option<Restored>,
     /// Hits of threads that found no slot.
     pub no_slot: u64,
@@ -68,7 +80,7 @@ impl Engine {
             .iter()
             .map(|plan| object_sleds(pid, plan))
             .collect::<Result<Vec<_>>>()?;
-        let layout = Layout::new(SLOTS, ring_bytes)?;
+        let layout = Layout::new(slots_for(ring_bytes), ring_bytes)?;
         // Before any hit: the handler's times are TSC ticks.
         let clock = TscClock::measure(std::time::Duration::from_millis(20));
         let (keeper, patched) = InlineKeeper::start(pid, objects, layout, tid_offset)?;
@@ -127,6 +139,7 @@ impl Engine {
         books.extend(self.buffers.books());
         let report = EngineReport {
             patched: self.patched.clone(),
+            slots: self.buffers.slots(),
             restored,
             no_slot: self.buffers.no_slot(),
         };

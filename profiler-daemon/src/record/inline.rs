@@ -104,8 +104,7 @@ pub fn finish<S: Sink>(
     if report.no_slot > 0 {
         let note = format!(
             "inline engine: {} hits of threads that found no free slot (more than {} threads at once) are not recorded",
-            report.no_slot,
-            crate::inline::SLOTS
+            report.no_slot, report.slots
         );
         errln!("fdr-profiled: warning: {note}");
         session.add_note(note);

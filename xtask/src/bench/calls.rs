@@ -9,6 +9,7 @@
 //! Each round runs every configuration once; a ratio is taken within a round (the floor and the
 //! measured run share that round's machine state), and the table gives the median over rounds.
 //! Floor and traced runs swap order every round.
+mod inline;
 mod table;
 
 use super::support::{self, last_lines, run_limited};
@@ -125,6 +126,11 @@ enum Tool {
     BpftracePrintf,
     /// uftrace record, patching the XRay sleds of the function in process.
     Uftrace,
+    /// XRay's own FDR runtime, linked into the workload: every sled patched before `main`
+    /// (`XRAY_OPTIONS`), every call recorded (no duration threshold), one file at the exit.
+    XrayFdr,
+    /// fdr-profiled `--pid --engine inline`, attached to the workload waiting before its loop.
+    InlinePid,
 }
 
 /// One row of the table.
@@ -287,6 +293,20 @@ const CONFIGS: &[Config] = &[
         tool: Tool::Uftrace,
         calls: 2_000_000,
         floor: Some("floor, return probes"),
+    },
+    Config {
+        name: inline::XRAY_FDR,
+        workload: Workload::C,
+        tool: Tool::XrayFdr,
+        calls: 5_000_000,
+        floor: None,
+    },
+    Config {
+        name: inline::INLINE,
+        workload: Workload::C,
+        tool: Tool::InlinePid,
+        calls: 5_000_000,
+        floor: None,
     },
     Config {
         name: CPP_FLOOR,
@@ -608,6 +628,8 @@ fn command(config: &Config, bins: &Binaries, daemon: &Path, work: &Path) -> (Str
             a.extend(args);
             ("uftrace".to_owned(), a)
         }
+        Tool::XrayFdr => inline::xray_fdr_command(&bin_s, &args, work),
+        Tool::InlinePid => inline::inline_command(&bin_s, &args, daemon, work),
     }
 }
 
@@ -615,7 +637,11 @@ fn command(config: &Config, bins: &Binaries, daemon: &Path, work: &Path) -> (Str
 /// that the program still caught its exceptions).
 fn measure(config: &Config, bins: &Binaries, daemon: &Path, work: &Path) -> Result<Measured> {
     let (program, args) = command(config, bins, daemon, work);
-    let out = run_limited(LIMIT_SECS, &program, &args)?;
+    let out = match config.tool {
+        Tool::XrayFdr => inline::run_xray_fdr(LIMIT_SECS, bins.get(config.workload), &args, work)?,
+        Tool::InlinePid => inline::run_inline(bins.get(config.workload), &args, daemon, work)?,
+        _ => run_limited(LIMIT_SECS, &program, &args)?,
+    };
     let ns_per_call = out
         .stdout
         .lines()
@@ -703,6 +729,14 @@ fn measure(config: &Config, bins: &Binaries, daemon: &Path, work: &Path) -> Resu
                     last_lines(&out.stdout, 4)
                 );
             }
+        }
+        Tool::XrayFdr => inline::check_xray_fdr(work)?,
+        Tool::InlinePid => {
+            let session = session_json(&work.join("trace"))?;
+            lost = session
+                .get("events_lost")
+                .and_then(serde_json::Value::as_u64);
+            inline::check_inline(&session, config.workload.function(), config.calls)?;
         }
         Tool::Bare => {}
     }

@@ -131,6 +131,9 @@ fn every_hit_is_a_record_in_its_threads_order_and_the_function_runs_unchanged() 
             assert_eq!(e.seq, i as u64);
             assert_eq!(e.function_id, 42);
             assert_eq!(e.gap_lost, 0);
+            // SAFETY: sysconf has no preconditions.
+            let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+            assert!(i64::from(e.cpu) < cpus, "cpu {}", e.cpu);
             let kind = if i % 2 == 0 {
                 SledKindRef::Entry
             } else {

@@ -132,6 +132,22 @@ pub fn render(
             );
         }
     }
+    let _ = writeln!(
+        s,
+        "\nTarget (issue 31): fdr-profiled's inline engine, attached by pid to the workload \
+         already running, at most {:.1}x XRay's own FDR runtime per call (median of per-round \
+         ratios; both record every call).\n",
+        super::inline::TARGET_VS_XRAY
+    );
+    if let (Some(i), Some(x)) = (index(super::inline::INLINE), index(super::inline::XRAY_FDR)) {
+        let _ = writeln!(
+            s,
+            "- {}, ratio to {}: {}",
+            super::inline::INLINE,
+            super::inline::XRAY_FDR,
+            verdict(&ratios_to(i, x), super::inline::TARGET_VS_XRAY)
+        );
+    }
     let failures: Vec<String> = CONFIGS
         .iter()
         .zip(results)
