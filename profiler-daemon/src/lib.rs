@@ -17,7 +17,9 @@
 //!
 //! 5. [`repair`]: `--exits repair`, the ptrace keeper that makes return probes safe for
 //!    exceptions ([`repair::keeper`]), and every process of a binary traced that way
-//!    ([`repair::processes`]).
+//!    ([`repair::processes`]); [`budget`], the overhead budget; [`inline`], `--engine
+//!    inline`: sleds patched from outside to call a handler in the process, its hits read
+//!    from shared memory into the same pipeline.
 //!
 //! Reading a session back (replay, symbolization, reports, conversions) is the `fdr-analysis`
 //! crate, which needs no BPF. On top of both sit the commands: [`record`] (the default

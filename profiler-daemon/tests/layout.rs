@@ -1,5 +1,5 @@
 //! The daemon's source tree keeps the shape of its pipeline: every import between two of its
-//! files runs down the stages (console → traced → plan → kernel → session → repair, budget → commands → cli), no files
+//! files runs down the stages (console → traced → plan → kernel → session → repair, budget, inline → commands → cli), no files
 //! import each other in a cycle, and `cli` is used by `main` alone.
 //!
 //! Imports are read from the sources, not from the compiler: `crate::a::b` and `super::b`

@@ -209,7 +209,11 @@ impl SharedBuffers {
             let pid = if state.owner == owner {
                 state.pid
             } else {
-                let pid = process_of(owner).unwrap_or(self.pid);
+                // Noted by the thread right after it claimed the slot, before its first record.
+                let pid = self.word32(at + slot::PID as u64).load(Ordering::Acquire);
+                if pid == 0 {
+                    continue;
+                }
                 self.states[index as usize] = SlotState { owner, pid };
                 pid
             };
@@ -320,7 +324,7 @@ impl SharedBuffers {
                         lost,
                         gap_lost: u32::try_from(lost).unwrap_or(u32::MAX),
                         tid,
-                        pid: match self.states[index as usize].pid {
+                        pid: match self.word32(at + slot::PID as u64).load(Ordering::Acquire) {
                             0 => self.pid,
                             pid => pid,
                         },
@@ -363,15 +367,6 @@ fn fill(event: &mut Event, record: &Record, pid: u32, tid: u32, clock: &TscClock
         payload_len: 0,
         sp: record.sp,
     };
-}
-
-/// The process thread `tid` belongs to, from `/proc`.
-fn process_of(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|t| t.trim().parse().ok())
 }
 
 /// Whether thread `tid` of process `pid` still runs.

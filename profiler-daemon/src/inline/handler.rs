@@ -14,7 +14,7 @@
 //! - No system call, no lock, no memory of its own: a thread's slot is found from its id
 //!   (read from its thread control block, `%fs:0`, at glibc's `_thread_db_pthread_tid`
 //!   offset) through a table indexed by thread id; a thread's first hit claims a free slot
-//!   (`lock cmpxchg`), once.
+//!   (`lock cmpxchg`) and notes its process (`getpid`, the one system call, once a thread).
 //! - Every register the function may still need is kept: the argument registers at an entry,
 //!   the return registers at an exit (`rax`, `rdx`; vector registers are not touched). `r10`
 //!   and `r11` are free at both (XRay's own trampolines clobber `r10` the same way).
@@ -65,6 +65,8 @@ pub mod data {
 pub mod slot {
     /// u32: the thread that owns the slot, 0 if free.
     pub const OWNER: usize = 0;
+    /// u32: its process (`getpid`, made once, when the thread claims the slot), 0 until known.
+    pub const PID: usize = 4;
     /// u64: the next sequence number (events written or lost).
     pub const SEQ: usize = 8;
     /// u64: records reserved (the next place in the ring).
@@ -220,7 +222,16 @@ core::arch::global_asm!(
     "inc rdx",
     "add r8, qword ptr [rip + .Lfdr_data + {slot_bytes}]",
     "jmp 81b",
+    // Its process, once (a process forked while traced runs this code too): the only
+    // system call the handler makes.
     "82:",
+    "push r11",
+    "push rax",
+    "mov eax, {getpid}",
+    "syscall",
+    "mov dword ptr [r8 + {owner_pid}], eax",
+    "pop rax",
+    "pop r11",
     "lea ecx, [rdx + 1]",
     "mov rdi, qword ptr [rip + .Lfdr_data + {table}]",
     "mov dword ptr [rdi + rax*4], ecx",
@@ -265,6 +276,8 @@ core::arch::global_asm!(
     owner = const slot::OWNER,
     no_slot = const header::NO_SLOT,
     cpu = const slot::CPU,
+    owner_pid = const slot::PID,
+    getpid = const libc::SYS_getpid,
     cpu_segment = const CPU_SEGMENT,
 );
 

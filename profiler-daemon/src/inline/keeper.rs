@@ -56,6 +56,10 @@ pub struct Restored {
     pub unmapped: bool,
     /// The process was gone: nothing to restore.
     pub gone: bool,
+    /// Processes it forked while traced (running the patched code), and how many of them
+    /// were put back.
+    pub forked: usize,
+    pub forked_restored: usize,
 }
 
 /// The keeper process.
@@ -163,12 +167,15 @@ fn parse_patched(line: &str) -> Option<Patched> {
 }
 
 fn parse_restored(line: &str) -> Option<Restored> {
-    if line.trim_end() == "gone" {
+    if let Some(rest) = line.strip_prefix("gone") {
+        let mut words = rest.split_whitespace();
         return Some(Restored {
             sleds: 0,
             changed: 0,
             unmapped: false,
             gone: true,
+            forked_restored: words.next().and_then(|w| w.parse().ok()).unwrap_or(0),
+            forked: words.next().and_then(|w| w.parse().ok()).unwrap_or(0),
         });
     }
     let mut words = line.strip_prefix("restored ")?.split_whitespace();
@@ -177,12 +184,17 @@ fn parse_restored(line: &str) -> Option<Restored> {
         changed: words.next()?.parse().ok()?,
         unmapped: words.next()? == "unmapped",
         gone: false,
+        forked_restored: words.next()?.parse().ok()?,
+        forked: words.next()?.parse().ok()?,
     })
 }
 
 /// What the keeper changed in the process.
 struct Applied {
     shared_at: u64,
+    /// The shared memory's inode (as `/proc/PID/maps` shows it): every process that maps it
+    /// at `shared_at` is the traced one or was forked from it.
+    shared_inode: u64,
     /// The handler's pages (address, length).
     pages: Vec<(u64, u64)>,
     /// Each patched sled: address, original and patched bytes.
@@ -244,14 +256,27 @@ fn keeper_main(
             Err(_) => break,
         }
     }
+    // Processes it forked meanwhile run the patched code too, their hits in the same memory:
+    // each is put back as well (found by the shared memory they map).
+    let forked: Vec<u32> = holders(&applied)
+        .into_iter()
+        .filter(|&pid| pid != target)
+        .collect();
+    let mut forked_back = 0;
+    for &pid in &forked {
+        if matches!(restore(pid, &applied, layout), Ok(Some(r)) if r.changed == 0) {
+            forked_back += 1;
+        }
+    }
     let line = match restore(target, &applied, layout) {
         Ok(Some(r)) => format!(
-            "restored {} {} {}",
+            "restored {} {} {} {forked_back} {}",
             r.sleds,
             r.changed,
-            if r.unmapped { "unmapped" } else { "kept" }
+            if r.unmapped { "unmapped" } else { "kept" },
+            forked.len()
         ),
-        Ok(None) => "gone".to_owned(),
+        Ok(None) => format!("gone {forked_back} {}", forked.len()),
         Err(err) => format!("{err:#}"),
     };
     let _ = writeln!(reports, "{line}");
@@ -274,8 +299,10 @@ fn apply(target: u32, objects: &[ObjectSleds], layout: Layout, tid_offset: u64) 
         libc::PROT_READ | libc::PROT_WRITE,
         libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
     )?;
+    let shared_inode = mapping_inode(target, shared_at).unwrap_or(0);
     let mut applied = Applied {
         shared_at,
+        shared_inode,
         pages: Vec::new(),
         sleds: Vec::new(),
         skipped: 0,
@@ -378,6 +405,8 @@ fn restore(target: u32, applied: &Applied, layout: Layout) -> Result<Option<Rest
         changed: 0,
         unmapped: false,
         gone: false,
+        forked: 0,
+        forked_restored: 0,
     };
     for (address, original, new) in &applied.sleds {
         let mut now = [0u8; SLED_BYTES];
@@ -442,6 +471,28 @@ fn restore(target: u32, applied: &Applied, layout: Layout) -> Result<Option<Rest
     Ok(Some(restored))
 }
 
+/// The inode of the mapping of process `pid` that starts at `at`.
+fn mapping_inode(pid: u32, at: u64) -> Option<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let start = format!("{at:x}-");
+    let line = maps.lines().find(|l| l.starts_with(&start))?;
+    line.split_whitespace().nth(4)?.parse().ok()
+}
+
+/// The processes that map the shared memory where the traced one does.
+fn holders(applied: &Applied) -> Vec<u32> {
+    if applied.shared_inode == 0 {
+        return Vec::new();
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| mapping_inode(pid, applied.shared_at) == Some(applied.shared_inode))
+        .collect()
+}
+
 /// Whether process `pid` has ended (a zombie has no memory left to restore).
 fn gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -492,8 +543,9 @@ mod tests {
             parse_patched("PTRACE_SEIZE: Operation not permitted\n"),
             None
         );
-        let restored = parse_restored("restored 12 0 unmapped\n").unwrap();
+        let restored = parse_restored("restored 12 0 unmapped 1 2\n").unwrap();
         assert_eq!((restored.sleds, restored.unmapped), (12, true));
-        assert!(parse_restored("gone\n").unwrap().gone);
+        assert_eq!((restored.forked_restored, restored.forked), (1, 2));
+        assert!(parse_restored("gone 0 0\n").unwrap().gone);
     }
 }

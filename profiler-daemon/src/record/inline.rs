@@ -83,11 +83,23 @@ pub fn finish<S: Sink>(
         session.add_note(format!("inline engine: {err:#}"));
     }
     match &report.restored {
-        Some(r) if r.gone => {}
+        Some(r) if r.gone => {
+            if r.forked > 0 {
+                errln!(
+                    "fdr-profiled: inline engine: {} of {} processes it forked put back",
+                    r.forked_restored,
+                    r.forked
+                );
+            }
+        }
         Some(r) => {
             errln!(
-                "fdr-profiled: inline engine: {} sleds put back{}{}",
+                "fdr-profiled: inline engine: {} sleds put back{}{}{}",
                 r.sleds,
+                match r.forked {
+                    0 => String::new(),
+                    n => format!(" (and in {} of {n} processes it forked)", r.forked_restored),
+                },
                 match r.changed {
                     0 => String::new(),
                     n => format!(", {n} found changed by something else and left"),

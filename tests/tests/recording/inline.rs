@@ -138,3 +138,75 @@ fn a_busy_process_by_pid_is_put_back_byte_for_byte() {
         }
     }
 }
+
+/// A process forked while traced runs the patched code and writes into the same memory: its
+/// calls are recorded as its own process's, and at the end its sleds are put back too.
+#[test]
+fn a_process_forked_while_traced_is_recorded_and_put_back() {
+    let scratch = tests::scratch_dir("inline-fork");
+    let bin =
+        tests::fixtures::private_copy(&tests::fixtures::workloads::calls_fixture(), scratch.path());
+    let out = scratch.path().join("out");
+    let go = scratch.path().join("go");
+    let mut fixture = tests::run::spawn_fixture(
+        "calls",
+        &bin,
+        &[
+            "--fork",
+            "--seconds",
+            "6",
+            "--per-second",
+            "--wait-file",
+            go.to_str().unwrap(),
+        ],
+    );
+    fixture.wait_for_stderr_line("fixture: waiting for", TIMEOUT);
+    let pid = fixture.pid();
+    let mut tracer = tests::run::start_pid(
+        pid,
+        &out,
+        &["--engine", "inline", "--duration", "3", "--no-report"],
+    );
+    tests::run::wait_attached(&mut tracer);
+    std::fs::write(&go, b"go\n").unwrap();
+    // The child, forked once the sleds were patched.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let child = loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next() {
+            break child.parse::<u32>().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fixture did not fork"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let tracer = tracer.finish(TIMEOUT);
+    tests::run::assert_success("fdr-profiled --pid --engine inline", &tracer);
+    let stderr = &tracer.stderr;
+    assert!(
+        stderr.contains("(and in 1 of 1 processes it forked)"),
+        "{stderr}"
+    );
+    for process in [pid, child] {
+        let differences = code_differences(process, &bin);
+        assert!(
+            differences.is_empty(),
+            "process {process}: {differences:?}\n{stderr}"
+        );
+    }
+    let done = fixture.finish(TIMEOUT);
+    tests::run::assert_success("calls fixture", &done);
+    let session = tests::read_session(&out);
+    assert_eq!(session.events_lost, 0, "{stderr}");
+    tests::assert_every_event_accounted(&session);
+    let trace = tests::trace::check_trace_dir(&out, &bin);
+    let pids: Vec<u32> = trace.session.processes.iter().map(|p| p.pid).collect();
+    assert!(pids.contains(&pid) && pids.contains(&child), "{pids:?}");
+    for t in &trace.threads {
+        let calls = t.calls();
+        assert!(calls["cx_tiny"].entries() > 1000, "thread {}", t.tid);
+    }
+}

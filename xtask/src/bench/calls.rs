@@ -126,8 +126,8 @@ enum Tool {
     BpftracePrintf,
     /// uftrace record, patching the XRay sleds of the function in process.
     Uftrace,
-    /// XRay's own FDR runtime, linked into the workload: every sled patched before `main`
-    /// (`XRAY_OPTIONS`), every call recorded (no duration threshold), one file at the exit.
+    /// XRay's own FDR runtime, linked into the workload, turned on by it before its loop
+    /// (`--xray-fdr`: every call recorded, no duration threshold), its log written after.
     XrayFdr,
     /// fdr-profiled `--pid --engine inline`, attached to the workload waiting before its loop.
     InlinePid,
@@ -638,8 +638,12 @@ fn command(config: &Config, bins: &Binaries, daemon: &Path, work: &Path) -> (Str
 fn measure(config: &Config, bins: &Binaries, daemon: &Path, work: &Path) -> Result<Measured> {
     let (program, args) = command(config, bins, daemon, work);
     let out = match config.tool {
-        Tool::XrayFdr => inline::run_xray_fdr(LIMIT_SECS, bins.get(config.workload), &args, work)?,
-        Tool::InlinePid => inline::run_inline(bins.get(config.workload), &args, daemon, work)?,
+        Tool::InlinePid => inline::run_inline(
+            bins.get(config.workload),
+            &workload_args(config.workload, config.calls),
+            daemon,
+            work,
+        )?,
         _ => run_limited(LIMIT_SECS, &program, &args)?,
     };
     let ns_per_call = out

@@ -2,7 +2,7 @@
 //! fdr-profiled's inline engine attached by pid to the same workload already running (waiting
 //! before its loop), each call recorded by both (XRay's duration threshold off; rings large
 //! enough that neither drops a call of the loop).
-use super::super::support::{last_lines, run_limited, Output};
+use super::super::support::{last_lines, Output};
 use anyhow::{bail, Context as _, Result};
 use std::io::Read as _;
 use std::path::Path;
@@ -19,31 +19,21 @@ pub const TARGET_VS_XRAY: f64 = 2.0;
 /// drains meanwhile).
 const INLINE_RING: &str = "536870912";
 
-fn xray_env(work: &Path) -> [(String, String); 2] {
-    [
-        (
-            "XRAY_OPTIONS".to_owned(),
-            format!(
-                "patch_premain=true xray_mode=xray-fdr verbosity=0 xray_logfile_base={}/xray-log.",
-                work.display()
-            ),
-        ),
-        // Every call (the default leaves out those under 5 us), into 512 MiB of buffers.
-        (
-            "XRAY_FDR_OPTIONS".to_owned(),
-            "func_duration_threshold_us=0 buffer_size=1048576 buffer_max=512".to_owned(),
-        ),
-    ]
+/// Where XRay's runtime writes its log (the workload turns FDR mode on itself, `--xray-fdr`:
+/// every call, no duration threshold, 512 MiB of buffers).
+fn xray_env(work: &Path) -> (String, String) {
+    (
+        "XRAY_OPTIONS".to_owned(),
+        format!("verbosity=0 xray_logfile_base={}/xray-log.", work.display()),
+    )
 }
 
 /// XRay's FDR row as a command line (`env` and the workload).
 pub fn xray_fdr_command(bin: &str, args: &[String], work: &Path) -> (String, Vec<String>) {
-    let mut a: Vec<String> = xray_env(work)
-        .into_iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    a.push(bin.to_owned());
+    let (k, v) = xray_env(work);
+    let mut a = vec![format!("{k}={v}"), bin.to_owned()];
     a.extend(args.iter().cloned());
+    a.push("--xray-fdr".to_owned());
     ("env".to_owned(), a)
 }
 
@@ -79,12 +69,6 @@ fn inline_args(work: &Path) -> Vec<String> {
     .map(|s| s.to_string())
     .chain([work.join("trace").display().to_string()])
     .collect()
-}
-
-/// Runs the workload under XRay's FDR runtime.
-pub fn run_xray_fdr(limit_secs: u32, bin: &Path, args: &[String], work: &Path) -> Result<Output> {
-    let (program, a) = xray_fdr_command(&bin.display().to_string(), args, work);
-    run_limited(limit_secs, &program, &a)
 }
 
 /// Checks that XRay's runtime wrote its trace.
