@@ -83,15 +83,12 @@ pub fn finish<S: Sink>(
         session.add_note(format!("inline engine: {err:#}"));
     }
     match &report.restored {
-        Some(r) if r.gone => {
-            if r.forked > 0 {
-                errln!(
-                    "fdr-profiled: inline engine: {} of {} processes it forked put back",
-                    r.forked_restored,
-                    r.forked
-                );
-            }
-        }
+        Some(r) if r.gone && r.forked > 0 => errln!(
+            "fdr-profiled: inline engine: {} of {} processes it forked put back",
+            r.forked_restored,
+            r.forked
+        ),
+        Some(r) if r.gone => {}
         Some(r) => {
             errln!(
                 "fdr-profiled: inline engine: {} sleds put back{}{}{}",
