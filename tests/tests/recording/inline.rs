@@ -210,3 +210,55 @@ fn a_process_forked_while_traced_is_recorded_and_put_back() {
         assert!(calls["cx_tiny"].entries() > 1000, "thread {}", t.tid);
     }
 }
+
+/// A process another tracer holds (a debugger) is refused in one line, and left as it was.
+#[test]
+fn a_process_another_tracer_holds_is_refused() {
+    let scratch = tests::scratch_dir("inline-traced");
+    let out = scratch.path().join("out");
+    let fixture = tests::run::spawn_fixture(
+        "calls",
+        &tests::fixtures::workloads::calls_fixture(),
+        &["--seconds", "20", "--per-second", "--quiet"],
+    );
+    let pid = fixture.pid();
+    // This test process is the other tracer.
+    // SAFETY: plain system call on a child of ours.
+    let seized = unsafe {
+        libc::ptrace(
+            libc::PTRACE_SEIZE,
+            pid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    assert_eq!(
+        seized,
+        0,
+        "PTRACE_SEIZE: {}",
+        std::io::Error::last_os_error()
+    );
+    let done = tests::tools::run_output(
+        std::process::Command::new(tests::tools::fdr_profiled())
+            .args([
+                "--pid",
+                &pid.to_string(),
+                "--engine",
+                "inline",
+                "--no-report",
+                "--out",
+            ])
+            .arg(&out),
+    );
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].contains("--engine inline") && errors[0].contains("already traced by process"),
+        "{stderr}"
+    );
+    // Traced by this process, it would stop at a SIGTERM: SIGKILL ends it.
+    fixture.signal(libc::SIGKILL);
+    let _ = fixture.finish(TIMEOUT);
+}
