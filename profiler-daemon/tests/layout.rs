@@ -524,10 +524,11 @@ fn no_file_holds_more_than_one_jobs_worth_of_lines() {
 
 /// The end-to-end tests stay grouped by what they prove: a new test is a module of a group
 /// (`tests/tests/<group>/`), not a binary of its own (each costs a link and hides where it
-/// belongs). The binaries alone are those that must not share the CPUs with other tests.
+/// belongs). The binaries alone are those that must not share the CPUs with other tests
+/// (the two kill tests spread their kills over a time measured first).
 #[test]
 fn end_to_end_tests_live_in_their_groups() {
-    const ALONE: &[&str] = &["load.rs", "loss.rs", "repair_kill.rs"];
+    const ALONE: &[&str] = &["load.rs", "loss.rs", "repair_kill.rs", "inline_kill.rs"];
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
     let mut stray = Vec::new();
     let mut groups = 0;

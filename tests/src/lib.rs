@@ -48,6 +48,7 @@ pub mod durations;
 pub mod fdr_agree;
 pub mod fixtures;
 pub mod launched;
+pub mod memory;
 pub mod objects;
 pub mod pprof;
 pub mod receiver;

@@ -40,35 +40,6 @@ fn keepers_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// The bytes of `pid`'s executable mappings of `bin` that differ from the file's.
-fn code_differences(pid: u32, bin: &std::path::Path) -> usize {
-    use std::os::unix::fs::FileExt as _;
-    let file = std::fs::read(bin).unwrap();
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let name = bin.file_name().unwrap().to_str().unwrap();
-    let mut differences = 0;
-    for line in maps.lines().filter(|l| l.ends_with(name)) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if !f[1].contains('x') {
-            continue;
-        }
-        let (start, end) = f[0].split_once('-').unwrap();
-        let start = u64::from_str_radix(start, 16).unwrap();
-        let end = u64::from_str_radix(end, 16).unwrap();
-        let offset = usize::from_str_radix(f[2], 16).unwrap();
-        let len = ((end - start) as usize).min(file.len() - offset);
-        let mut now = vec![0u8; len];
-        mem.read_exact_at(&mut now, start).unwrap();
-        differences += now
-            .iter()
-            .zip(&file[offset..offset + len])
-            .filter(|(a, b)| a != b)
-            .count();
-    }
-    differences
-}
-
 fn trace(pid: u32, out: &std::path::Path, label: &str) -> Running {
     Running::spawn(
         label,
@@ -94,8 +65,8 @@ fn the_process_survives_sigkill_of_fdr_profiled_at_any_moment() {
     );
     let server = tests::run::spawn_fixture("deep_server", &bin, &["5", "100", "50"]);
     let pid = server.pid();
-    // How long fdr-profiled takes to patch, measured once: the kills are spread over one and
-    // a half times that.
+    // How long fdr-profiled takes to patch, measured once: the kills are spread over twice
+    // that.
     let started = Instant::now();
     let mut first = trace(
         pid,
@@ -134,10 +105,10 @@ fn the_process_survives_sigkill_of_fdr_profiled_at_any_moment() {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(
-            code_differences(pid, &bin),
-            0,
-            "kill {round} after {delay:?}: the code was not put back"
+        let differences = tests::memory::code_differences(pid, &bin);
+        assert!(
+            differences.is_empty(),
+            "kill {round} after {delay:?}: the code was not put back: {differences:?}"
         );
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
         assert!(
@@ -159,9 +130,9 @@ fn the_process_survives_sigkill_of_fdr_profiled_at_any_moment() {
         "{}",
         done.stdout
     );
-    // Many kills came after the sleds were patched (the others before or while).
+    // Many kills came after the sleds were patched (the others before or while: about half).
     assert!(
-        patched_before_kill >= KILLS / 4,
+        patched_before_kill >= KILLS / 5,
         "only {patched_before_kill} of {KILLS} kills came after the patching"
     );
 }

@@ -20,7 +20,7 @@ use super::buffers::Layout;
 use super::handler::handler;
 use super::patch::{is_unpatched, patched, Sled, Trampoline, SLED_BYTES};
 use super::remote::{mapped_ranges, place_near, Stopped};
-use crate::repair::keeper::{close_all_but, pipe};
+use crate::repair::keeper::{become_keeper, pipe};
 use anyhow::{bail, Context as _, Result};
 use std::fs::File;
 use std::io::{BufRead as _, Read as _, Write as _};
@@ -214,24 +214,7 @@ fn keeper_main(
     mut commands: File,
     keep: &[i32],
 ) -> i32 {
-    // SAFETY: plain system calls on our own process.
-    unsafe {
-        libc::setsid();
-        for signal in [
-            libc::SIGINT,
-            libc::SIGTERM,
-            libc::SIGHUP,
-            libc::SIGQUIT,
-            libc::SIGPIPE,
-            libc::SIGTSTP,
-            libc::SIGTTIN,
-            libc::SIGTTOU,
-        ] {
-            libc::signal(signal, libc::SIG_IGN);
-        }
-        libc::prctl(libc::PR_SET_NAME, c"fdr-inline".as_ptr());
-    }
-    close_all_but(keep);
+    become_keeper(c"fdr-inline", keep);
     let applied = match apply(target, objects, layout, tid_offset) {
         Ok(applied) => applied,
         Err(err) => {

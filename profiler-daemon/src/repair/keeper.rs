@@ -324,24 +324,7 @@ fn keeper_main(
     go: Option<File>,
     keep: &[RawFd],
 ) -> i32 {
-    // SAFETY: plain system calls on our own process.
-    unsafe {
-        libc::setsid();
-        for signal in [
-            libc::SIGINT,
-            libc::SIGTERM,
-            libc::SIGHUP,
-            libc::SIGQUIT,
-            libc::SIGPIPE,
-            libc::SIGTSTP,
-            libc::SIGTTIN,
-            libc::SIGTTOU,
-        ] {
-            libc::signal(signal, libc::SIG_IGN);
-        }
-        libc::prctl(libc::PR_SET_NAME, c"fdr-repair".as_ptr());
-    }
-    close_all_but(keep);
+    become_keeper(c"fdr-repair", keep);
     let running = matches!(tracee, Tracee::Running(..) | Tracee::Held(..));
     if running {
         listen_for_release(parent);
@@ -388,6 +371,30 @@ fn keeper_main(
     }
 }
 
+/// Makes the forked child a keeper named `name`: a session of its own, deaf to the
+/// terminal's signals (fdr-profiled's Ctrl-C must not end it), nothing open but `keep` (and
+/// standard error).
+pub(crate) fn become_keeper(name: &std::ffi::CStr, keep: &[RawFd]) {
+    // SAFETY: plain system calls on our own process.
+    unsafe {
+        libc::setsid();
+        for signal in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGPIPE,
+            libc::SIGTSTP,
+            libc::SIGTTIN,
+            libc::SIGTTOU,
+        ] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+    }
+    close_all_but(keep);
+}
+
 /// A pipe, both ends closed on exec.
 pub(crate) fn pipe() -> Result<(File, File)> {
     let mut ends = [0; 2];
@@ -401,7 +408,7 @@ pub(crate) fn pipe() -> Result<(File, File)> {
 
 /// Closes every descriptor but standard error and `keep`; standard input and output become
 /// /dev/null (the keeper must not hold the command's pipes or fdr-profiled's files open).
-pub(crate) fn close_all_but(keep: &[RawFd]) {
+fn close_all_but(keep: &[RawFd]) {
     let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
         .map(|dir| {
             dir.flatten()
