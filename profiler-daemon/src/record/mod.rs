@@ -118,6 +118,11 @@ fn needed_caps(cli: &RecordArgs) -> (Vec<Cap>, String) {
             " with --pid"
         });
     }
+    if cli.engine == args::Engine::Inline && !caps.contains(&Cap::SysAdmin) {
+        // The shared memory is mapped through /proc/PID/map_files.
+        caps.push(Cap::SysAdmin);
+        what.push_str(" and --engine inline");
+    }
     (caps, what)
 }
 
