@@ -2,7 +2,7 @@
 //! process (`--engine inline`) must leave as it found it.
 
 /// The bytes of `pid`'s executable mappings of `bin` that differ from the file's.
-pub fn code_differences(pid: u32, bin: &std::path::Path) -> Vec<String> {
+fn code_differences(pid: u32, bin: &std::path::Path) -> Vec<String> {
     use std::os::unix::fs::FileExt as _;
     let file = std::fs::read(bin).unwrap();
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
@@ -35,4 +35,20 @@ pub fn code_differences(pid: u32, bin: &std::path::Path) -> Vec<String> {
         "no code of {name} found in process {pid}:\n{maps}"
     );
     differences
+}
+
+/// Asserts that process `pid` is as the inline engine found it: its code of `bin` the file's
+/// byte for byte, and the engine's shared memory (shown as `/dev/zero`) no longer mapped.
+/// `context` heads the failure message.
+pub fn assert_put_back(pid: u32, bin: &std::path::Path, context: &str) {
+    let differences = code_differences(pid, bin);
+    assert!(
+        differences.is_empty(),
+        "{context}: the code of process {pid} was not put back: {differences:?}"
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(
+        !maps.contains("/dev/zero"),
+        "{context}: the shared memory is still mapped in process {pid}:\n{maps}"
+    );
 }

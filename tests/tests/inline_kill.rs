@@ -105,16 +105,7 @@ fn the_process_survives_sigkill_of_fdr_profiled_at_any_moment() {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        let differences = tests::memory::code_differences(pid, &bin);
-        assert!(
-            differences.is_empty(),
-            "kill {round} after {delay:?}: the code was not put back: {differences:?}"
-        );
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-        assert!(
-            !maps.contains("/dev/zero"),
-            "kill {round} after {delay:?}: the shared memory is still mapped:\n{maps}"
-        );
+        tests::memory::assert_put_back(pid, &bin, &format!("kill {round} after {delay:?}"));
         // SAFETY: kill with signal 0 only checks that the process exists.
         assert_eq!(
             unsafe { libc::kill(pid as i32, 0) },

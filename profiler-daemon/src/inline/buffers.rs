@@ -184,21 +184,19 @@ impl SharedBuffers {
         self.word(header::NO_SLOT as u64).load(Ordering::Relaxed)
     }
 
-    /// Reads every record written since the last drain (at most `budget` of each slot) into
-    /// events for `sink`, their times in CLOCK_MONOTONIC nanoseconds by `clock`. Each slot's
-    /// thread is looked for every `check_every` drains: a thread that is gone is ended
-    /// (returned with its books: its last number and trailing losses) and its slot freed.
-    /// Whether every slot was read to its end.
+    /// Reads every record written since the last drain into events for `sink`, their times
+    /// in CLOCK_MONOTONIC nanoseconds by `clock` (each ring at most once around: what was
+    /// reserved when the read began). With `check`, each slot's thread is looked for: a thread
+    /// that is gone is ended (pushed to `ended` with its books: its last number and trailing
+    /// losses) and its slot freed.
     pub fn drain(
         &mut self,
-        budget: u64,
         clock: &TscClock,
         check: bool,
         mut sink: impl FnMut(&mut Event),
         ended: &mut Vec<(u32, ThreadState)>,
-    ) -> bool {
-        let mut emptied = true;
-        let mut event = empty_event();
+    ) {
+        let mut event = Event::empty();
         for index in 0..self.layout.slots {
             let at = self.slot(index);
             let owner = self.word32(at + slot::OWNER as u64).load(Ordering::Acquire);
@@ -217,37 +215,27 @@ impl SharedBuffers {
                 self.states[index as usize] = SlotState { owner, pid };
                 pid
             };
-            let (taken, uncommitted) = self.read_slot(at, budget, |record| {
+            let mut read = |record: &Record| {
                 fill(&mut event, record, pid, owner, clock);
                 sink(&mut event);
-            });
-            if taken == budget {
-                emptied = false;
-            }
+            };
+            self.read_slot(at, &mut read);
             if check && !alive(pid, owner) {
-                // Gone: whatever it wrote is committed, but a hit it was inside when it died.
-                let (_, uncommitted) = self.read_slot(at, u64::MAX, |record| {
-                    fill(&mut event, record, pid, owner, clock);
-                    sink(&mut event);
-                });
-                ended.push((owner, self.free(index, at, pid, owner, uncommitted)));
-            } else {
-                let _ = uncommitted;
+                // Gone: what it committed after the read above is read now; a hit it was
+                // inside when it died stays unwritten, and counts as lost.
+                self.read_slot(at, &mut read);
+                ended.push((owner, self.free(index, at, pid, owner)));
             }
         }
-        emptied
     }
 
-    /// Reads slot `at`'s committed records (at most `budget`); how many, and how many were
-    /// reserved after them and not written yet.
-    fn read_slot(&self, at: u64, budget: u64, mut f: impl FnMut(&Record)) -> (u64, u64) {
+    /// Reads slot `at`'s committed records, up to the first one reserved and not written yet.
+    fn read_slot(&self, at: u64, mut f: impl FnMut(&Record)) {
         let head = self.word(at + slot::HEAD as u64).load(Ordering::Acquire);
         let tail_word = self.word(at + slot::TAIL as u64);
         let mut tail = tail_word.load(Ordering::Relaxed);
-        let mask = self.layout.ring_records - 1;
-        let mut taken = 0;
-        while tail < head && taken < budget {
-            let rec = at + slot::RING as u64 + (tail & mask) * RECORD_BYTES as u64;
+        while tail < head {
+            let rec = self.record(at, tail);
             let commit = self.word(rec).load(Ordering::Acquire);
             if commit == 0 {
                 break;
@@ -265,41 +253,53 @@ impl SharedBuffers {
             };
             self.word(rec).store(0, Ordering::Relaxed);
             tail += 1;
-            taken += 1;
             f(&record);
         }
         tail_word.store(tail, Ordering::Release);
-        (taken, head - tail)
     }
 
-    /// Frees slot `index` (at `at`) of a thread that is gone, once read; its books.
-    fn free(&mut self, index: u64, at: u64, pid: u32, tid: u32, uncommitted: u64) -> ThreadState {
-        let seq = self.word(at + slot::SEQ as u64).load(Ordering::Acquire);
-        let pending = self.word(at + slot::PENDING as u64).load(Ordering::Acquire);
-        let lost = pending + uncommitted;
-        let books = ThreadState {
-            seq,
+    /// Where record number `position` of slot `at` is.
+    fn record(&self, at: u64, position: u64) -> u64 {
+        at + slot::RING as u64 + (position & (self.layout.ring_records - 1)) * RECORD_BYTES as u64
+    }
+
+    /// The books of slot `at`'s thread `tid` of process `pid`, its committed records read:
+    /// its next number, and as lost the hits it lost and those it reserved and never wrote.
+    fn slot_books(&self, at: u64, tid: u32, pid: u32) -> ThreadState {
+        let word = |offset: usize| self.word(at + offset as u64).load(Ordering::Acquire);
+        let lost = word(slot::PENDING) + word(slot::HEAD).saturating_sub(word(slot::TAIL));
+        ThreadState {
+            seq: word(slot::SEQ),
             lost,
             gap_lost: u32::try_from(lost).unwrap_or(u32::MAX),
             tid,
             pid,
             ..ThreadState::default()
-        };
+        }
+    }
+
+    /// Frees slot `index` (at `at`) of thread `tid` of process `pid`, which is gone, once
+    /// read; its books.
+    fn free(&mut self, index: u64, at: u64, pid: u32, tid: u32) -> ThreadState {
+        let books = self.slot_books(at, tid, pid);
         // The table first: a thread that reuses the id claims a slot again.
         if u64::from(tid) < self.layout.table_len {
             self.word32(self.layout.table() + u64::from(tid) * 4)
                 .store(0, Ordering::Release);
         }
+        // Every record read had its commit word cleared; what stays unread (reserved, maybe
+        // written after one that never was) is cleared here, for the slot's next thread.
+        let tail = self.word(at + slot::TAIL as u64).load(Ordering::Acquire);
+        let head = self.word(at + slot::HEAD as u64).load(Ordering::Acquire);
+        for position in tail..head.min(tail + self.layout.ring_records) {
+            self.word(self.record(at, position))
+                .store(0, Ordering::Relaxed);
+        }
         for word in [slot::SEQ, slot::HEAD, slot::TAIL, slot::PENDING, slot::CPU] {
             self.word(at + word as u64).store(0, Ordering::Release);
         }
-        let mask = self.layout.ring_records - 1;
-        for i in 0..=mask {
-            let rec = at + slot::RING as u64 + i * RECORD_BYTES as u64;
-            if self.word(rec).load(Ordering::Relaxed) != 0 {
-                self.word(rec).store(0, Ordering::Relaxed);
-            }
-        }
+        self.word32(at + slot::PID as u64)
+            .store(0, Ordering::Release);
         self.word32(at + slot::OWNER as u64)
             .store(0, Ordering::Release);
         self.states[index as usize] = SlotState::default();
@@ -313,25 +313,11 @@ impl SharedBuffers {
             .filter_map(|index| {
                 let at = self.slot(index);
                 let tid = self.word32(at + slot::OWNER as u64).load(Ordering::Acquire);
-                (tid != 0).then(|| {
-                    let seq = self.word(at + slot::SEQ as u64).load(Ordering::Acquire);
-                    let head = self.word(at + slot::HEAD as u64).load(Ordering::Acquire);
-                    let tail = self.word(at + slot::TAIL as u64).load(Ordering::Acquire);
-                    let pending = self.word(at + slot::PENDING as u64).load(Ordering::Acquire);
-                    let lost = pending + head.saturating_sub(tail);
-                    let state = ThreadState {
-                        seq,
-                        lost,
-                        gap_lost: u32::try_from(lost).unwrap_or(u32::MAX),
-                        tid,
-                        pid: match self.word32(at + slot::PID as u64).load(Ordering::Acquire) {
-                            0 => self.pid,
-                            pid => pid,
-                        },
-                        ..ThreadState::default()
-                    };
-                    (tid, state)
-                })
+                let pid = match self.word32(at + slot::PID as u64).load(Ordering::Acquire) {
+                    0 => self.pid,
+                    pid => pid,
+                };
+                (tid != 0).then(|| (tid, self.slot_books(at, tid, pid)))
             })
             .collect()
     }
@@ -341,15 +327,6 @@ impl Drop for SharedBuffers {
     fn drop(&mut self) {
         // SAFETY: mapped in `map` with this length; nothing refers to it after.
         unsafe { libc::munmap(self.base.cast(), self.layout.bytes() as usize) };
-    }
-}
-
-fn empty_event() -> Event {
-    Event {
-        header: EventHeader::default(),
-        args: [0; profiler_common::MAX_ARGS],
-        nargs: 0,
-        data: None,
     }
 }
 

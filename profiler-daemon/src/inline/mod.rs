@@ -113,7 +113,7 @@ impl Engine {
         self.drains = self.drains.wrapping_add(1);
         let check = self.drains.is_multiple_of(CHECK_EVERY);
         self.buffers
-            .drain(u64::MAX, &self.clock, check, sink, &mut self.ended);
+            .drain(&self.clock, check, sink, &mut self.ended);
     }
 
     /// The threads found gone since the last call, with their books (their last number and
@@ -134,7 +134,7 @@ impl Engine {
             None => (None, None),
         };
         self.buffers
-            .drain(u64::MAX, &self.clock, false, sink, &mut self.ended);
+            .drain(&self.clock, false, sink, &mut self.ended);
         let mut books = std::mem::take(&mut self.ended);
         books.extend(self.buffers.books());
         let report = EngineReport {
@@ -185,7 +185,8 @@ fn object_sleds(pid: u32, plan: &AttachPlan) -> Result<ObjectSleds> {
         .filter_map(|probe| {
             let kind = Trampoline::for_kind(SledKind::from_u8(probe.cookie.kind)?)?;
             let &(start, _, offset) = mappings.iter().find(|&&(start, end, offset)| {
-                probe.file_offset >= offset && probe.file_offset + 11 <= offset + (end - start)
+                probe.file_offset >= offset
+                    && probe.file_offset + patch::SLED_BYTES as u64 <= offset + (end - start)
             })?;
             Some(Sled {
                 address: start + (probe.file_offset - offset),

@@ -50,8 +50,8 @@ impl Event {
         event.decode(bytes).then_some(event)
     }
 
-    /// An event of nothing, to decode records into.
-    fn empty() -> Event {
+    /// An event of nothing, to decode records (or the inline engine's) into.
+    pub fn empty() -> Event {
         Event {
             header: EventHeader::default(),
             args: [0; MAX_ARGS],

@@ -52,16 +52,7 @@ fn a_busy_process_by_pid_is_put_back_byte_for_byte() {
         "{stderr}"
     );
     // Every sled is back, nothing of the engine is left in the process.
-    let differences = tests::memory::code_differences(pid, &bin);
-    assert!(
-        differences.is_empty(),
-        "code not put back: {differences:?}\n{stderr}"
-    );
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    assert!(
-        !maps.contains("/dev/zero"),
-        "the shared memory is still mapped:\n{maps}"
-    );
+    tests::memory::assert_put_back(pid, &bin, stderr);
     let done = fixture.finish(TIMEOUT);
     tests::run::assert_success("calls fixture", &done);
     assert_eq!(
@@ -155,11 +146,7 @@ fn a_process_forked_while_traced_is_recorded_and_put_back() {
         "{stderr}"
     );
     for process in [pid, child] {
-        let differences = tests::memory::code_differences(process, &bin);
-        assert!(
-            differences.is_empty(),
-            "process {process}: {differences:?}\n{stderr}"
-        );
+        tests::memory::assert_put_back(process, &bin, stderr);
     }
     let done = fixture.finish(TIMEOUT);
     tests::run::assert_success("calls fixture", &done);

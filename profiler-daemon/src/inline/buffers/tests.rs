@@ -90,7 +90,7 @@ impl Rig {
         let mut out = Vec::new();
         let mut ended = Vec::new();
         self.buffers
-            .drain(u64::MAX, &clock, false, |e| out.push(e.header), &mut ended);
+            .drain(&clock, false, |e| out.push(e.header), &mut ended);
         out
     }
 }
