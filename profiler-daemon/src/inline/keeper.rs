@@ -18,20 +18,14 @@
 //! counting what it cannot write, which costs the process a few nanoseconds a call.
 use super::buffers::Layout;
 use super::handler::handler;
-use super::patch::{is_unpatched, patched, Sled, Trampoline, SLED_BYTES};
+use super::patch::{is_unpatched, object_sleds, patched, ObjectSleds, Trampoline, SLED_BYTES};
 use super::remote::{mapped_ranges, place_near, Stopped};
+use crate::plan::AttachPlan;
 use crate::repair::keeper::{become_keeper, pipe};
 use anyhow::{bail, Context as _, Result};
 use std::fs::File;
 use std::io::{BufRead as _, Read as _, Write as _};
-use std::os::fd::AsRawFd as _;
-
-/// One object's sleds.
-pub struct ObjectSleds {
-    /// How the object is named in messages.
-    pub name: String,
-    pub sleds: Vec<Sled>,
-}
+use std::os::fd::{AsRawFd as _, RawFd};
 
 /// What the keeper did at the start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,33 +64,47 @@ pub struct InlineKeeper {
     reports: std::io::BufReader<File>,
 }
 
+/// The process the keeper patches.
+#[derive(Clone, Copy, Debug)]
+pub enum Target {
+    /// A running process (`--pid`): every thread stopped where it is.
+    Running(u32),
+    /// A command fdr-profiled launched, still parked before its `exec` on a pipe whose
+    /// writing end is this descriptor: let go by the keeper, and patched at its entry point.
+    Launched(u32, RawFd),
+}
+
+impl Target {
+    /// The process's pid.
+    pub fn pid(self) -> u32 {
+        match self {
+            Target::Running(pid) | Target::Launched(pid, _) => pid,
+        }
+    }
+}
+
 impl InlineKeeper {
-    /// Forks the keeper of process `target`, which patches `objects`' sleds to call the
-    /// handler, with shared memory laid out as `layout`; returns once it has (or why it could
-    /// not). Call it where no other thread of fdr-profiled exists.
+    /// Forks the keeper of `target`, which patches the sleds of `plans` (each found where the
+    /// process maps its object) to call the handler, with shared memory laid out as `layout`;
+    /// returns once it has (or why it could not). Call it where no other thread of
+    /// fdr-profiled exists.
     pub fn start(
-        target: u32,
-        objects: Vec<ObjectSleds>,
+        target: Target,
+        plans: &[AttachPlan],
         layout: Layout,
-        tid_offset: u64,
     ) -> Result<(InlineKeeper, Patched)> {
         let (report_read, report_write) = pipe()?;
         let (command_read, command_write) = pipe()?;
-        let keep = [report_write.as_raw_fd(), command_read.as_raw_fd()];
+        let mut keep = vec![report_write.as_raw_fd(), command_read.as_raw_fd()];
+        if let Target::Launched(_, go) = target {
+            keep.push(go);
+        }
         // SAFETY: no other thread exists (see above), so the child may run any code.
         match unsafe { libc::fork() } {
             -1 => Err(std::io::Error::last_os_error()).context("--engine inline: fork"),
             0 => {
                 drop((report_read, command_write));
-                let code = keeper_main(
-                    target,
-                    &objects,
-                    layout,
-                    tid_offset,
-                    report_write,
-                    command_read,
-                    &keep,
-                );
+                let code = keeper_main(target, plans, layout, report_write, command_read, &keep);
                 // SAFETY: the keeper ends here, without running the parent's destructors.
                 unsafe { libc::_exit(code) }
             }
@@ -130,6 +138,16 @@ impl InlineKeeper {
         let mut line = String::new();
         let _ = self.reports.read_line(&mut line);
         line
+    }
+
+    /// Lets a launched command go from its entry point, its sleds patched: fdr-profiled reads
+    /// the memory from now on (the keeper keeps it stopped until then, so that no hit is lost
+    /// before the first read).
+    pub fn go(&mut self) -> Result<()> {
+        let commands = self.commands.as_mut().context("the keeper has ended")?;
+        commands
+            .write_all(b"g")
+            .context("--engine inline: letting the command go")
     }
 
     /// Ends the session: the keeper puts the process back as it was; what it did.
@@ -206,22 +224,22 @@ struct Applied {
 
 /// The keeper's life, in the forked child.
 fn keeper_main(
-    target: u32,
-    objects: &[ObjectSleds],
+    target: Target,
+    plans: &[AttachPlan],
     layout: Layout,
-    tid_offset: u64,
     mut reports: File,
     mut commands: File,
     keep: &[i32],
 ) -> i32 {
     become_keeper(c"fdr-inline", keep);
-    let applied = match apply(target, objects, layout, tid_offset) {
+    let (applied, held) = match apply(target, plans, layout) {
         Ok(applied) => applied,
         Err(err) => {
             let _ = writeln!(reports, "{err:#}");
             return 1;
         }
     };
+    let target = target.pid();
     let _ = writeln!(
         reports,
         "patched {} {} {}",
@@ -229,15 +247,30 @@ fn keeper_main(
         applied.sleds.len(),
         applied.skipped
     );
-    // Until fdr-profiled says the session ends, or dies (either way the pipe closes).
+    // Until fdr-profiled says the session ends, or dies (either way the pipe closes). A
+    // launched command waits at its entry point for its word that it reads the memory.
+    let mut held = held;
     let mut byte = [0u8; 64];
     loop {
         match commands.read(&mut byte) {
             Ok(0) => break,
-            Ok(_) => continue,
+            Ok(_) => {
+                if let Some(stopped) = held.take() {
+                    stopped.release();
+                }
+            }
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         }
+    }
+    if let Some(stopped) = held {
+        // fdr-profiled ended before it could read anything: the command never starts (as
+        // one whose probes could not be placed).
+        // SAFETY: plain system call on the command fdr-profiled launched.
+        unsafe { libc::kill(stopped.pid() as libc::pid_t, libc::SIGKILL) };
+        drop(stopped);
+        let _ = writeln!(reports, "gone 0 0");
+        return 0;
     }
     // Processes it forked meanwhile run the patched code too, their hits in the same memory:
     // each is put back as well (found by the shared memory they map).
@@ -266,15 +299,50 @@ fn keeper_main(
     0
 }
 
-/// Stops the process and patches it.
-fn apply(target: u32, objects: &[ObjectSleds], layout: Layout, tid_offset: u64) -> Result<Applied> {
+/// Stops the process (a launched command at its entry point) and patches it; a launched
+/// command is returned still stopped there.
+fn apply(
+    target: Target,
+    plans: &[AttachPlan],
+    layout: Layout,
+) -> Result<(Applied, Option<Stopped>)> {
+    let (mut stopped, launched) = match target {
+        Target::Running(pid) => (Stopped::stop(pid)?, false),
+        Target::Launched(pid, go) => (Stopped::launched(pid, go)?, true),
+    };
+    match patch(&mut stopped, plans, layout) {
+        Ok(applied) if launched => Ok((applied, Some(stopped))),
+        Ok(applied) => {
+            stopped.release();
+            Ok((applied, None))
+        }
+        Err(err) => {
+            if launched {
+                // Never started (see `Stopped::launched`).
+                // SAFETY: plain system call on the command we launched.
+                unsafe { libc::kill(stopped.pid() as libc::pid_t, libc::SIGKILL) };
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Patches the stopped process: the sleds of `plans`, found where it maps their objects.
+fn patch(stopped: &mut Stopped, plans: &[AttachPlan], layout: Layout) -> Result<Applied> {
+    let target = stopped.pid();
+    // Read with every thread stopped: the mappings cannot change meanwhile.
+    let tid_offset = super::glibc::tid_offset(target)?;
+    let objects = plans
+        .iter()
+        .map(|plan| object_sleds(target, plan))
+        .collect::<Result<Vec<_>>>()?;
+    let objects = &objects[..];
     let site = objects
         .iter()
         .flat_map(|o| o.sleds.first())
         .map(|s| s.address)
         .next()
         .context("no sled to patch")?;
-    let mut stopped = Stopped::stop(target)?;
     let shared_at = stopped.mmap(
         site,
         0,
@@ -291,15 +359,12 @@ fn apply(target: u32, objects: &[ObjectSleds], layout: Layout, tid_offset: u64) 
         skipped: 0,
         site,
     };
-    match patch_objects(&mut stopped, objects, layout, tid_offset, &mut applied) {
-        Ok(()) => {
-            stopped.release();
-            Ok(applied)
-        }
+    match patch_objects(stopped, objects, layout, tid_offset, &mut applied) {
+        Ok(()) => Ok(applied),
         Err(err) => {
             // Nothing half done is left: the sleds patched so far go back.
             for (address, original, _) in &applied.sleds {
-                let _ = write_sled(&stopped, *address, original);
+                let _ = write_sled(stopped, *address, original);
             }
             Err(err)
         }

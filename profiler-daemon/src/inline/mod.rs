@@ -1,6 +1,6 @@
-//! `--engine inline`: tracing a running process at in-process cost, by patching its XRay sleds
-//! from outside to call a handler put into it, as XRay's own runtime would patch them, instead
-//! of placing a uprobe (a kernel trap) on each.
+//! `--engine inline`: tracing a running process (or a launched command, from its entry point)
+//! at in-process cost, by patching its XRay sleds from outside to call a handler put into it,
+//! as XRay's own runtime would patch them, instead of placing a uprobe (a kernel trap) on each.
 //!
 //! - [`handler`]: the handler, assembled with fdr-profiled and copied into the process: it
 //!   writes one record per hit into the calling thread's slot of memory shared with
@@ -27,9 +27,9 @@ use crate::kernel::intake::Event;
 use crate::plan::AttachPlan;
 use anyhow::{Context as _, Result};
 use buffers::{Layout, SharedBuffers, TscClock};
-use keeper::{InlineKeeper, ObjectSleds, Patched, Restored};
-use patch::{Sled, Trampoline};
-use profiler_common::{SledKind, ThreadState};
+pub use keeper::Target;
+use keeper::{InlineKeeper, Patched, Restored};
+use profiler_common::ThreadState;
 
 /// Threads that can be traced at once (a slot each); more find none and their hits are
 /// counted, not recorded. Fewer with larger rings (see [`slots_for`]).
@@ -71,19 +71,15 @@ pub struct EngineReport {
 }
 
 impl Engine {
-    /// Patches process `pid`'s sleds of `plans` (every thread stopped for the while) and
-    /// maps the memory its handler writes, `ring_bytes` per thread. Forks the keeper: call
-    /// it before any other thread of fdr-profiled exists.
-    pub fn start(pid: u32, plans: &[AttachPlan], ring_bytes: u64) -> Result<Engine> {
-        let tid_offset = glibc::tid_offset(pid)?;
-        let objects = plans
-            .iter()
-            .map(|plan| object_sleds(pid, plan))
-            .collect::<Result<Vec<_>>>()?;
+    /// Patches `target`'s sleds of `plans` (every thread stopped for the while; a launched
+    /// command at its entry point) and maps the memory its handler writes, `ring_bytes` per
+    /// thread. Forks the keeper: call it before any other thread of fdr-profiled exists.
+    pub fn start(target: Target, plans: &[AttachPlan], ring_bytes: u64) -> Result<Engine> {
+        let pid = target.pid();
         let layout = Layout::new(slots_for(ring_bytes), ring_bytes)?;
         // Before any hit: the handler's times are TSC ticks.
         let clock = TscClock::measure(std::time::Duration::from_millis(20));
-        let (keeper, patched) = InlineKeeper::start(pid, objects, layout, tid_offset)?;
+        let (keeper, patched) = InlineKeeper::start(target, plans, layout)?;
         let buffers = match SharedBuffers::map(pid, patched.shared_at, layout) {
             Ok(buffers) => buffers,
             Err(err) => {
@@ -99,6 +95,11 @@ impl Engine {
             drains: 0,
             ended: Vec::new(),
         })
+    }
+
+    /// Lets a launched command go from its entry point (see [`InlineKeeper::go`]).
+    pub fn go(&mut self) -> Result<()> {
+        self.keeper.as_mut().context("the keeper has ended")?.go()
     }
 
     /// What the keeper patched.
@@ -145,58 +146,4 @@ impl Engine {
         };
         (books, report, error)
     }
-}
-
-/// The sleds of `plan` where process `pid` has them: each probe's file offset in the mapping
-/// of the object that holds it (the object's file, by device and inode).
-fn object_sleds(pid: u32, plan: &AttachPlan) -> Result<ObjectSleds> {
-    use std::os::unix::fs::MetadataExt as _;
-    let meta =
-        std::fs::metadata(&plan.binary).with_context(|| format!("{}", plan.binary.display()))?;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .with_context(|| format!("reading /proc/{pid}/maps"))?;
-    // (start, end, file offset) of each executable mapping of the file.
-    let mappings: Vec<(u64, u64, u64)> = maps
-        .lines()
-        .filter_map(|line| {
-            let mut f = line.split_whitespace();
-            let (range, perms, offset, dev, inode) =
-                (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
-            let (major, minor) = dev.split_once(':')?;
-            let dev = libc::makedev(
-                u32::from_str_radix(major, 16).ok()?,
-                u32::from_str_radix(minor, 16).ok()?,
-            );
-            if inode.parse::<u64>().ok()? != meta.ino() || dev != meta.dev() || !perms.contains('x')
-            {
-                return None;
-            }
-            let (start, end) = range.split_once('-')?;
-            Some((
-                u64::from_str_radix(start, 16).ok()?,
-                u64::from_str_radix(end, 16).ok()?,
-                u64::from_str_radix(offset, 16).ok()?,
-            ))
-        })
-        .collect();
-    let sleds = plan
-        .probes
-        .iter()
-        .filter_map(|probe| {
-            let kind = Trampoline::for_kind(SledKind::from_u8(probe.cookie.kind)?)?;
-            let &(start, _, offset) = mappings.iter().find(|&&(start, end, offset)| {
-                probe.file_offset >= offset
-                    && probe.file_offset + patch::SLED_BYTES as u64 <= offset + (end - start)
-            })?;
-            Some(Sled {
-                address: start + (probe.file_offset - offset),
-                function_id: probe.cookie.function_id,
-                kind,
-            })
-        })
-        .collect();
-    Ok(ObjectSleds {
-        name: plan.display_path.clone(),
-        sleds,
-    })
 }

@@ -8,6 +8,8 @@
 //! (`super::handler`), in the same order, while every thread of the process is stopped.
 //! Restoring writes the original bytes back the same way: the first two bytes first (the sled
 //! is then unpatched whatever follows), then the rest.
+use crate::plan::AttachPlan;
+use anyhow::{Context as _, Result};
 use profiler_common::SledKind;
 
 /// Bytes of a sled.
@@ -82,6 +84,67 @@ pub fn patched(sled: &Sled, trampoline: u64) -> Option<[u8; SLED_BYTES]> {
 
 /// How far a `call rel32` reaches (less a page, for the handler's own length).
 pub const REACH: u64 = (1 << 31) - (1 << 16);
+
+/// One object's sleds.
+pub struct ObjectSleds {
+    /// How the object is named in messages.
+    pub name: String,
+    pub sleds: Vec<Sled>,
+}
+
+/// The sleds of `plan` where process `pid` has them: each probe's file offset in the mapping
+/// of the object that holds it (the object's file, by device and inode).
+pub fn object_sleds(pid: u32, plan: &AttachPlan) -> Result<ObjectSleds> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta =
+        std::fs::metadata(&plan.binary).with_context(|| format!("{}", plan.binary.display()))?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .with_context(|| format!("reading /proc/{pid}/maps"))?;
+    // (start, end, file offset) of each executable mapping of the file.
+    let mappings: Vec<(u64, u64, u64)> = maps
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (range, perms, offset, dev, inode) =
+                (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+            let (major, minor) = dev.split_once(':')?;
+            let dev = libc::makedev(
+                u32::from_str_radix(major, 16).ok()?,
+                u32::from_str_radix(minor, 16).ok()?,
+            );
+            if inode.parse::<u64>().ok()? != meta.ino() || dev != meta.dev() || !perms.contains('x')
+            {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+                u64::from_str_radix(offset, 16).ok()?,
+            ))
+        })
+        .collect();
+    let sleds = plan
+        .probes
+        .iter()
+        .filter_map(|probe| {
+            let kind = Trampoline::for_kind(SledKind::from_u8(probe.cookie.kind)?)?;
+            let &(start, _, offset) = mappings.iter().find(|&&(start, end, offset)| {
+                probe.file_offset >= offset
+                    && probe.file_offset + SLED_BYTES as u64 <= offset + (end - start)
+            })?;
+            Some(Sled {
+                address: start + (probe.file_offset - offset),
+                function_id: probe.cookie.function_id,
+                kind,
+            })
+        })
+        .collect();
+    Ok(ObjectSleds {
+        name: plan.display_path.clone(),
+        sleds,
+    })
+}
 
 #[cfg(test)]
 mod tests {

@@ -63,6 +63,42 @@ impl Stopped {
         Ok(stopped)
     }
 
+    /// Seizes process `pid`, a command forked and parked before its `exec` (see
+    /// `traced::launch`), lets it go by writing a byte to `go` (its parking pipe), and runs it
+    /// to its entry point: there every object it links is mapped, its libraries' constructors
+    /// have run, and nothing of its own code has. Returns it stopped there (threads its
+    /// libraries' constructors started, if any, stopped too). Kills it if it cannot get there
+    /// held: a command that would run untraced never starts.
+    pub fn launched(pid: u32, go: std::os::fd::RawFd) -> Result<Stopped> {
+        ptrace::seize_with(pid, OPTIONS | libc::PTRACE_O_TRACEEXEC)
+            .with_context(|| format!("tracing the command (process {pid})"))?;
+        let byte = 1u8;
+        // SAFETY: writes one byte from a valid buffer to the parking pipe.
+        if unsafe { libc::write(go, (&raw const byte).cast(), 1) } != 1 {
+            let err = std::io::Error::last_os_error();
+            return Err(err).context("letting the command go");
+        }
+        let held = run_to_entry(pid);
+        let stopped = held.and_then(|threads| {
+            let mem = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/{pid}/mem"))
+                .with_context(|| format!("opening the memory of process {pid}"))?;
+            Ok(Stopped {
+                pid,
+                threads,
+                mem,
+                released: false,
+            })
+        });
+        if stopped.is_err() {
+            // SAFETY: plain system call; the command is ours and has not run its own code.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        stopped
+    }
+
     /// The process.
     pub fn pid(&self) -> u32 {
         self.pid
@@ -264,6 +300,101 @@ impl Drop for Stopped {
     fn drop(&mut self) {
         self.detach();
     }
+}
+
+/// Runs the seized command `pid` from its parking place through its `exec` to the first
+/// instruction of the program's entry point (`AT_ENTRY`), where it is stopped by a breakpoint
+/// put there for the while; every thread stopped, each with the signal to deliver when it
+/// goes on.
+fn run_to_entry(pid: u32) -> Result<Vec<(u32, i32)>> {
+    let mut threads: Vec<(u32, i32)> = Vec::new();
+    // The entry point and the byte the breakpoint replaced, once the program is exec'd.
+    let mut breakpoint: Option<(u64, u8, File)> = None;
+    for _ in 0..10_000 {
+        let mut status = 0;
+        // SAFETY: valid pointer to an int; the command and its threads are our tracees.
+        let tid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+        if tid < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            bail!(
+                "waiting for the command: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let tid = tid as u32;
+        if !libc::WIFSTOPPED(status) {
+            if tid == pid {
+                bail!(
+                    "the command ended before its entry point ({})",
+                    match libc::WIFEXITED(status) {
+                        true => format!("exit status {}", libc::WEXITSTATUS(status)),
+                        false => format!("signal {}", libc::WTERMSIG(status)),
+                    }
+                );
+            }
+            threads.retain(|(t, _)| *t != tid);
+            continue;
+        }
+        if tid != pid {
+            // A thread a library's constructor started: held where it is until the end.
+            if !threads.iter().any(|(t, _)| *t == tid) {
+                threads.push((tid, ptrace::signal_of_stop(status)));
+            }
+            continue;
+        }
+        let event = status >> 16;
+        let signal = libc::WSTOPSIG(status);
+        if event == libc::PTRACE_EVENT_EXEC {
+            let entry = entry_point(pid)?;
+            let mem = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/{pid}/mem"))
+                .with_context(|| format!("opening the memory of process {pid}"))?;
+            let mut original = [0u8];
+            mem.read_exact_at(&mut original, entry)
+                .and_then(|()| mem.write_all_at(&[0xcc], entry))
+                .with_context(|| format!("putting a breakpoint at the entry point {entry:#x}"))?;
+            breakpoint = Some((entry, original[0], mem));
+        } else if let (libc::SIGTRAP, 0, Some((entry, original, mem))) =
+            (signal, event, &breakpoint)
+        {
+            let regs = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, pid)
+                .context("reading the command's registers")?;
+            if regs.rip == entry + 1 {
+                mem.write_all_at(&[*original], *entry)
+                    .context("taking the breakpoint away")?;
+                let mut at_entry = regs;
+                at_entry.rip = *entry;
+                if !ptrace::set_regs(pid, &at_entry) {
+                    bail!("setting the command's registers");
+                }
+                threads.insert(0, (pid, 0));
+                return Ok(threads);
+            }
+            // A SIGTRAP of the program's own.
+            ptrace::request(libc::PTRACE_CONT, pid, signal);
+            continue;
+        }
+        ptrace::request(libc::PTRACE_CONT, pid, ptrace::signal_of_stop(status));
+    }
+    bail!("the command did not reach its entry point")
+}
+
+/// Process `pid`'s entry point, from its auxiliary vector.
+fn entry_point(pid: u32) -> Result<u64> {
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv"))
+        .with_context(|| format!("reading /proc/{pid}/auxv"))?;
+    auxv.chunks_exact(16)
+        .map(|pair| {
+            let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+            (word(&pair[..8]), word(&pair[8..]))
+        })
+        .find(|&(key, _)| key == libc::AT_ENTRY)
+        .map(|(_, entry)| entry)
+        .context("the command's auxiliary vector has no entry point")
 }
 
 /// The mapped ranges of process `pid`, in order.

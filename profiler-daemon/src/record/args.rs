@@ -74,10 +74,11 @@ pub struct RecordArgs {
 
     /// How hits are observed: `uprobes` (the default) places a uprobe on each sled, a kernel
     /// trap per hit (~0.6-1 us here, 10-30 us at an exit sled), and changes nothing in the
-    /// process's memory; `inline` (with `--pid`) patches the sleds, as XRay's own runtime
-    /// does, to call a handler fdr-profiled puts into the process, which writes each hit
-    /// into memory it shares with fdr-profiled (tens of nanoseconds a hit); its keeper puts
-    /// every sled back at the end, whatever happens to fdr-profiled.
+    /// process's memory; `inline` (with `--pid` or `-- CMD`, patched at its entry point)
+    /// patches the sleds, as XRay's own runtime does, to call a handler fdr-profiled puts
+    /// into the process, which writes each hit into memory it shares with fdr-profiled (tens
+    /// of nanoseconds a hit); its keeper puts every sled back at the end, whatever happens to
+    /// fdr-profiled.
     #[arg(long, value_name = "ENGINE", value_enum, default_value_t = Engine::Uprobes)]
     pub engine: Engine,
 

@@ -2,8 +2,9 @@
 //! instead of probed, its shared memory drained into the session's pipeline with the kernel's
 //! rings (which then hold nothing of it), and every sled put back at the end.
 use super::args::RecordArgs;
-use crate::inline::Engine;
+use crate::inline::{Engine, Target};
 use crate::kernel::intake::DRAIN_BUDGET;
+use crate::plan::exits::{ExitMode, ExitPolicy, ExitsChoice};
 use crate::plan::AttachPlan;
 use crate::session::pipeline::{locked, EventPipeline, Sink};
 use crate::session::Session;
@@ -17,8 +18,8 @@ pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis
 
 /// Why `cli` cannot run the inline engine, if it cannot.
 pub fn refused(cli: &RecordArgs) -> Result<()> {
-    if cli.pid.is_none() {
-        bail!("--engine inline: only with --pid for now (a running process)");
+    if cli.attach.is_some() {
+        bail!("--engine inline: only with --pid or -- COMMAND for now (not --attach)");
     }
     if cli.max_overhead.is_some() {
         bail!("--engine inline: --max-overhead budgets uprobes; not with the inline engine");
@@ -32,14 +33,32 @@ pub fn refused(cli: &RecordArgs) -> Result<()> {
     Ok(())
 }
 
-/// Patches process `pid`'s sleds of `plans` and adds the objects to the session.
+/// How exits are observed: at their patched sleds.
+pub fn exits(image: &[std::path::PathBuf]) -> (ExitPolicy, ExitsChoice) {
+    let (policy, mut choice) = crate::plan::exits::choose(ExitMode::Sleds, image);
+    choice.reason = "--engine inline: a patched exit sled costs what an entry does".into();
+    (policy, choice)
+}
+
+/// Patches `target`'s sleds of `plans` (a launched command at its entry point: its keeper
+/// lets it go) and adds the objects to the session.
 pub fn start(
-    pid: u32,
+    target: &mut super::target::Target,
     plans: Vec<AttachPlan>,
     ring_bytes: u64,
     session: &mut Session,
 ) -> Result<Engine> {
-    let engine = Engine::start(pid, &plans, ring_bytes)?;
+    let target = match target {
+        super::target::Target::Pid(pid, ..) => Target::Running(*pid),
+        super::target::Target::Launch(child, _) => {
+            // The keeper lets it go, whatever happens next (an error kills it).
+            child.let_go_elsewhere();
+            Target::Launched(child.pid(), child.go_fd())
+        }
+        super::target::Target::Attach => bail!("--engine inline: not with --attach"),
+    };
+    let pid = target.pid();
+    let engine = Engine::start(target, &plans, ring_bytes)?;
     let patched = engine.patched();
     let attached_ns = crate::session::monotonic_ns();
     errln!(

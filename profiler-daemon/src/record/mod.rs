@@ -11,6 +11,7 @@ mod outputs;
 
 mod repaired;
 mod stuck;
+mod target;
 
 pub use args::RecordArgs;
 
@@ -36,6 +37,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use stuck::{stuck_note, stuck_thread, STUCK_CHECK_INTERVAL};
+use target::Target;
 
 /// How often the ring buffers are drained. Events are written without waking the daemon, so
 /// this bounds how full a buffer gets: at ~0.5 µs per probe hit and 48 bytes per event, 25 ms
@@ -83,18 +85,6 @@ impl HeldStopSignals {
         // SAFETY: a valid mask, from hold().
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.previous, std::ptr::null_mut()) };
     }
-}
-
-/// What to trace.
-enum Target {
-    /// Every process running the binary.
-    Attach,
-    /// A command we launched, parked until the probes are in place, and under
-    /// `--exits repair` its tracer.
-    Launch(HeldChild, Option<repair::Keeper>),
-    /// A running process, a pidfd that tells when it exits, and under `--exits repair` its
-    /// tracer.
-    Pid(u32, OwnedFd, Option<repair::Keeper>),
 }
 
 /// The capabilities this command line needs, and what to call it in the error (see
@@ -156,7 +146,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     let repair = repair_wanted(cli, cli.attach.is_some(), &planned.image)?.filter(|_| !inline);
     let (mut policy, mut exits_choice) = match &repair {
         // Patched exit sleds cost what an entry does: every exit is observed there.
-        _ if inline => crate::plan::exits::choose(ExitMode::Sleds, &planned.image),
+        _ if inline => inline::exits(&planned.image),
         Some(wanted) => wanted.choice(),
         None => crate::plan::exits::choose(cli.exits, &planned.image),
     };
@@ -310,10 +300,10 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         (policy != ExitPolicy::All(Exits::Sleds) && budget.is_none()).then(Vec::new);
     let mut repaired = None;
     let mut engine = None;
-    let placed = if let (true, Target::Pid(pid, ..)) = (inline, &target) {
+    let placed = if inline {
         let plans = std::mem::take(&mut planned.plans);
         let ring_bytes = u64::from(cli.buffer_size);
-        inline::start(*pid, plans, ring_bytes, &mut session)
+        inline::start(&mut target, plans, ring_bytes, &mut session)
             .map(|started| engine = Some(started))
             .and_then(|()| tracer.set_armed(true))
     } else if repairing && matches!(target, Target::Attach) {
@@ -640,6 +630,10 @@ async fn record(
             false
         }
         Target::Launch(child, keeper) => {
+            if let Some(engine) = &mut probing.inline {
+                // Its keeper holds it at its entry point until now.
+                engine.go()?;
+            }
             let pid = child.release()?;
             if let Some(keeper) = &keeper {
                 errln!(

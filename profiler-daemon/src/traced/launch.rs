@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 pub struct HeldChild {
     pid: libc::pid_t,
     go: libc::c_int,
+    /// Let go already by someone else holding [`HeldChild::go_fd`] (the inline engine's
+    /// keeper, which traces it through its exec).
+    let_go: bool,
 }
 
 /// How a launched command ended.
@@ -132,7 +135,11 @@ impl HeldChild {
         }
         // SAFETY: the read end belongs to the child now.
         unsafe { libc::close(wait_fd) };
-        Ok(HeldChild { pid, go: go_fd })
+        Ok(HeldChild {
+            pid,
+            go: go_fd,
+            let_go: false,
+        })
     }
 
     /// The child's pid (the same before and after exec).
@@ -140,8 +147,23 @@ impl HeldChild {
         self.pid as u32
     }
 
+    /// The pipe the child waits on (a byte written there lets it exec), for a process that
+    /// lets it go instead: say so with [`HeldChild::let_go_elsewhere`].
+    pub fn go_fd(&self) -> libc::c_int {
+        self.go
+    }
+
+    /// The child was let go through [`HeldChild::go_fd`]: [`HeldChild::release`] has nothing
+    /// left to do.
+    pub fn let_go_elsewhere(&mut self) {
+        self.let_go = true;
+    }
+
     /// Lets the child exec the command. Returns its pid, to be waited for with [`wait_blocking`].
     pub fn release(self) -> Result<u32> {
+        if self.let_go {
+            return Ok(self.pid as u32);
+        }
         let byte = 1u8;
         // SAFETY: writing one byte from a valid buffer to our pipe end.
         let n = unsafe { libc::write(self.go, (&raw const byte).cast(), 1) };

@@ -8,9 +8,12 @@
 //!   code is the ELF file's byte for byte (every sled put back), the handler's page and the
 //!   shared memory are gone, every traced call has its entry and its exit, nothing is lost,
 //!   and the process ends as it would untraced.
+//! - The C++ and Rust fixtures launched (`-- CMD`): patched at their entry point, before any
+//!   of their own code (`main` included) ran; every call counted, as with probes.
+//! - A command that cannot be run: one error line, exit status 1, nothing left running.
 use std::time::Duration;
 
-use tests::scenario::{trace_pid_as, CPP};
+use tests::scenario::{trace_launched_with, trace_pid_as, CPP, RUST};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -22,6 +25,56 @@ fn cpp_process_by_pid_inline_counts_every_call() {
     assert!(
         stderr.contains("fdr-profiled: inline engine: ")
             && stderr.contains(" sleds patched in process "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn cpp_command_launched_inline_counts_every_call() {
+    let run = trace_launched_with(&CPP, 100, &["--engine", "inline"]);
+    let stderr = &run.tracer.stderr;
+    assert!(stderr.contains(" sleds patched in process "), "{stderr}");
+}
+
+#[test]
+fn rust_command_launched_inline_counts_every_call() {
+    let run = trace_launched_with(&RUST, 100, &["--engine", "inline"]);
+    let stderr = &run.tracer.stderr;
+    assert!(stderr.contains(" sleds patched in process "), "{stderr}");
+}
+
+/// A command whose exec fails (its dynamic loader is missing) ends the session in one line of
+/// ours, after the command's own; nothing is left running.
+#[test]
+fn a_command_that_cannot_start_is_refused_in_one_line() {
+    let scratch = tests::scratch_dir("inline-noexec");
+    let mut bytes = std::fs::read(tests::fixtures::workloads::calls_fixture()).unwrap();
+    let interp = b"/lib64/ld-linux-x86-64.so.2";
+    let at = bytes
+        .windows(interp.len())
+        .position(|w| w == interp)
+        .expect("the fixture names its dynamic loader");
+    bytes[at + interp.len() - 1] = b'X';
+    let broken = scratch.path().join("no-loader");
+    std::fs::write(&broken, &bytes).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let done = tests::tools::run_output(
+        std::process::Command::new(tests::tools::fdr_profiled())
+            .args(["--engine", "inline", "--no-report", "--out"])
+            .arg(scratch.path().join("out"))
+            .arg("--")
+            .arg(&broken),
+    );
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(1), "{stderr}");
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("error") && l.contains("--engine inline"))
+        .collect();
+    assert_eq!(ours.len(), 1, "{stderr}");
+    assert!(
+        ours[0].contains("the command ended before its entry point (exit status 127)"),
         "{stderr}"
     );
 }
