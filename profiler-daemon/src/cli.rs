@@ -49,6 +49,11 @@ pub enum Tool {
     /// Percentiles marked `~` come from a histogram (3 significant digits): past a number of
     /// calls a function's durations are not all kept.
     Report(crate::tools::report::ReportArgs),
+    /// Compare two sessions (or FDR files), function by function matched by name: calls,
+    /// total, self and p99 time in each and the change, the largest change in self time
+    /// first. For flame graphs of the change: `convert --format pprof` both and
+    /// `go tool pprof -diff_base A.pb.gz B.pb.gz`.
+    Diff(crate::tools::diff::DiffArgs),
     /// Convert a session to a Chrome/Perfetto trace, a speedscope profile, folded stacks, a
     /// flame graph SVG or a pprof profile.
     Convert(crate::tools::convert::ConvertArgs),

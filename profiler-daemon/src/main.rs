@@ -16,6 +16,7 @@ fn main() -> ExitCode {
         Some(Tool::Dump(args)) => profiler_daemon::tools::dump::run(args),
         Some(Tool::Verify(args)) => profiler_daemon::tools::verify::run(args),
         Some(Tool::Report(args)) => profiler_daemon::tools::report::run(args),
+        Some(Tool::Diff(args)) => profiler_daemon::tools::diff::run(args),
         Some(Tool::Convert(args)) => profiler_daemon::tools::convert::run(args),
         Some(Tool::Service(args)) => profiler_daemon::service::run(args),
         Some(Tool::Snapshot(args)) => profiler_daemon::service::control::snapshot(args),

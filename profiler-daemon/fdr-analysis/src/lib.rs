@@ -5,12 +5,13 @@
 //! the `fdr-session` crate's, shared with the recorder. [`replay`] reads its threads' calls
 //! in program order (streaming, record by record); [`symbolize`] names the functions (DWARF,
 //! symbol tables, build-ids checked); [`report`] computes per-function statistics and
-//! [`convert`] writes timelines and flame graphs; [`outputs`] writes the report and timeline a
+//! [`convert`] writes timelines and flame graphs; [`diff`] compares two sessions' reports; [`outputs`] writes the report and timeline a
 //! recording leaves next to its traces.
 //!
 //! Nothing here depends on the recorder; the recorder depends on this crate only to write its
 //! closing report and for the tools that read sessions back.
 pub mod convert;
+pub mod diff;
 pub mod outputs;
 pub mod replay;
 pub mod report;

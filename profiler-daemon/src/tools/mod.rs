@@ -3,6 +3,7 @@ pub mod bench_attach;
 pub mod bench_rescan;
 pub mod bench_unwinding;
 pub mod convert;
+pub mod diff;
 pub mod dump;
 pub mod list;
 pub mod report;

@@ -9,6 +9,7 @@
 mod bounded_outputs;
 mod convert;
 mod convert_pprof;
+mod diff;
 mod fdr_native;
 mod fdr_tools;
 mod list;
