@@ -42,7 +42,7 @@ pub struct RecordArgs {
     pub duration: Option<std::time::Duration>,
 
     /// Bytes of the kernel's event ring buffers per CPU (a power of two), split into one ring
-    /// per worker (see --workers).
+    /// per worker (see --workers); with `--engine inline`, of each thread's ring.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES)]
     pub buffer_size: u32,
 
