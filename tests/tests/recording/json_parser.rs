@@ -20,7 +20,7 @@ use std::time::Duration;
 use tests::fixtures::workloads::{
     json_parse_fixture, json_parse_native_fixture, native_records, native_trace,
 };
-use tests::launched::launch;
+use tests::launched::{launch, Launched};
 use tests::scratch_dir;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -47,40 +47,26 @@ fn per_function<'a>(
     m
 }
 
-#[test]
-fn a_json_parser_keeps_its_return_probes_and_matches_xray_s_own_runtime() {
-    let scratch = scratch_dir("json-parser-native");
+/// XRay's own runtime on the program: entries and exits per function.
+fn native_per_function(label: &str) -> BTreeMap<String, (u64, u64)> {
+    let scratch = scratch_dir(label);
     let native_bin = json_parse_native_fixture();
     let (file, stdout) = native_trace(&native_bin, scratch.path(), &[DOCUMENTS]);
     assert_eq!(stdout.trim(), PARSED);
     let (_, native) = native_records(&native_bin, &file);
     assert_eq!(native.len(), 1, "one thread");
-    let native = per_function(native.values().flatten());
+    per_function(native.values().flatten())
+}
 
-    let run = launch(
-        "json-parser",
-        &json_parse_fixture(),
-        &[],
-        &[DOCUMENTS],
-        TIMEOUT,
-    );
+/// The recording `run` against XRay's runtime: the same functions, entered as often; each
+/// entry closed once, by the runtime's own exit or, for the frames an exception left, by
+/// ours (`session.json` counts those). Returns our entries and the frames closed that way.
+fn assert_matches_native(run: &Launched, native: &BTreeMap<String, (u64, u64)>) -> (u64, u64) {
     assert_eq!(run.done.stdout.trim(), PARSED, "the output is unchanged");
-    assert!(
-        !run.done.stderr.contains("instead of return probes"),
-        "a fall-back to exit sleds: {}",
-        run.done.stderr
-    );
     let json = &run.session.json;
-    assert_eq!(json["exits"], "repair", "{}", json["exits_reason"]);
-    let methods = &json["exit_methods"];
-    assert_eq!(methods["exit_sled_calls"], 0, "{methods}");
     assert_eq!(json["events_lost"], 0);
-    let pid = run.pid();
     let converted = run.converted_both();
-    let ours = per_function(&converted[&pid].records);
-
-    // The same functions, entered as often; each entry closed once, by the runtime's own exit
-    // or, for the frames an exception left, by ours.
+    let ours = per_function(&converted[&run.pid()].records);
     assert_eq!(
         ours.keys().collect::<Vec<_>>(),
         native.keys().collect::<Vec<_>>()
@@ -103,27 +89,38 @@ fn a_json_parser_keeps_its_return_probes_and_matches_xray_s_own_runtime() {
         .map(|t| t["frames_unwound"].as_u64().unwrap())
         .sum();
     assert_eq!(frames_unwound, unwound, "frames left by exceptions");
+    (ours.values().map(|&(e, _)| e).sum(), unwound)
+}
+
+#[test]
+fn a_json_parser_keeps_its_return_probes_and_matches_xray_s_own_runtime() {
+    let native = native_per_function("json-parser-native");
+    let run = launch(
+        "json-parser",
+        &json_parse_fixture(),
+        &[],
+        &[DOCUMENTS],
+        TIMEOUT,
+    );
     assert!(
-        methods["return_probe_calls"].as_u64().unwrap()
-            >= ours.values().map(|&(e, _)| e).sum::<u64>() - unwound,
+        !run.done.stderr.contains("instead of return probes"),
+        "a fall-back to exit sleds: {}",
+        run.done.stderr
+    );
+    let json = &run.session.json;
+    assert_eq!(json["exits"], "repair", "{}", json["exits_reason"]);
+    let methods = &json["exit_methods"];
+    assert_eq!(methods["exit_sled_calls"], 0, "{methods}");
+    let (entries, unwound) = assert_matches_native(&run, &native);
+    assert!(
+        methods["return_probe_calls"].as_u64().unwrap() >= entries - unwound,
         "{methods}"
     );
 }
 
-/// XRay's own runtime on the program: entries and exits per function.
-fn native_per_function() -> BTreeMap<String, (u64, u64)> {
-    let scratch = scratch_dir("json-parser-native-inline");
-    let native_bin = json_parse_native_fixture();
-    let (file, stdout) = native_trace(&native_bin, scratch.path(), &[DOCUMENTS]);
-    assert_eq!(stdout.trim(), PARSED);
-    let (_, native) = native_records(&native_bin, &file);
-    assert_eq!(native.len(), 1, "one thread");
-    per_function(native.values().flatten())
-}
-
 #[test]
 fn a_json_parser_launched_under_the_inline_engine_matches_xray_s_own_runtime() {
-    let native = native_per_function();
+    let native = native_per_function("json-parser-native-inline");
     let run = launch(
         "json-parser-inline",
         &json_parse_fixture(),
@@ -134,37 +131,10 @@ fn a_json_parser_launched_under_the_inline_engine_matches_xray_s_own_runtime() {
         &[DOCUMENTS],
         TIMEOUT,
     );
-    assert_eq!(run.done.stdout.trim(), PARSED, "the output is unchanged");
     assert!(
         run.done.stderr.contains("sleds patched in process"),
         "{}",
         run.done.stderr
     );
-    let json = &run.session.json;
-    assert_eq!(json["events_lost"], 0);
-    let pid = run.pid();
-    let converted = run.converted_both();
-    let ours = per_function(&converted[&pid].records);
-    assert_eq!(
-        ours.keys().collect::<Vec<_>>(),
-        native.keys().collect::<Vec<_>>()
-    );
-    let mut unwound = 0;
-    for (name, &(entries, exits)) in &ours {
-        let (native_entries, native_exits) = native[name];
-        assert_eq!(entries, native_entries, "{name}: entries");
-        assert_eq!(exits, entries, "{name}: every entry closed once");
-        unwound += native_entries - native_exits;
-    }
-    assert!(
-        unwound >= 200,
-        "each malformed document leaves frames: {unwound}"
-    );
-    let frames_unwound: u64 = json["processes"][0]["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["frames_unwound"].as_u64().unwrap())
-        .sum();
-    assert_eq!(frames_unwound, unwound, "frames left by exceptions");
+    assert_matches_native(&run, &native);
 }
