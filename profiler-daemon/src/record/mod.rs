@@ -158,7 +158,13 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     };
     // Loading validates --buffer-size too; only then is anything created on disk.
     let mut tracer = Tracer::load(LoadOptions {
-        ring_bytes: cli.buffer_size,
+        // Under the inline engine the process's hits never go through the kernel's rings:
+        // --buffer-size sizes its own (per thread), not these (a large one here would take
+        // that much memory per CPU for nothing).
+        ring_bytes: match inline {
+            true => profiler_common::DEFAULT_RING_BYTES,
+            false => cli.buffer_size,
+        },
         rings_per_cpu: u32::try_from(workers).context("--workers")?,
         nargs: cli.args,
         max_event_bytes: cli.max_event_bytes,
