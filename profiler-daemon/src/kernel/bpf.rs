@@ -178,6 +178,8 @@ impl Tracer {
             .repair
             .and_then(|_| crate::kernel::btf::exec_offsets())
             .unwrap_or_default();
+        // The kernel's BTF, parsed once for these offsets, is not kept.
+        crate::kernel::btf::forget();
         let kernel_log_level: u8 = if options.kernel_log {
             aya_log::Level::Warn as u8
         } else {

@@ -9,9 +9,30 @@ const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// The kernel's BTF, read whole and parsed from memory: `Btf::from_file` parses through a
 /// `BufReader` that asks the file for its position (an `lseek` on sysfs) for every type, which
 /// made reading it most of the daemon's start-up.
-fn vmlinux() -> Result<Btf, String> {
+/// Parsed once until [`forget`]: loading the programs asks it for several offsets, and each
+/// parse took tens of milliseconds (0.3 s of a recording's start).
+fn vmlinux() -> Result<std::sync::Arc<Btf>, String> {
+    let mut cached = PARSED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(btf) = &*cached {
+        return Ok(btf.clone());
+    }
     let bytes = std::fs::read(VMLINUX_BTF).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))?;
-    Btf::from_bytes(&bytes).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))
+    let btf = std::sync::Arc::new(
+        Btf::from_bytes(&bytes).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))?,
+    );
+    *cached = Some(btf.clone());
+    Ok(btf)
+}
+
+static PARSED: std::sync::Mutex<Option<std::sync::Arc<Btf>>> = std::sync::Mutex::new(None);
+
+/// Drops the parsed BTF (about 30 MiB here): call it once the programs are loaded, so that
+/// a session does not keep it for its whole life. A later question parses it again.
+pub fn forget() {
+    PARSED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
 }
 
 /// Byte offset of `exit_code` in `struct task_struct`: how a thread's end tells that its
