@@ -27,6 +27,9 @@ pub fn refused(cli: &RecordArgs) -> Result<()> {
     if cli.follow_forks {
         bail!("--engine inline: not with --follow-forks yet");
     }
+    if !matches!(cli.exits, ExitMode::Auto | ExitMode::Sleds) {
+        bail!("--engine inline: every exit is observed at its patched sled; --exits does not apply");
+    }
     if cli.floor {
         bail!("--engine inline: --floor measures uprobes; not with the inline engine");
     }

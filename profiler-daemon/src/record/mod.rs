@@ -143,7 +143,10 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     if inline {
         inline::refused(cli)?;
     }
-    let repair = repair_wanted(cli, cli.attach.is_some(), &planned.image)?.filter(|_| !inline);
+    let repair = match inline {
+        true => None,
+        false => repair_wanted(cli, cli.attach.is_some(), &planned.image)?,
+    };
     let (mut policy, mut exits_choice) = match &repair {
         // Patched exit sleds cost what an entry does: every exit is observed there.
         _ if inline => inline::exits(&planned.image),
