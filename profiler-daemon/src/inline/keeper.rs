@@ -18,13 +18,15 @@
 //! counting what it cannot write, which costs the process a few nanoseconds a call.
 use super::buffers::Layout;
 use super::handler::handler;
-use super::patch::{is_unpatched, object_sleds, patched, ObjectSleds, Trampoline, SLED_BYTES};
+use super::patch::{
+    is_unpatched, object_sleds, patched, ObjectSleds, Sled, Trampoline, SLED_BYTES,
+};
 use super::remote::{mapped_ranges, place_near, Stopped};
 use crate::plan::AttachPlan;
 use crate::repair::keeper::{become_keeper, pipe};
 use anyhow::{bail, Context as _, Result};
 use std::fs::File;
-use std::io::{BufRead as _, Read as _, Write as _};
+use std::io::{BufRead as _, Write as _};
 use std::os::fd::{AsRawFd as _, RawFd};
 
 /// What the keeper did at the start.
@@ -54,6 +56,8 @@ pub struct Restored {
     /// were put back.
     pub forked: usize,
     pub forked_restored: usize,
+    /// Sleds of objects the process unmapped since they were patched: nothing to put back.
+    pub unmapped_sleds: usize,
 }
 
 /// The keeper process.
@@ -146,8 +150,35 @@ impl InlineKeeper {
     pub fn go(&mut self) -> Result<()> {
         let commands = self.commands.as_mut().context("the keeper has ended")?;
         commands
-            .write_all(b"g")
+            .write_all(b"go\n")
             .context("--engine inline: letting the command go")
+    }
+
+    /// Patches the sleds of `objects` (mapped by the process since the start): returns the
+    /// sleds patched and those left as they were.
+    pub fn patch_more(&mut self, objects: &[ObjectSleds]) -> Result<(usize, usize)> {
+        let commands = self.commands.as_mut().context("the keeper has ended")?;
+        let mut batch = format!("patch {}\n", objects.len()).into_bytes();
+        write_objects(&mut batch, objects)?;
+        commands
+            .write_all(&batch)
+            .context("--engine inline: asking the keeper to patch")?;
+        let line = self.report();
+        let mut words = line.strip_prefix("more ").unwrap_or("").split_whitespace();
+        match (
+            words.next().and_then(|w| w.parse().ok()),
+            words.next().and_then(|w| w.parse().ok()),
+        ) {
+            (Some(patched), Some(skipped)) => Ok((patched, skipped)),
+            _ => bail!(
+                "--engine inline: {}",
+                if line.is_empty() {
+                    "the keeper died"
+                } else {
+                    line.trim_end()
+                }
+            ),
+        }
     }
 
     /// Ends the session: the keeper puts the process back as it was; what it did.
@@ -194,6 +225,7 @@ fn parse_restored(line: &str) -> Option<Restored> {
             gone: true,
             forked_restored: words.next().and_then(|w| w.parse().ok()).unwrap_or(0),
             forked: words.next().and_then(|w| w.parse().ok()).unwrap_or(0),
+            unmapped_sleds: 0,
         });
     }
     let mut words = line.strip_prefix("restored ")?.split_whitespace();
@@ -204,6 +236,7 @@ fn parse_restored(line: &str) -> Option<Restored> {
         gone: false,
         forked_restored: words.next()?.parse().ok()?,
         forked: words.next()?.parse().ok()?,
+        unmapped_sleds: words.next()?.parse().ok()?,
     })
 }
 
@@ -220,6 +253,8 @@ struct Applied {
     skipped: usize,
     /// Where system calls are made (a sled).
     site: u64,
+    /// Where the process's threads keep their id (for the handler's data block).
+    tid_offset: u64,
 }
 
 /// The keeper's life, in the forked child.
@@ -228,11 +263,11 @@ fn keeper_main(
     plans: &[AttachPlan],
     layout: Layout,
     mut reports: File,
-    mut commands: File,
+    commands: File,
     keep: &[i32],
 ) -> i32 {
     become_keeper(c"fdr-inline", keep);
-    let (applied, held) = match apply(target, plans, layout) {
+    let (mut applied, held) = match apply(target, plans, layout) {
         Ok(applied) => applied,
         Err(err) => {
             let _ = writeln!(reports, "{err:#}");
@@ -248,16 +283,28 @@ fn keeper_main(
         applied.skipped
     );
     // Until fdr-profiled says the session ends, or dies (either way the pipe closes). A
-    // launched command waits at its entry point for its word that it reads the memory.
+    // launched command waits at its entry point for its word that it reads the memory
+    // (`go`); objects the process maps later come as `patch` (see `InlineKeeper::patch_more`).
     let mut held = held;
-    let mut byte = [0u8; 64];
+    let mut commands = std::io::BufReader::new(commands);
     loop {
-        match commands.read(&mut byte) {
+        let mut line = String::new();
+        match commands.read_line(&mut line) {
             Ok(0) => break,
-            Ok(_) => {
+            Ok(_) if line == "go\n" => {
                 if let Some(stopped) = held.take() {
                     stopped.release();
                 }
+            }
+            Ok(_) => {
+                let reply = match line.strip_prefix("patch ").map(str::trim_end) {
+                    Some(count) => patch_more(target, count, &mut commands, &mut applied, layout),
+                    None => Err(anyhow::anyhow!("unknown command {line:?}")),
+                };
+                let _ = match reply {
+                    Ok((patched, skipped)) => writeln!(reports, "more {patched} {skipped}"),
+                    Err(err) => writeln!(reports, "{err:#}"),
+                };
             }
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break,
@@ -286,11 +333,12 @@ fn keeper_main(
     }
     let line = match restore(target, &applied, layout) {
         Ok(Some(r)) => format!(
-            "restored {} {} {} {forked_back} {}",
+            "restored {} {} {} {forked_back} {} {}",
             r.sleds,
             r.changed,
             if r.unmapped { "unmapped" } else { "kept" },
-            forked.len()
+            forked.len(),
+            r.unmapped_sleds
         ),
         Ok(None) => format!("gone {forked_back} {}", forked.len()),
         Err(err) => format!("{err:#}"),
@@ -358,6 +406,7 @@ fn patch(stopped: &mut Stopped, plans: &[AttachPlan], layout: Layout) -> Result<
         sleds: Vec::new(),
         skipped: 0,
         site,
+        tid_offset,
     };
     match patch_objects(stopped, objects, layout, tid_offset, &mut applied) {
         Ok(()) => Ok(applied),
@@ -434,6 +483,98 @@ fn patch_objects(
     Ok(())
 }
 
+/// `patch COUNT`: reads COUNT objects' sleds (see [`write_objects`]) and patches them in
+/// the process, stopped for the while; returns the sleds patched and left.
+fn patch_more(
+    target: u32,
+    count: &str,
+    commands: &mut impl std::io::BufRead,
+    applied: &mut Applied,
+    layout: Layout,
+) -> Result<(usize, usize)> {
+    let count: usize = count.parse().context("patch: not a count")?;
+    let objects = read_objects(commands, count)?;
+    let (before, skipped_before) = (applied.sleds.len(), applied.skipped);
+    let mut stopped = Stopped::stop(target)?;
+    let tid_offset = applied.tid_offset;
+    if let Err(err) = patch_objects(&mut stopped, &objects, layout, tid_offset, applied) {
+        // This batch goes back whole; what was patched before stays.
+        for (address, original, _) in &applied.sleds[before..] {
+            let _ = write_sled(&stopped, *address, original);
+        }
+        applied.sleds.truncate(before);
+        return Err(err);
+    }
+    stopped.release();
+    Ok((
+        applied.sleds.len() - before,
+        applied.skipped - skipped_before,
+    ))
+}
+
+/// Writes `objects` for [`read_objects`]: per object a line `object N NAME`, then N lines
+/// `ADDRESS FUNCTION-ID KIND` (kind `e`ntry, e`x`it or `t`ail).
+fn write_objects(out: &mut impl std::io::Write, objects: &[ObjectSleds]) -> std::io::Result<()> {
+    for object in objects {
+        let name: String = object.name.chars().filter(|c| *c != '\n').collect();
+        writeln!(out, "object {} {name}", object.sleds.len())?;
+        for sled in &object.sleds {
+            let kind = match sled.kind {
+                Trampoline::Entry => 'e',
+                Trampoline::Exit => 'x',
+                Trampoline::Tail => 't',
+            };
+            writeln!(out, "{} {} {kind}", sled.address, sled.function_id)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads `count` objects [`write_objects`] wrote.
+fn read_objects(input: &mut impl std::io::BufRead, count: usize) -> Result<Vec<ObjectSleds>> {
+    let mut line = String::new();
+    let mut next = |line: &mut String| -> Result<()> {
+        line.clear();
+        match input.read_line(line)? {
+            0 => bail!("patch: cut short"),
+            _ => Ok(()),
+        }
+    };
+    let mut objects = Vec::new();
+    for _ in 0..count {
+        next(&mut line)?;
+        let (n, name) = line
+            .trim_end()
+            .strip_prefix("object ")
+            .and_then(|rest| rest.split_once(' '))
+            .context("patch: not an object line")?;
+        let n: usize = n.parse().context("patch: not a sled count")?;
+        let name = name.to_owned();
+        let mut sleds = Vec::new();
+        for _ in 0..n {
+            next(&mut line)?;
+            let mut words = line.split_whitespace();
+            let (Some(address), Some(function_id), Some(kind)) =
+                (words.next(), words.next(), words.next())
+            else {
+                bail!("patch: not a sled line");
+            };
+            sleds.push(Sled {
+                address: address.parse().context("patch: address")?,
+                function_id: function_id.parse().context("patch: function id")?,
+                kind: match kind {
+                    "e" => Trampoline::Entry,
+                    "x" => Trampoline::Exit,
+                    "t" => Trampoline::Tail,
+                    _ => bail!("patch: kind {kind:?}"),
+                },
+            });
+        }
+        objects.push(ObjectSleds { name, sleds });
+    }
+    Ok(objects)
+}
+
 /// Writes a sled's bytes: the last nine, then the first two (XRay's order: a thread that ran
 /// it meanwhile would see the old sled or the new one, never a mix).
 fn write_sled(stopped: &Stopped, address: u64, bytes: &[u8; SLED_BYTES]) -> Result<()> {
@@ -455,10 +596,15 @@ fn restore(target: u32, applied: &Applied, layout: Layout) -> Result<Option<Rest
         gone: false,
         forked: 0,
         forked_restored: 0,
+        unmapped_sleds: 0,
     };
     for (address, original, new) in &applied.sleds {
         let mut now = [0u8; SLED_BYTES];
-        stopped.read(*address, &mut now)?;
+        if stopped.read(*address, &mut now).is_err() {
+            // Its object was unmapped (`dlclose`): nothing left to put back.
+            restored.unmapped_sleds += 1;
+            continue;
+        }
         if now == *new {
             // The first two bytes first: the sled is whole again from then on.
             stopped.write(*address, &original[..2])?;
@@ -591,9 +737,10 @@ mod tests {
             parse_patched("PTRACE_SEIZE: Operation not permitted\n"),
             None
         );
-        let restored = parse_restored("restored 12 0 unmapped 1 2\n").unwrap();
+        let restored = parse_restored("restored 12 0 unmapped 1 2 3\n").unwrap();
         assert_eq!((restored.sleds, restored.unmapped), (12, true));
         assert_eq!((restored.forked_restored, restored.forked), (1, 2));
+        assert_eq!(restored.unmapped_sleds, 3);
         assert!(parse_restored("gone 0 0\n").unwrap().gone);
     }
 }

@@ -50,6 +50,8 @@ const CHECK_EVERY: u32 = 8;
 
 /// The inline engine tracing one process.
 pub struct Engine {
+    /// The process patched.
+    pid: u32,
     keeper: Option<InlineKeeper>,
     buffers: SharedBuffers,
     clock: TscClock,
@@ -88,6 +90,7 @@ impl Engine {
             }
         };
         Ok(Engine {
+            pid,
             keeper: Some(keeper),
             buffers,
             clock,
@@ -100,6 +103,19 @@ impl Engine {
     /// Lets a launched command go from its entry point (see [`InlineKeeper::go`]).
     pub fn go(&mut self) -> Result<()> {
         self.keeper.as_mut().context("the keeper has ended")?.go()
+    }
+
+    /// Patches the sleds of `plans`, objects the process mapped since the start (`dlopen`):
+    /// returns the sleds patched and those left as they were.
+    pub fn patch_more(&mut self, plans: &[AttachPlan]) -> Result<(usize, usize)> {
+        let objects = plans
+            .iter()
+            .map(|plan| patch::object_sleds(self.pid, plan))
+            .collect::<Result<Vec<_>>>()?;
+        self.keeper
+            .as_mut()
+            .context("the keeper has ended")?
+            .patch_more(&objects)
     }
 
     /// What the keeper patched.

@@ -12,7 +12,9 @@ const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// Parsed once until [`forget`]: loading the programs asks it for several offsets, and each
 /// parse took tens of milliseconds (0.3 s of a recording's start).
 fn vmlinux() -> Result<std::sync::Arc<Btf>, String> {
-    let mut cached = PARSED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cached = PARSED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(btf) = &*cached {
         return Ok(btf.clone());
     }

@@ -4,7 +4,9 @@
 use super::args::RecordArgs;
 use crate::inline::{Engine, Target};
 use crate::kernel::intake::DRAIN_BUDGET;
+use crate::plan::discovery::Discovery;
 use crate::plan::exits::{ExitMode, ExitPolicy, ExitsChoice};
+use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
 use crate::session::pipeline::{locked, EventPipeline, Sink};
 use crate::session::Session;
@@ -28,7 +30,9 @@ pub fn refused(cli: &RecordArgs) -> Result<()> {
         bail!("--engine inline: not with --follow-forks yet");
     }
     if !matches!(cli.exits, ExitMode::Auto | ExitMode::Sleds) {
-        bail!("--engine inline: every exit is observed at its patched sled; --exits does not apply");
+        bail!(
+            "--engine inline: every exit is observed at its patched sled; --exits does not apply"
+        );
     }
     if cli.floor {
         bail!("--engine inline: --floor measures uprobes; not with the inline engine");
@@ -79,6 +83,35 @@ pub fn start(
     Ok(engine)
 }
 
+/// Patches the instrumented objects the process mapped since the last look (`dlopen`).
+pub fn rescan(
+    discovery: &mut Discovery,
+    filter: &FunctionFilter,
+    engine: &mut Engine,
+    session: &mut Session,
+) {
+    for plan in super::objects::found(discovery, filter, session) {
+        match engine.patch_more(std::slice::from_ref(&plan)) {
+            Ok((sleds, skipped)) => {
+                errln!(
+                    "fdr-profiled: inline engine: {sleds} sleds patched in {} (object {}){}",
+                    plan.display_path,
+                    plan.object_id,
+                    match skipped {
+                        0 => String::new(),
+                        n => format!(" ({n} left as they were)"),
+                    }
+                );
+                session.add_object(plan, sleds, crate::session::monotonic_ns());
+            }
+            Err(err) => errln!(
+                "fdr-profiled: warning: {}: not traced: {err:#}",
+                plan.display_path
+            ),
+        }
+    }
+}
+
 /// Hands the events the handler wrote since the last drain to the pipeline, and ends the
 /// threads found gone.
 pub fn drain<S: Sink>(engine: &mut Engine, events: &mut EventPipeline<S>, own: &Mutex<S>) {
@@ -113,7 +146,7 @@ pub fn finish<S: Sink>(
         Some(r) if r.gone => {}
         Some(r) => {
             errln!(
-                "fdr-profiled: inline engine: {} sleds put back{}{}{}",
+                "fdr-profiled: inline engine: {} sleds put back{}{}{}{}",
                 r.sleds,
                 match r.forked {
                     0 => String::new(),
@@ -122,6 +155,10 @@ pub fn finish<S: Sink>(
                 match r.changed {
                     0 => String::new(),
                     n => format!(", {n} found changed by something else and left"),
+                },
+                match r.unmapped_sleds {
+                    0 => String::new(),
+                    n => format!(", {n} gone with the objects the process unmapped"),
                 },
                 if r.unmapped {
                     ""

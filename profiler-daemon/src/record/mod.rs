@@ -391,8 +391,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     runtime.block_on(async {
         let intake = Intake::new(rings, rings_per_cpu)?;
         let probing = Probing {
-            // Objects mapped later are not patched (yet).
-            discovery: planned.discovery.filter(|_| engine.is_none()),
+            discovery: planned.discovery,
             inline: engine,
             filter,
             policy,
@@ -738,7 +737,9 @@ async fn record(
                 events.drain(DRAIN_BUDGET, &mut locked(&own));
             }
             _ = rescan.tick(), if probing.discovery.is_some() => {
-                if let Some(discovery) = &mut probing.discovery {
+                if let (Some(discovery), Some(engine)) = (&mut probing.discovery, &mut probing.inline) {
+                    inline::rescan(discovery, &probing.filter, engine, &mut session);
+                } else if let Some(discovery) = &mut probing.discovery {
                     objects::rescan(discovery, &probing.filter, probing.policy, &mut probing.tracer, &mut session, probing.scope, objects::Placing::of(probing.return_probes.as_mut(), probing.budget.as_mut().map(|b| &mut b.probes)));
                 }
             }

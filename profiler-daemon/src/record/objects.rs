@@ -90,6 +90,28 @@ pub fn attach(
     Ok(placed)
 }
 
+/// The instrumented objects the process mapped since the last look, each with the functions
+/// `filter` keeps (objects left with none are left out); where the others are is noted in
+/// `session`. A process that is gone has nothing more to map: none then.
+pub fn found(
+    discovery: &mut Discovery,
+    filter: &FunctionFilter,
+    session: &mut Session,
+) -> Vec<AttachPlan> {
+    let Ok(found) = discovery.scan() else {
+        return Vec::new();
+    };
+    warn_all(&found);
+    for &(object_id, load_address) in &found.located {
+        session.locate_object(object_id, load_address);
+    }
+    found
+        .plans
+        .into_iter()
+        .filter_map(|mut plan| (filter.retain(&mut plan) > 0).then_some(plan))
+        .collect()
+}
+
 /// Looks for objects the process mapped since the last look and probes the instrumented
 /// ones. A process that is gone has nothing more to map: errors reading it are not reported
 /// (its exit ends the session).
@@ -102,17 +124,7 @@ pub fn rescan(
     scope: Scope,
     mut placing: Placing<'_>,
 ) {
-    let Ok(found) = discovery.scan() else {
-        return;
-    };
-    warn_all(&found);
-    for &(object_id, load_address) in &found.located {
-        session.locate_object(object_id, load_address);
-    }
-    for mut plan in found.plans {
-        if filter.retain(&mut plan) == 0 {
-            continue;
-        }
+    for plan in found(discovery, filter, session) {
         let path = plan.display_path.clone();
         if let Err(err) = attach(tracer, session, plan, policy, scope, placing.reborrow()) {
             errln!("fdr-profiled: warning: {path}: not traced: {err:#}");

@@ -11,6 +11,8 @@
 //! - The C++ and Rust fixtures launched (`-- CMD`): patched at their entry point, before any
 //!   of their own code (`main` included) ran; every call counted, as with probes.
 //! - A command that cannot be run: one error line, exit status 1, nothing left running.
+//! - A shared object the process `dlopen`s while traced: patched when found, its calls
+//!   counted exactly, and put back with the rest at the end.
 use std::time::Duration;
 
 use tests::scenario::{trace_launched_with, trace_pid_as, CPP, RUST};
@@ -265,4 +267,65 @@ fn a_process_another_tracer_holds_is_refused() {
     // Traced by this process, it would stop at a SIGTERM: SIGKILL ends it.
     fixture.signal(libc::SIGKILL);
     let _ = fixture.finish(TIMEOUT);
+}
+
+/// The DSO fixture by pid: its executable and linked library patched at the start,
+/// `libfxloaded.so` once the process `dlopen`s it; a round of work on every thread then is in
+/// the trace call for call (per thread, as the fixture counts), and every object's code is
+/// its file's again after the session.
+#[test]
+fn an_object_dlopened_while_traced_is_patched_and_put_back() {
+    use tests::fixtures::dso::{dso_fixture, private_dso_copy, run_section, DsoProcess};
+    let scratch = tests::scratch_dir("inline-dlopen");
+    let copy = private_dso_copy(dso_fixture(), scratch.path(), true);
+    let out = scratch.path().join("out");
+    let mut target = DsoProcess::start("target", &copy.exe);
+    let pid = target.pid();
+    let mut tracer = tests::run::start_pid(pid, &out, &["--engine", "inline", "--no-report"]);
+    tests::run::wait_attached(&mut tracer);
+    target.dlopen();
+    tracer.wait_for_stderr_match("the loaded object patched", TIMEOUT, |l| {
+        l.contains("sleds patched in") && l.contains("libfxloaded.so")
+    });
+    target.run(50);
+    let tracer = tests::run::interrupt_and_finish(tracer, TIMEOUT);
+    tests::run::assert_success("fdr-profiled --pid --engine inline", &tracer);
+    for object in [&copy.exe, &copy.linked, &copy.loaded] {
+        tests::memory::assert_put_back(pid, object, &tracer.stderr);
+    }
+    target.run(1);
+    let done = target.quit("target fixture");
+
+    let session = tests::read_session(&out);
+    assert_eq!(session.events_lost, 0, "{}", tracer.stderr);
+    let (report, _) = tests::synthetic_session::report_json(&out, &["--per-thread"]);
+    let mut checked = 0;
+    for line in run_section(&done.stdout, 1).lines() {
+        let Some(rest) = line.strip_prefix("count tid=") else {
+            continue;
+        };
+        let (tid, rest) = rest.split_once(" function=").unwrap();
+        let (function, calls) = rest.rsplit_once(" calls=").unwrap();
+        let (tid, calls): (u64, u64) = (tid.parse().unwrap(), calls.parse().unwrap());
+        let traced: u64 = report["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["tid"] == tid && f["name"] == function)
+            .map(|f| f["calls"].as_u64().unwrap())
+            .sum();
+        assert_eq!(traced, calls, "thread {tid}: {function}");
+        checked += 1;
+    }
+    assert!(checked > 0, "no count lines:\n{}", done.stdout);
+    for function in tests::fixtures::dso::LOADED_FUNCTIONS {
+        assert!(
+            report["functions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["name"] == *function && f["calls"].as_u64().unwrap() > 0),
+            "{function} not in the report"
+        );
+    }
 }
