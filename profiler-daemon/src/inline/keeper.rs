@@ -76,13 +76,17 @@ pub enum Target {
     /// A command fdr-profiled launched, still parked before its `exec` on a pipe whose
     /// writing end is this descriptor: let go by the keeper, and patched at its entry point.
     Launched(u32, RawFd),
+    /// A process that exec'd the traced executable, held in its dynamic loader by
+    /// fdr-profiled's exec holder (`repair::hold`), whose handover pipe is this descriptor:
+    /// taken from it, and patched at its entry point.
+    Held(u32, RawFd),
 }
 
 impl Target {
     /// The process's pid.
     pub fn pid(self) -> u32 {
         match self {
-            Target::Running(pid) | Target::Launched(pid, _) => pid,
+            Target::Running(pid) | Target::Launched(pid, _) | Target::Held(pid, _) => pid,
         }
     }
 }
@@ -90,25 +94,40 @@ impl Target {
 impl InlineKeeper {
     /// Forks the keeper of `target`, which patches the sleds of `plans` (each found where the
     /// process maps its object) to call the handler, with shared memory laid out as `layout`;
-    /// returns once it has (or why it could not). Call it where no other thread of
-    /// fdr-profiled exists.
+    /// returns once it has (or why it could not). For a [`Target::Held`] process, `let_go` is
+    /// called once the keeper is ready to seize it: it must make the holder let it go. The
+    /// child of a fork runs only the forking thread: call it where no other thread of
+    /// fdr-profiled holds a lock the keeper takes (none does: the keeper prints nothing, and
+    /// glibc's `fork` makes `malloc` safe in the child).
     pub fn start(
         target: Target,
         plans: &[AttachPlan],
         layout: Layout,
+        let_go: impl FnOnce(),
     ) -> Result<(InlineKeeper, Patched)> {
         let (report_read, report_write) = pipe()?;
         let (command_read, command_write) = pipe()?;
         let mut keep = vec![report_write.as_raw_fd(), command_read.as_raw_fd()];
-        if let Target::Launched(_, go) = target {
-            keep.push(go);
+        if let Target::Launched(_, fd) | Target::Held(_, fd) = target {
+            keep.push(fd);
         }
-        // SAFETY: no other thread exists (see above), so the child may run any code.
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() } as u32;
+        // SAFETY: see above: the child runs only code that takes no lock another thread may
+        // hold.
         match unsafe { libc::fork() } {
             -1 => Err(std::io::Error::last_os_error()).context("--engine inline: fork"),
             0 => {
                 drop((report_read, command_write));
-                let code = keeper_main(target, plans, layout, report_write, command_read, &keep);
+                let code = keeper_main(
+                    target,
+                    parent,
+                    plans,
+                    layout,
+                    report_write,
+                    command_read,
+                    &keep,
+                );
                 // SAFETY: the keeper ends here, without running the parent's destructors.
                 unsafe { libc::_exit(code) }
             }
@@ -119,7 +138,11 @@ impl InlineKeeper {
                     commands: Some(command_write),
                     reports: std::io::BufReader::new(report_read),
                 };
-                let line = keeper.report();
+                let mut line = keeper.report();
+                if line == "ready\n" {
+                    let_go();
+                    line = keeper.report();
+                }
                 match parse_patched(&line) {
                     Some(patched) => Ok((keeper, patched)),
                     None => {
@@ -260,6 +283,7 @@ struct Applied {
 /// The keeper's life, in the forked child.
 fn keeper_main(
     target: Target,
+    parent: u32,
     plans: &[AttachPlan],
     layout: Layout,
     mut reports: File,
@@ -267,13 +291,18 @@ fn keeper_main(
     keep: &[i32],
 ) -> i32 {
     become_keeper(c"fdr-inline", keep);
-    let (mut applied, held) = match apply(target, plans, layout) {
+    if matches!(target, Target::Held(..)) {
+        // fdr-profiled has the holder let the process go when it reads this.
+        let _ = reports.write_all(b"ready\n");
+    }
+    let (mut applied, held) = match apply(target, parent, plans, layout) {
         Ok(applied) => applied,
         Err(err) => {
             let _ = writeln!(reports, "{err:#}");
             return 1;
         }
     };
+    let launched = matches!(target, Target::Launched(..));
     let target = target.pid();
     let _ = writeln!(
         reports,
@@ -311,13 +340,17 @@ fn keeper_main(
         }
     }
     if let Some(stopped) = held {
-        // fdr-profiled ended before it could read anything: the command never starts (as
-        // one whose probes could not be placed).
-        // SAFETY: plain system call on the command fdr-profiled launched.
-        unsafe { libc::kill(stopped.pid() as libc::pid_t, libc::SIGKILL) };
-        drop(stopped);
-        let _ = writeln!(reports, "gone 0 0");
-        return 0;
+        if launched {
+            // fdr-profiled ended before it could read anything: the command never starts
+            // (as one whose probes could not be placed).
+            // SAFETY: plain system call on the command fdr-profiled launched.
+            unsafe { libc::kill(stopped.pid() as libc::pid_t, libc::SIGKILL) };
+            drop(stopped);
+            let _ = writeln!(reports, "gone 0 0");
+            return 0;
+        }
+        // A process of --attach goes on, put back below.
+        stopped.release();
     }
     // Processes it forked meanwhile run the patched code too, their hits in the same memory:
     // each is put back as well (found by the shared memory they map).
@@ -351,15 +384,20 @@ fn keeper_main(
 /// command is returned still stopped there.
 fn apply(
     target: Target,
+    parent: u32,
     plans: &[AttachPlan],
     layout: Layout,
 ) -> Result<(Applied, Option<Stopped>)> {
     let (mut stopped, launched) = match target {
         Target::Running(pid) => (Stopped::stop(pid)?, false),
         Target::Launched(pid, go) => (Stopped::launched(pid, go)?, true),
+        Target::Held(pid, handover) => (Stopped::held(pid, parent, handover)?, false),
     };
+    // A process patched at its entry point waits there for fdr-profiled to read its memory
+    // (a short one would otherwise be gone before).
+    let waits = !matches!(target, Target::Running(_));
     match patch(&mut stopped, plans, layout) {
-        Ok(applied) if launched => Ok((applied, Some(stopped))),
+        Ok(applied) if waits => Ok((applied, Some(stopped))),
         Ok(applied) => {
             stopped.release();
             Ok((applied, None))
@@ -688,7 +726,7 @@ fn holders(applied: &Applied) -> Vec<u32> {
 }
 
 /// Whether process `pid` has ended (a zombie has no memory left to restore).
-fn gone(pid: u32) -> bool {
+pub(crate) fn gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the command's closing parenthesis.
         Ok(stat) => stat

@@ -74,14 +74,22 @@ pub struct EngineReport {
 
 impl Engine {
     /// Patches `target`'s sleds of `plans` (every thread stopped for the while; a launched
-    /// command at its entry point) and maps the memory its handler writes, `ring_bytes` per
-    /// thread. Forks the keeper: call it before any other thread of fdr-profiled exists.
-    pub fn start(target: Target, plans: &[AttachPlan], ring_bytes: u64) -> Result<Engine> {
+    /// command or a held process at its entry point) and maps the memory its handler writes,
+    /// `ring_bytes` per thread; its times read with `clock` (measured now if `None`). Forks
+    /// the keeper (see [`InlineKeeper::start`], which calls `let_go` for a held process).
+    pub fn start(
+        target: Target,
+        plans: &[AttachPlan],
+        ring_bytes: u64,
+        clock: Option<TscClock>,
+        let_go: impl FnOnce(),
+    ) -> Result<Engine> {
         let pid = target.pid();
         let layout = Layout::new(slots_for(ring_bytes), ring_bytes)?;
         // Before any hit: the handler's times are TSC ticks.
-        let clock = TscClock::measure(std::time::Duration::from_millis(20));
-        let (keeper, patched) = InlineKeeper::start(target, plans, layout)?;
+        let clock =
+            clock.unwrap_or_else(|| TscClock::measure(std::time::Duration::from_millis(20)));
+        let (keeper, patched) = InlineKeeper::start(target, plans, layout, let_go)?;
         let buffers = match SharedBuffers::map(pid, patched.shared_at, layout) {
             Ok(buffers) => buffers,
             Err(err) => {
@@ -116,6 +124,21 @@ impl Engine {
             .as_mut()
             .context("the keeper has ended")?
             .patch_more(&objects)
+    }
+
+    /// The process patched.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// How its TSC times are read (for the engines of other processes of the session).
+    pub fn clock(&self) -> TscClock {
+        self.clock
+    }
+
+    /// Whether its process has ended.
+    pub fn process_gone(&self) -> bool {
+        keeper::gone(self.pid)
     }
 
     /// What the keeper patched.

@@ -17,6 +17,13 @@ use std::os::unix::fs::FileExt as _;
 /// stopped) from their first instruction; forks and execs are not followed.
 const OPTIONS: libc::c_int = libc::PTRACE_O_TRACECLONE;
 
+/// How long a keeper waits for the exec holder to let a held process go.
+const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// How long a process may take from its exec to its entry point (its dynamic loader mapping
+/// and relocating its libraries, on a busy host) before it is given up on.
+const ENTRY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `syscall; int3`.
 const SYSCALL_SITE: [u8; 3] = [0x0f, 0x05, 0xcc];
 
@@ -78,7 +85,7 @@ impl Stopped {
             let err = std::io::Error::last_os_error();
             return Err(err).context("letting the command go");
         }
-        let held = run_to_entry(pid);
+        let held = run_to_entry(pid, None, Vec::new());
         let stopped = held.and_then(|threads| {
             let mem = std::fs::OpenOptions::new()
                 .read(true)
@@ -97,6 +104,44 @@ impl Stopped {
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
         }
         stopped
+    }
+
+    /// Takes process `pid` from fdr-profiled's exec holder (`repair::hold`, process `parent`,
+    /// its handover pipe `handover`): seizes it as the holder lets it go, still in its dynamic
+    /// loader, and runs it to its entry point as [`Stopped::launched`] does (one that got
+    /// past it first is stopped where it is: its first calls are not recorded). On failure it
+    /// is let go, untouched.
+    pub fn held(pid: u32, parent: u32, handover: std::os::fd::RawFd) -> Result<Stopped> {
+        let seized = ptrace::seize_all_from(pid, parent, handover, HANDOVER_WAIT)?;
+        let mut threads = ptrace::stop_all(&seized);
+        let mem = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("opening the memory of process {pid}"))?;
+        let rip = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, pid)
+            .map(|r| r.rip)
+            .context("reading the process's registers")?;
+        if in_loader(pid, rip) {
+            let main = threads
+                .iter()
+                .position(|(t, _)| *t == pid)
+                .context("its main thread is gone")?;
+            let (_, signal) = threads.remove(main);
+            let breakpoint = Breakpoint::at_entry(pid)?;
+            let (entry, original) = (breakpoint.entry, breakpoint.original);
+            ptrace::request(libc::PTRACE_CONT, pid, signal);
+            threads = run_to_entry(pid, Some(breakpoint), threads).inspect_err(|_| {
+                // Nothing of ours left in it.
+                let _ = mem.write_all_at(&[original], entry);
+            })?;
+        }
+        Ok(Stopped {
+            pid,
+            threads,
+            mem,
+            released: false,
+        })
     }
 
     /// The process.
@@ -306,14 +351,23 @@ impl Drop for Stopped {
 /// instruction of the program's entry point (`AT_ENTRY`), where it is stopped by a breakpoint
 /// put there for the while; every thread stopped, each with the signal to deliver when it
 /// goes on.
-fn run_to_entry(pid: u32) -> Result<Vec<(u32, i32)>> {
-    let mut threads: Vec<(u32, i32)> = Vec::new();
-    // The entry point and the byte the breakpoint replaced, once the program is exec'd.
-    let mut breakpoint: Option<(u64, u8, File)> = None;
+fn run_to_entry(
+    pid: u32,
+    mut breakpoint: Option<Breakpoint>,
+    mut threads: Vec<(u32, i32)>,
+) -> Result<Vec<(u32, i32)>> {
+    let deadline = std::time::Instant::now() + ENTRY_WAIT;
     for _ in 0..10_000 {
         let mut status = 0;
         // SAFETY: valid pointer to an int; the command and its threads are our tracees.
-        let tid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+        let tid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL | libc::WNOHANG) };
+        if tid == 0 {
+            if std::time::Instant::now() > deadline {
+                bail!("it did not reach its entry point within {ENTRY_WAIT:?}");
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            continue;
+        }
         if tid < 0 {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
@@ -347,27 +401,14 @@ fn run_to_entry(pid: u32) -> Result<Vec<(u32, i32)>> {
         let event = status >> 16;
         let signal = libc::WSTOPSIG(status);
         if event == libc::PTRACE_EVENT_EXEC {
-            let entry = entry_point(pid)?;
-            let mem = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(format!("/proc/{pid}/mem"))
-                .with_context(|| format!("opening the memory of process {pid}"))?;
-            let mut original = [0u8];
-            mem.read_exact_at(&mut original, entry)
-                .and_then(|()| mem.write_all_at(&[0xcc], entry))
-                .with_context(|| format!("putting a breakpoint at the entry point {entry:#x}"))?;
-            breakpoint = Some((entry, original[0], mem));
-        } else if let (libc::SIGTRAP, 0, Some((entry, original, mem))) =
-            (signal, event, &breakpoint)
-        {
+            breakpoint = Some(Breakpoint::at_entry(pid)?);
+        } else if let (libc::SIGTRAP, 0, Some(bp)) = (signal, event, &breakpoint) {
             let regs = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, pid)
                 .context("reading the command's registers")?;
-            if regs.rip == entry + 1 {
-                mem.write_all_at(&[*original], *entry)
-                    .context("taking the breakpoint away")?;
+            if regs.rip == bp.entry + 1 {
+                bp.take_away()?;
                 let mut at_entry = regs;
-                at_entry.rip = *entry;
+                at_entry.rip = bp.entry;
                 if !ptrace::set_regs(pid, &at_entry) {
                     bail!("setting the command's registers");
                 }
@@ -381,6 +422,70 @@ fn run_to_entry(pid: u32) -> Result<Vec<(u32, i32)>> {
         ptrace::request(libc::PTRACE_CONT, pid, ptrace::signal_of_stop(status));
     }
     bail!("the command did not reach its entry point")
+}
+
+/// An `int3` over the first byte of a process's entry point, until taken away.
+struct Breakpoint {
+    entry: u64,
+    original: u8,
+    mem: File,
+}
+
+impl Breakpoint {
+    /// Puts one at process `pid`'s entry point (its program mapped: after its exec).
+    fn at_entry(pid: u32) -> Result<Breakpoint> {
+        let entry = entry_point(pid)?;
+        let mem = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("opening the memory of process {pid}"))?;
+        let mut original = [0u8];
+        mem.read_exact_at(&mut original, entry)
+            .with_context(|| format!("reading the entry point {entry:#x}"))?;
+        if original[0] == 0xcc {
+            // A uprobe's or a debugger's: it would take the trap, and this one never come.
+            bail!("its entry point holds a breakpoint already (a uprobe, or another tracer's)");
+        }
+        mem.write_all_at(&[0xcc], entry)
+            .with_context(|| format!("putting a breakpoint at the entry point {entry:#x}"))?;
+        Ok(Breakpoint {
+            entry,
+            original: original[0],
+            mem,
+        })
+    }
+
+    /// Writes the original byte back.
+    fn take_away(&self) -> Result<()> {
+        self.mem
+            .write_all_at(&[self.original], self.entry)
+            .context("taking the breakpoint away")
+    }
+}
+
+/// Whether `at` is in process `pid`'s dynamic loader (`ld-linux*.so*`, `ld-*.so*`).
+fn in_loader(pid: u32, at: u64) -> bool {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    maps.lines().any(|line| {
+        let mut fields = line.split_whitespace();
+        let range = fields
+            .next()
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(a, b)| {
+                Some((
+                    u64::from_str_radix(a, 16).ok()?,
+                    u64::from_str_radix(b, 16).ok()?,
+                ))
+            });
+        let name = fields
+            .nth(4)
+            .map(crate::traced::file_name)
+            .unwrap_or_default();
+        range.is_some_and(|(start, end)| (start..end).contains(&at)) && name.starts_with("ld-")
+    })
 }
 
 /// Process `pid`'s entry point, from its auxiliary vector.

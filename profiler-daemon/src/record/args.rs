@@ -74,7 +74,8 @@ pub struct RecordArgs {
 
     /// How hits are observed: `uprobes` (the default) places a uprobe on each sled, a kernel
     /// trap per hit (~0.6-1 us here, 10-30 us at an exit sled), and changes nothing in the
-    /// process's memory; `inline` (with `--pid` or `-- CMD`, patched at its entry point)
+    /// process's memory; `inline` (with `--pid`, `-- CMD` or `--attach`; a process that starts
+    /// is patched at its entry point)
     /// patches the sleds, as XRay's own runtime does, to call a handler fdr-profiled puts
     /// into the process, which writes each hit into memory it shares with fdr-profiled (tens
     /// of nanoseconds a hit); its keeper puts every sled back at the end, whatever happens to

@@ -1,18 +1,27 @@
 //! `--engine inline` in a recording: the process's sleds patched by the inline engine's keeper
 //! instead of probed, its shared memory drained into the session's pipeline with the kernel's
-//! rings (which then hold nothing of it), and every sled put back at the end.
+//! rings (which then hold nothing of it), and every sled put back at the end. Under `--attach`
+//! every process running the executable gets an engine (a keeper) of its own: those running
+//! at the start where they are, those that start later held from their exec by the same
+//! holder as `--exits repair` (`repair::hold`) and patched at their entry point.
 use super::args::RecordArgs;
+use crate::inline::buffers::TscClock;
 use crate::inline::{Engine, Target};
+use crate::kernel::bpf::Tracer;
+use crate::kernel::intake::Event;
 use crate::kernel::intake::DRAIN_BUDGET;
 use crate::plan::discovery::Discovery;
 use crate::plan::exits::{ExitMode, ExitPolicy, ExitsChoice};
 use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
+use crate::repair::hold::ExecHold;
+use crate::session::order::Gap;
 use crate::session::pipeline::{locked, EventPipeline, Sink};
 use crate::session::Session;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use profiler_common::ThreadState;
-use std::sync::Mutex;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// How often the handler's rings are drained: it writes without waking fdr-profiled, and a
 /// thread calling flat out fills its ring (8 MiB by default: 262,144 hits) in about 40 ms.
@@ -20,9 +29,6 @@ pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis
 
 /// Why `cli` cannot run the inline engine, if it cannot.
 pub fn refused(cli: &RecordArgs) -> Result<()> {
-    if cli.attach.is_some() {
-        bail!("--engine inline: only with --pid or -- COMMAND for now (not --attach)");
-    }
     if cli.max_overhead.is_some() {
         bail!("--engine inline: --max-overhead budgets uprobes; not with the inline engine");
     }
@@ -40,6 +46,17 @@ pub fn refused(cli: &RecordArgs) -> Result<()> {
     Ok(())
 }
 
+/// Under `--attach`, the offsets the programs that hold each new process from its exec need
+/// (those of `--exits repair`, which holds them the same way).
+pub fn hold_offsets(cli: &RecordArgs) -> Result<Option<crate::kernel::btf::RepairOffsets>> {
+    if cli.engine != super::args::Engine::Inline || cli.attach.is_none() {
+        return Ok(None);
+    }
+    crate::kernel::btf::repair_offsets()
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("--engine inline --attach: {e}"))
+}
+
 /// How exits are observed: at their patched sleds.
 pub fn exits(image: &[std::path::PathBuf]) -> (ExitPolicy, ExitsChoice) {
     let (policy, mut choice) = crate::plan::exits::choose(ExitMode::Sleds, image);
@@ -47,49 +64,164 @@ pub fn exits(image: &[std::path::PathBuf]) -> (ExitPolicy, ExitsChoice) {
     (policy, choice)
 }
 
+/// The engines of a recording: one per traced process.
+pub struct Inline {
+    engines: Vec<Engine>,
+    /// `--attach`: what starts an engine for each process that starts running the executable.
+    attach: Option<Attaching>,
+    /// The clock of the first engine, shared by the others (one clock for the session's
+    /// processes; measuring takes 20 ms).
+    clock: Option<TscClock>,
+}
+
+/// `--attach`: the processes that exec the executable, held until an engine has them.
+struct Attaching {
+    hold: Arc<ExecHold>,
+    tag: u32,
+    plans: Vec<AttachPlan>,
+    ring_bytes: u64,
+    /// Processes that could not be patched.
+    not_traced: u64,
+}
+
+/// The name the holder knows the executable by (one executable per recording).
+const ATTACH_TAG: u32 = 0;
+
 /// Patches `target`'s sleds of `plans` (a launched command at its entry point: its keeper
-/// lets it go) and adds the objects to the session.
+/// lets it go; under `--attach`, every process running `executable` now, and from now on
+/// each that starts running it) and adds the objects to the session.
 pub fn start(
     target: &mut super::target::Target,
+    tracer: &mut Tracer,
+    executable: &Path,
     plans: Vec<AttachPlan>,
     ring_bytes: u64,
     session: &mut Session,
-) -> Result<Engine> {
-    let target = match target {
-        super::target::Target::Pid(pid, ..) => Target::Running(*pid),
+) -> Result<Inline> {
+    let mut inline = Inline {
+        engines: Vec::new(),
+        attach: None,
+        clock: None,
+    };
+    let targets = match target {
+        super::target::Target::Pid(pid, ..) => vec![Target::Running(*pid)],
         super::target::Target::Launch(child, _) => {
             // The keeper lets it go, whatever happens next (an error kills it).
             child.let_go_elsewhere();
-            Target::Launched(child.pid(), child.go_fd())
+            vec![Target::Launched(child.pid(), child.go_fd())]
         }
-        super::target::Target::Attach => bail!("--engine inline: not with --attach"),
+        super::target::Target::Attach => {
+            // (No probe at the entry point, as repair places: the keeper puts a breakpoint
+            // of its own there.)
+            let hold = crate::repair::hold::shared(tracer, executable, ATTACH_TAG)
+                .context("--engine inline --attach: holding the processes that start")?;
+            inline.attach = Some(Attaching {
+                hold,
+                tag: ATTACH_TAG,
+                plans: plans.clone(),
+                ring_bytes,
+                not_traced: 0,
+            });
+            let running = crate::traced::mappings::file_id(executable)
+                .map(crate::traced::process::running)
+                .unwrap_or_default();
+            running.into_iter().map(Target::Running).collect()
+        }
     };
-    let pid = target.pid();
-    let engine = Engine::start(target, &plans, ring_bytes)?;
-    let patched = engine.patched();
-    let attached_ns = crate::session::monotonic_ns();
-    errln!(
-        "fdr-profiled: inline engine: {} sleds patched in process {pid}{}; its keeper puts them back at the end",
-        patched.sleds,
-        match patched.skipped {
-            0 => String::new(),
-            n => format!(" ({n} left as they were: not as the compiler leaves them, or no room for the handler within reach)"),
+    let attach = inline.attach.is_some();
+    for target in targets {
+        match inline.add(target, &plans, ring_bytes, || {}) {
+            Ok(()) => {}
+            // Under --attach a process that cannot be patched is left as it is.
+            Err(err) if attach => {
+                errln!(
+                    "fdr-profiled: warning: process {} not traced: {err:#}",
+                    target.pid()
+                );
+                if let Some(a) = &mut inline.attach {
+                    a.not_traced += 1;
+                }
+            }
+            Err(err) => return Err(err),
         }
-    );
+    }
+    let attached_ns = crate::session::monotonic_ns();
     for plan in plans {
         let sleds = plan.probes.len();
         session.add_object(plan, sleds, attached_ns);
     }
-    Ok(engine)
+    Ok(inline)
+}
+
+impl Inline {
+    /// Starts an engine for `target`.
+    fn add(
+        &mut self,
+        target: Target,
+        plans: &[AttachPlan],
+        ring_bytes: u64,
+        let_go: impl FnOnce(),
+    ) -> Result<()> {
+        let pid = target.pid();
+        let mut engine = Engine::start(target, plans, ring_bytes, self.clock, let_go)?;
+        if let Target::Held(..) = target {
+            // Its memory mapped here: it may go from its entry point.
+            engine.go()?;
+        }
+        self.clock.get_or_insert(engine.clock());
+        let patched = engine.patched();
+        errln!(
+            "fdr-profiled: inline engine: {} sleds patched in process {pid}{}; its keeper puts them back at the end",
+            patched.sleds,
+            match patched.skipped {
+                0 => String::new(),
+                n => format!(" ({n} left as they were: not as the compiler leaves them, or no room for the handler within reach)"),
+            }
+        );
+        self.engines.push(engine);
+        Ok(())
+    }
+
+    /// Lets a launched command go from its entry point (see [`Engine::go`]).
+    pub fn go(&mut self) -> Result<()> {
+        self.engines.iter_mut().try_for_each(Engine::go)
+    }
+
+    /// Under `--attach`: patches the processes held since the last call.
+    fn take_held(&mut self) {
+        let Some(attaching) = &self.attach else {
+            return;
+        };
+        let (hold, tag) = (attaching.hold.clone(), attaching.tag);
+        let (plans, ring_bytes) = (attaching.plans.clone(), attaching.ring_bytes);
+        for (pid, _) in hold.held(tag) {
+            let target = Target::Held(pid, hold.handover_fd());
+            if let Err(err) = self.add(target, &plans, ring_bytes, || hold.let_go(pid)) {
+                // Let go if the keeper never asked.
+                hold.let_go(pid);
+                errln!("fdr-profiled: warning: process {pid} not traced: {err:#}");
+                if let Some(a) = &mut self.attach {
+                    a.not_traced += 1;
+                }
+            }
+        }
+    }
 }
 
 /// Patches the instrumented objects the process mapped since the last look (`dlopen`).
 pub fn rescan(
     discovery: &mut Discovery,
     filter: &FunctionFilter,
-    engine: &mut Engine,
+    inline: &mut Inline,
     session: &mut Session,
 ) {
+    let Some(engine) = inline
+        .engines
+        .first_mut()
+        .filter(|_| inline.attach.is_none())
+    else {
+        return;
+    };
     for plan in super::objects::found(discovery, filter, session) {
         match engine.patch_more(std::slice::from_ref(&plan)) {
             Ok((sleds, skipped)) => {
@@ -112,27 +244,71 @@ pub fn rescan(
     }
 }
 
-/// Hands the events the handler wrote since the last drain to the pipeline, and ends the
-/// threads found gone.
-pub fn drain<S: Sink>(engine: &mut Engine, events: &mut EventPipeline<S>, own: &Mutex<S>) {
+/// Hands the events the handlers wrote since the last drain to the pipeline, and ends the
+/// threads found gone; under `--attach`, patches the processes that started and ends the
+/// engines of those that exited.
+pub fn drain<S: Sink>(
+    inline: &mut Inline,
+    events: &mut EventPipeline<S>,
+    own: &Mutex<S>,
+    session: &mut Session,
+) {
+    inline.take_held();
     let mut local = locked(own);
-    events.deliver_from(&mut local, |sink| engine.drain(sink));
-    let ended = engine.take_ended();
-    if !ended.is_empty() {
-        events.end_exited(ended, DRAIN_BUDGET, &mut local);
+    for engine in &mut inline.engines {
+        events.deliver_from(&mut local, |sink| engine.drain(sink));
+        let ended = engine.take_ended();
+        if !ended.is_empty() {
+            events.end_exited(ended, DRAIN_BUDGET, &mut local);
+        }
+    }
+    if inline.attach.is_some() {
+        let (gone, live) = std::mem::take(&mut inline.engines)
+            .into_iter()
+            .partition(|engine: &Engine| engine.process_gone());
+        inline.engines = live;
+        for engine in gone {
+            let pid = engine.pid();
+            let books = finish_engine(engine, events, &mut local, session);
+            events.end_exited(books, DRAIN_BUDGET, &mut local);
+            errln!("fdr-profiled: inline engine: process {pid} exited");
+        }
     }
 }
 
 /// The end: every sled put back, the last events drained; the books of the threads still
 /// open, for the pipeline's end.
 pub fn finish<S: Sink>(
-    engine: Engine,
+    inline: Inline,
     events: &mut EventPipeline<S>,
     own: &Mutex<S>,
     session: &mut Session,
 ) -> Vec<(u32, ThreadState)> {
     let mut local = locked(own);
-    let (books, report, error) = events.deliver_from(&mut local, |sink| engine.finish(sink));
+    let mut books = Vec::new();
+    for engine in inline.engines {
+        books.extend(finish_engine(engine, events, &mut local, session));
+    }
+    if let Some(a) = inline.attach.filter(|a| a.not_traced > 0) {
+        let note = format!(
+            "inline engine: {} processes that ran the executable could not be patched (not traced)",
+            a.not_traced
+        );
+        errln!("fdr-profiled: warning: {note}");
+        session.add_note(note);
+    }
+    books
+}
+
+/// Ends one engine: its process put back (or found gone), its last events delivered.
+fn finish_engine<S: Sink>(
+    engine: Engine,
+    events: &mut EventPipeline<S>,
+    local: &mut impl FnMut(&mut Event, Option<Gap>),
+    session: &mut Session,
+) -> Vec<(u32, ThreadState)> {
+    let pid = engine.pid();
+    let (books, report, error) = events.deliver_from(local, |sink| engine.finish(sink));
     if let Some(err) = error {
         errln!("fdr-profiled: warning: {err:#}");
         session.add_note(format!("inline engine: {err:#}"));
@@ -146,7 +322,7 @@ pub fn finish<S: Sink>(
         Some(r) if r.gone => {}
         Some(r) => {
             errln!(
-                "fdr-profiled: inline engine: {} sleds put back{}{}{}{}",
+                "fdr-profiled: inline engine: {} sleds put back in process {pid}{}{}{}{}",
                 r.sleds,
                 match r.forked {
                     0 => String::new(),
@@ -171,7 +347,7 @@ pub fn finish<S: Sink>(
     }
     if report.no_slot > 0 {
         let note = format!(
-            "inline engine: {} hits of threads that found no free slot (more than {} threads at once) are not recorded",
+            "inline engine: {} hits of threads of process {pid} that found no free slot (more than {} threads at once) are not recorded",
             report.no_slot, report.slots
         );
         errln!("fdr-profiled: warning: {note}");

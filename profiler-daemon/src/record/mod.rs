@@ -174,7 +174,11 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
         floor: cli.floor,
         ablate: cli.ablate,
         perf_events_only: cli.no_uprobe_multi,
-        repair: repair.as_ref().map(|r| r.offsets),
+        // --attach --engine inline holds each new process from its exec as repair does.
+        repair: repair
+            .as_ref()
+            .map(|r| r.offsets)
+            .or(inline::hold_offsets(cli)?),
         kernel_log: cli.verbose,
         follow_forks: cli.follow_forks,
         call_slots: match cli.max_overhead {
@@ -312,9 +316,17 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     let placed = if inline {
         let plans = std::mem::take(&mut planned.plans);
         let ring_bytes = u64::from(cli.buffer_size);
-        inline::start(&mut target, plans, ring_bytes, &mut session)
-            .map(|started| engine = Some(started))
-            .and_then(|()| tracer.set_armed(true))
+        let executable = PathBuf::from(&planned.executable.path);
+        inline::start(
+            &mut target,
+            &mut tracer,
+            &executable,
+            plans,
+            ring_bytes,
+            &mut session,
+        )
+        .map(|started| engine = Some(started))
+        .and_then(|()| tracer.set_armed(true))
     } else if repairing && matches!(target, Target::Attach) {
         // Each process gets its probes once its keeper traces it (see `repaired`).
         return_probes = None;
@@ -569,7 +581,7 @@ fn attach_catches(tracer: &mut Tracer, objects: &[PathBuf], scope: Scope) {
 struct Probing {
     discovery: Option<Discovery>,
     /// `--engine inline`: the process's sleds patched, its events in shared memory.
-    inline: Option<crate::inline::Engine>,
+    inline: Option<inline::Inline>,
     filter: FunctionFilter,
     policy: ExitPolicy,
     scope: Scope,
@@ -692,7 +704,7 @@ async fn record(
             _ = drain.tick() => {
                 events.drain(DRAIN_BUDGET, &mut locked(&own));
                 if let Some(engine) = &mut probing.inline {
-                    inline::drain(engine, &mut events, &own);
+                    inline::drain(engine, &mut events, &own, &mut session);
                 }
                 probing.tracer.show_kernel_log();
                 if let Some(sampling) = &mut cost_sampling {

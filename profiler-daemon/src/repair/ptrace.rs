@@ -292,7 +292,7 @@ pub(super) fn write_word(tid: u32, at: u64, value: u64) -> bool {
 /// `holder` still traces it, for at most `wait`. It tells the holder it is ready by writing
 /// `pid` to `handover`. The process runs its loader from the moment it is let go: this thread
 /// tries every 20 µs meanwhile, at a real-time priority.
-pub(super) fn seize_all_from(
+pub(crate) fn seize_all_from(
     pid: u32,
     holder: u32,
     handover: std::os::fd::RawFd,

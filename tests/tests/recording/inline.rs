@@ -11,6 +11,9 @@
 //! - The C++ and Rust fixtures launched (`-- CMD`): patched at their entry point, before any
 //!   of their own code (`main` included) ran; every call counted, as with probes.
 //! - A command that cannot be run: one error line, exit status 1, nothing left running.
+//! - `--attach BIN`: a process running it already is patched where it is; each that starts
+//!   while attached is held from its exec, patched at its entry point, and counted call for
+//!   call, short ones (a few milliseconds) included.
 //! - A shared object the process `dlopen`s while traced: patched when found, its calls
 //!   counted exactly, and put back with the rest at the end.
 use std::time::Duration;
@@ -328,4 +331,88 @@ fn an_object_dlopened_while_traced_is_patched_and_put_back() {
             "{function} not in the report"
         );
     }
+}
+
+#[test]
+fn every_process_that_runs_an_attached_binary_is_patched_at_its_entry() {
+    let scratch = tests::scratch_dir("inline-attach");
+    let bin =
+        tests::fixtures::private_copy(&tests::fixtures::workloads::calls_fixture(), scratch.path());
+    let out = scratch.path().join("out");
+    // Running until killed below: it must be there when the session starts, however long
+    // that takes on a loaded host.
+    let running = tests::run::spawn_fixture(
+        "calls already running",
+        &bin,
+        &["--seconds", "120", "--per-second", "--quiet"],
+    );
+    let running_pid = running.pid();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut cmd = std::process::Command::new(tests::tools::fdr_profiled());
+    cmd.args(["--engine", "inline", "--no-report", "--attach"])
+        .arg(&bin)
+        .arg("--out")
+        .arg(&out);
+    let mut tracer = tests::run::Running::spawn("fdr-profiled --attach --engine inline", &mut cmd);
+    tests::run::wait_attached(&mut tracer);
+    let mut started = Vec::new();
+    for (label, args) in [
+        (
+            "two threads",
+            &["--threads", "2", "--iterations", "20000"][..],
+        ),
+        ("short", &["--iterations", "100"][..]),
+        ("one thread", &["--iterations", "50000"][..]),
+    ] {
+        let done = tests::run::spawn_fixture(label, &bin, args).finish(TIMEOUT);
+        tests::run::assert_success(label, &done);
+        started.push(done);
+    }
+    let tracer = tests::run::interrupt_and_finish(tracer, TIMEOUT);
+    tests::run::assert_success("fdr-profiled --attach --engine inline", &tracer);
+    let stderr = &tracer.stderr;
+    // The one running before is put back as it was, and goes on.
+    tests::memory::assert_put_back(running_pid, &bin, stderr);
+    running.signal(libc::SIGKILL);
+    let _ = running.finish(TIMEOUT);
+    assert_eq!(
+        stderr.matches(" sleds patched in process ").count(),
+        4,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not traced"), "{stderr}");
+
+    let session = tests::read_session(&out);
+    assert_eq!(session.events_lost, 0, "{stderr}");
+    tests::assert_every_event_accounted(&session);
+    let trace = tests::trace::check_trace_dir(&out, &bin);
+    for done in &started {
+        let want = tests::expected_calls(&tests::parse_count_lines(&done.stdout));
+        assert!(!want.is_empty(), "{}", done.stdout);
+        for (tid, functions) in &want {
+            let thread = trace
+                .threads
+                .iter()
+                .find(|t| t.tid == *tid)
+                .unwrap_or_else(|| panic!("thread {tid} not in the trace: {stderr}"));
+            let calls = thread.calls();
+            for (function, count) in functions {
+                let traced = calls.get(function).map_or(0, |c| c.entries());
+                assert_eq!(traced, *count, "thread {tid}: {function}");
+            }
+        }
+        // Patched before `main`: it is entered too, on the main thread.
+        let main_tid = *want.keys().min().unwrap();
+        let main_thread = trace.threads.iter().find(|t| t.tid == main_tid).unwrap();
+        assert_eq!(
+            main_thread.calls()["main"].entries(),
+            1,
+            "main of {main_tid}"
+        );
+    }
+    // The one running before: traced from where it was found.
+    assert!(
+        trace.threads.iter().any(|t| t.pid == running_pid),
+        "the process running before is not in the trace"
+    );
 }
