@@ -17,8 +17,9 @@ use std::os::unix::fs::FileExt as _;
 /// stopped) from their first instruction; forks and execs are not followed.
 const OPTIONS: libc::c_int = libc::PTRACE_O_TRACECLONE;
 
-/// How long a keeper waits for the exec holder to let a held process go.
-const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+/// How long a keeper waits for the exec holder to let a held process go: as long as the
+/// holder holds one (`repair::hold::HOLD_LIMIT`); on a loaded host 200 ms was seen to pass.
+const HANDOVER_WAIT: std::time::Duration = crate::repair::hold::HOLD_LIMIT;
 
 /// How long a process may take from its exec to its entry point (its dynamic loader mapping
 /// and relocating its libraries, on a busy host) before it is given up on.

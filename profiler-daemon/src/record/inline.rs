@@ -197,11 +197,24 @@ impl Inline {
         for (pid, _) in hold.held(tag) {
             let target = Target::Held(pid, hold.handover_fd());
             if let Err(err) = self.add(target, &plans, ring_bytes, || hold.let_go(pid)) {
-                // Let go if the keeper never asked.
+                // Let go if the keeper never asked; then patched where it is, if it can be.
                 hold.let_go(pid);
-                errln!("fdr-profiled: warning: process {pid} not traced: {err:#}");
-                if let Some(a) = &mut self.attach {
-                    a.not_traced += 1;
+                let late = match crate::inline::keeper::gone(pid) {
+                    true => Err(err),
+                    false => self
+                        .add(Target::Running(pid), &plans, ring_bytes, || {})
+                        .map_err(|again| err.context(again)),
+                };
+                match late {
+                    Ok(()) => errln!(
+                        "fdr-profiled: warning: process {pid} traced from where it was found, not from its entry point"
+                    ),
+                    Err(err) => {
+                        errln!("fdr-profiled: warning: process {pid} not traced: {err:#}");
+                        if let Some(a) = &mut self.attach {
+                            a.not_traced += 1;
+                        }
+                    }
                 }
             }
         }
