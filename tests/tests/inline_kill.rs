@@ -105,13 +105,14 @@ fn the_process_survives_sigkill_of_fdr_profiled_at_any_moment() {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        tests::memory::assert_put_back(pid, &bin, &format!("kill {round} after {delay:?}"));
         // SAFETY: kill with signal 0 only checks that the process exists.
         assert_eq!(
             unsafe { libc::kill(pid as i32, 0) },
             0,
-            "kill {round}: the server died"
+            "kill {round} after {delay:?}: the server died: {:?}",
+            server.output_so_far()
         );
+        tests::memory::assert_put_back(pid, &bin, &format!("kill {round} after {delay:?}"));
     }
     server.signal(libc::SIGTERM);
     let done = server.finish(TIMEOUT);

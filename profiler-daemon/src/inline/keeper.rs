@@ -679,10 +679,12 @@ fn restore(target: u32, applied: &Applied, layout: Layout) -> Result<Option<Rest
                 .map_or(0, |p| p.1);
         }
     }
-    let referenced = stopped
-        .positions()
-        .into_iter()
-        .any(|(_, rip, rsp)| inside(rip) || stack_words(&stopped, rsp).into_iter().any(inside));
+    // A sled that could not be read might still call the handler: its pages stay then.
+    let referenced = restored.unmapped_sleds > 0
+        || stopped
+            .positions()
+            .into_iter()
+            .any(|(_, rip, rsp)| inside(rip) || stack_words(&stopped, rsp).into_iter().any(inside));
     if referenced {
         // A hit interrupted in the handler writes its record here when it goes on.
         stopped.mmap(
