@@ -192,9 +192,14 @@ impl Inline {
         let Some(attaching) = &self.attach else {
             return;
         };
-        let (hold, tag) = (attaching.hold.clone(), attaching.tag);
+        let hold = attaching.hold.clone();
+        let held = hold.held(attaching.tag);
+        if held.is_empty() {
+            // Every 10 ms: the plans are copied only when a process is there to patch.
+            return;
+        }
         let (plans, ring_bytes) = (attaching.plans.clone(), attaching.ring_bytes);
-        for (pid, _) in hold.held(tag) {
+        for (pid, _) in held {
             let target = Target::Held(pid, hold.handover_fd());
             if let Err(err) = self.add(target, &plans, ring_bytes, || hold.let_go(pid)) {
                 // Let go if the keeper never asked; then patched where it is, if it can be.
