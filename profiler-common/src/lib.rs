@@ -398,9 +398,11 @@ pub mod counter {
     /// room in [`super::EXITED_THREADS_MAP`] (full, or a thread of the same id not yet
     /// collected).
     pub const TRAILING_LOST_UNATTRIBUTED: u32 = 2;
-    /// Return probes that fired for calls entered before recording began (hooked by the
-    /// kernel while the probes were being placed, or, under `--exits repair`, before the
-    /// session armed them): not events of the trace.
+    /// Return probes that fired for calls whose entry made no event: entered before recording
+    /// began (hooked by the kernel while the probes were being placed, or, under `--exits
+    /// repair`, before the session armed them), or while a budget was placing or removing
+    /// their function's probes (the return probe there without the entry's): not events of
+    /// the trace.
     pub const RETURNS_BEFORE_TRACING: u32 = 3;
     /// `--exits repair --attach`: processes that started running the traced binary while the
     /// queue that names them to the daemon was full (not traced).

@@ -733,8 +733,16 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
     state.stuck_calls = 0;
     // The kernel skipped the instances of frames below this one (a non-local exit left them).
     drop_dead_returns::<false>(state, slot);
-    if state.returns_pending == 0 {
-        // A call entered before recording began: its return is no event of the trace.
+    // The frames pending below this one are gone; the top one left must be this frame. If it
+    // is not (none left, or the top one is an outer frame still running), this call's entry
+    // made no event: entered before recording began, or while its function's probes were
+    // being placed or removed one link at a time (a budget's drop or re-admission), when the
+    // return probe is there without the entry's. Its return is no event of the trace, and
+    // takes no other frame's place.
+    let top = state.returns_pending.wrapping_sub(1) & 63;
+    // SAFETY: a plain read of a local (see `drop_dead_returns`).
+    let top = unsafe { core::ptr::read_volatile(&top) } & 63;
+    if state.returns_pending == 0 || state.return_slots[top as usize] != slot {
         count(counter::RETURNS_BEFORE_TRACING, 1);
         return 0;
     }

@@ -355,9 +355,9 @@ pub struct SessionReport<Objects = Vec<ObjectReport>> {
     /// Of those, the exits of calls entered before tracing began (see [`ThreadReport`]).
     #[serde(default)]
     pub exits_entered_before_tracing: u64,
-    /// Return probes that fired for calls entered before recording began (the kernel hooked
-    /// them while the probes were being placed): never events, as their calls are not in
-    /// the trace, and counted here.
+    /// Return probes that fired for calls whose entry made no event (entered before
+    /// recording began, or while a budget placed or removed their function's probes): never
+    /// events, as their calls are not in the trace, and counted here.
     #[serde(default)]
     pub returns_before_tracing: u64,
     /// Events that could not be given a file.

@@ -448,7 +448,7 @@ pub fn render(report: &SessionReport, out_dir: &std::path::Path, top: usize) -> 
     if report.exits_entered_before_tracing > 0 || report.returns_before_tracing > 0 {
         let _ = writeln!(
             s,
-            "  exits of calls entered before recording began (not written): {} events, {} return probes that made no event",
+            "  exits of calls entered before recording began or while their probes came and went (not written): {} events, {} return probes that made no event",
             report.exits_entered_before_tracing, report.returns_before_tracing
         );
     }
