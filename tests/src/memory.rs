@@ -2,7 +2,7 @@
 //! process (`--engine inline`) must leave as it found it.
 
 /// The bytes of `pid`'s executable mappings of `bin` that differ from the file's.
-fn code_differences(pid: u32, bin: &std::path::Path) -> Vec<String> {
+pub fn code_differences(pid: u32, bin: &std::path::Path) -> Vec<String> {
     use std::os::unix::fs::FileExt as _;
     let file = std::fs::read(bin).unwrap();
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();

@@ -12,7 +12,9 @@
 //!   back as it was at the end, whatever happens to fdr-profiled;
 //! - [`buffers`]: the shared memory, read by fdr-profiled into the events the kernel side
 //!   would have made, which go down the same pipeline (`session::pipeline`);
-//! - [`glibc`]: where a thread's id is, for the handler.
+//! - [`glibc`]: where a thread's id is, for the handler;
+//! - [`processes`]: the engines of every process that runs an executable, those that start
+//!   held from their exec.
 //!
 //! uprobes stay the default: they change nothing in the process's memory, and what runs there
 //! is verified by the kernel. This engine is for code too hot for them.
@@ -21,6 +23,7 @@ pub mod glibc;
 pub mod handler;
 pub mod keeper;
 pub mod patch;
+pub mod processes;
 pub mod remote;
 
 use crate::kernel::intake::Event;
@@ -43,6 +46,23 @@ const SLOTS_SPACE: u64 = 64 << 30;
 /// least 16).
 pub fn slots_for(ring_bytes: u64) -> u64 {
     (SLOTS_SPACE / ring_bytes.max(1)).clamp(16, SLOTS)
+}
+
+/// `plans` with each object read through a descriptor of fdr-profiled's (the service holds
+/// its binaries open, `/proc/self/fd/N`) named through fdr-profiled's pid instead: the keeper
+/// is a process of its own, whose `/proc/self` is not fdr-profiled's.
+fn named_for_keeper(plans: &[AttachPlan]) -> Vec<AttachPlan> {
+    let own = format!("/proc/{}/", std::process::id());
+    plans
+        .iter()
+        .map(|plan| {
+            let mut plan = plan.clone();
+            if let Ok(rest) = plan.binary.strip_prefix("/proc/self/") {
+                plan.binary = std::path::Path::new(&own).join(rest);
+            }
+            plan
+        })
+        .collect()
 }
 
 /// Drains between two looks at which slots' threads are gone.
@@ -89,7 +109,8 @@ impl Engine {
         // Before any hit: the handler's times are TSC ticks.
         let clock =
             clock.unwrap_or_else(|| TscClock::measure(std::time::Duration::from_millis(20)));
-        let (keeper, patched) = InlineKeeper::start(target, plans, layout, let_go)?;
+        let plans = named_for_keeper(plans);
+        let (keeper, patched) = InlineKeeper::start(target, &plans, layout, let_go)?;
         let buffers = match SharedBuffers::map(pid, patched.shared_at, layout) {
             Ok(buffers) => buffers,
             Err(err) => {

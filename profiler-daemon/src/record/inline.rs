@@ -5,7 +5,7 @@
 //! at the start where they are, those that start later held from their exec by the same
 //! holder as `--exits repair` (`repair::hold`) and patched at their entry point.
 use super::args::RecordArgs;
-use crate::inline::buffers::TscClock;
+use crate::inline::processes::{Processes, Seen};
 use crate::inline::{Engine, Target};
 use crate::kernel::bpf::Tracer;
 use crate::kernel::intake::Event;
@@ -14,14 +14,13 @@ use crate::plan::discovery::Discovery;
 use crate::plan::exits::{ExitMode, ExitPolicy, ExitsChoice};
 use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
-use crate::repair::hold::ExecHold;
 use crate::session::order::Gap;
 use crate::session::pipeline::{locked, EventPipeline, Sink};
 use crate::session::Session;
 use anyhow::{bail, Context as _, Result};
 use profiler_common::ThreadState;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// How often the handler's rings are drained: it writes without waking fdr-profiled, and a
 /// thread calling flat out fills its ring (8 MiB by default: 262,144 hits) in about 40 ms.
@@ -66,22 +65,7 @@ pub fn exits(image: &[std::path::PathBuf]) -> (ExitPolicy, ExitsChoice) {
 
 /// The engines of a recording: one per traced process.
 pub struct Inline {
-    engines: Vec<Engine>,
-    /// `--attach`: what starts an engine for each process that starts running the executable.
-    attach: Option<Attaching>,
-    /// The clock of the first engine, shared by the others (one clock for the session's
-    /// processes; measuring takes 20 ms).
-    clock: Option<TscClock>,
-}
-
-/// `--attach`: the processes that exec the executable, held until an engine has them.
-struct Attaching {
-    hold: Arc<ExecHold>,
-    tag: u32,
-    plans: Vec<AttachPlan>,
-    ring_bytes: u64,
-    /// Processes that could not be patched.
-    not_traced: u64,
+    processes: Processes,
 }
 
 /// The name the holder knows the executable by (one executable per recording).
@@ -98,131 +82,58 @@ pub fn start(
     ring_bytes: u64,
     session: &mut Session,
 ) -> Result<Inline> {
-    let mut inline = Inline {
-        engines: Vec::new(),
-        attach: None,
-        clock: None,
-    };
-    let targets = match target {
-        super::target::Target::Pid(pid, ..) => vec![Target::Running(*pid)],
+    let processes = match target {
+        super::target::Target::Pid(pid, ..) => one(Target::Running(*pid), &plans, ring_bytes)?,
         super::target::Target::Launch(child, _) => {
             // The keeper lets it go, whatever happens next (an error kills it).
             child.let_go_elsewhere();
-            vec![Target::Launched(child.pid(), child.go_fd())]
-        }
-        super::target::Target::Attach => {
-            // (No probe at the entry point, as repair places: the keeper puts a breakpoint
-            // of its own there.)
-            let hold = crate::repair::hold::shared(tracer, executable, ATTACH_TAG)
-                .context("--engine inline --attach: holding the processes that start")?;
-            inline.attach = Some(Attaching {
-                hold,
-                tag: ATTACH_TAG,
-                plans: plans.clone(),
+            one(
+                Target::Launched(child.pid(), child.go_fd()),
+                &plans,
                 ring_bytes,
-                not_traced: 0,
-            });
-            let running = crate::traced::mappings::file_id(executable)
-                .map(crate::traced::process::running)
-                .unwrap_or_default();
-            running.into_iter().map(Target::Running).collect()
+            )?
         }
+        // Under --attach a process that cannot be patched is left as it is.
+        super::target::Target::Attach => Processes::of_executable(
+            tracer,
+            executable,
+            plans.clone(),
+            ring_bytes,
+            ATTACH_TAG,
+            &mut say,
+        )
+        .context("--engine inline --attach")?,
     };
-    let attach = inline.attach.is_some();
-    for target in targets {
-        match inline.add(target, &plans, ring_bytes, || {}) {
-            Ok(()) => {}
-            // Under --attach a process that cannot be patched is left as it is.
-            Err(err) if attach => {
-                errln!(
-                    "fdr-profiled: warning: process {} not traced: {err:#}",
-                    target.pid()
-                );
-                if let Some(a) = &mut inline.attach {
-                    a.not_traced += 1;
-                }
-            }
-            Err(err) => return Err(err),
-        }
-    }
     let attached_ns = crate::session::monotonic_ns();
     for plan in plans {
         let sleds = plan.probes.len();
         session.add_object(plan, sleds, attached_ns);
     }
-    Ok(inline)
+    Ok(Inline { processes })
+}
+
+/// The engine of one process.
+fn one(target: Target, plans: &[AttachPlan], ring_bytes: u64) -> Result<Processes> {
+    let mut processes = Processes::new();
+    say(processes.add(target, plans, ring_bytes, || {})?);
+    Ok(processes)
+}
+
+/// Says what happened to a process.
+fn say(seen: Seen) {
+    match seen {
+        Seen::Patched { .. } => errln!("fdr-profiled: {}", seen.line()),
+        _ => errln!("fdr-profiled: warning: {}", seen.line()),
+    }
 }
 
 impl Inline {
-    /// Starts an engine for `target`.
-    fn add(
-        &mut self,
-        target: Target,
-        plans: &[AttachPlan],
-        ring_bytes: u64,
-        let_go: impl FnOnce(),
-    ) -> Result<()> {
-        let pid = target.pid();
-        let mut engine = Engine::start(target, plans, ring_bytes, self.clock, let_go)?;
-        if let Target::Held(..) = target {
-            // Its memory mapped here: it may go from its entry point.
-            engine.go()?;
-        }
-        self.clock.get_or_insert(engine.clock());
-        let patched = engine.patched();
-        errln!(
-            "fdr-profiled: inline engine: {} sleds patched in process {pid}{}; its keeper puts them back at the end",
-            patched.sleds,
-            match patched.skipped {
-                0 => String::new(),
-                n => format!(" ({n} left as they were: not as the compiler leaves them, or no room for the handler within reach)"),
-            }
-        );
-        self.engines.push(engine);
-        Ok(())
-    }
-
     /// Lets a launched command go from its entry point (see [`Engine::go`]).
     pub fn go(&mut self) -> Result<()> {
-        self.engines.iter_mut().try_for_each(Engine::go)
-    }
-
-    /// Under `--attach`: patches the processes held since the last call.
-    fn take_held(&mut self) {
-        let Some(attaching) = &self.attach else {
-            return;
-        };
-        let hold = attaching.hold.clone();
-        let held = hold.held(attaching.tag);
-        if held.is_empty() {
-            // Every 10 ms: the plans are copied only when a process is there to patch.
-            return;
-        }
-        let (plans, ring_bytes) = (attaching.plans.clone(), attaching.ring_bytes);
-        for (pid, _) in held {
-            let target = Target::Held(pid, hold.handover_fd());
-            if let Err(err) = self.add(target, &plans, ring_bytes, || hold.let_go(pid)) {
-                // Let go if the keeper never asked; then patched where it is, if it can be.
-                hold.let_go(pid);
-                let late = match crate::inline::keeper::gone(pid) {
-                    true => Err(err),
-                    false => self
-                        .add(Target::Running(pid), &plans, ring_bytes, || {})
-                        .map_err(|again| err.context(again)),
-                };
-                match late {
-                    Ok(()) => errln!(
-                        "fdr-profiled: warning: process {pid} traced from where it was found, not from its entry point"
-                    ),
-                    Err(err) => {
-                        errln!("fdr-profiled: warning: process {pid} not traced: {err:#}");
-                        if let Some(a) = &mut self.attach {
-                            a.not_traced += 1;
-                        }
-                    }
-                }
-            }
-        }
+        self.processes
+            .engines_mut()
+            .iter_mut()
+            .try_for_each(Engine::go)
     }
 }
 
@@ -233,11 +144,7 @@ pub fn rescan(
     inline: &mut Inline,
     session: &mut Session,
 ) {
-    let Some(engine) = inline
-        .engines
-        .first_mut()
-        .filter(|_| inline.attach.is_none())
-    else {
+    let Some(engine) = inline.processes.only_mut() else {
         return;
     };
     for plan in super::objects::found(discovery, filter, session) {
@@ -271,26 +178,20 @@ pub fn drain<S: Sink>(
     own: &Mutex<S>,
     session: &mut Session,
 ) {
-    inline.take_held();
+    inline.processes.take_held(&mut say);
     let mut local = locked(own);
-    for engine in &mut inline.engines {
+    for engine in inline.processes.engines_mut() {
         events.deliver_from(&mut local, |sink| engine.drain(sink));
         let ended = engine.take_ended();
         if !ended.is_empty() {
             events.end_exited(ended, DRAIN_BUDGET, &mut local);
         }
     }
-    if inline.attach.is_some() {
-        let (gone, live) = std::mem::take(&mut inline.engines)
-            .into_iter()
-            .partition(|engine: &Engine| engine.process_gone());
-        inline.engines = live;
-        for engine in gone {
-            let pid = engine.pid();
-            let books = finish_engine(engine, events, &mut local, session);
-            events.end_exited(books, DRAIN_BUDGET, &mut local);
-            errln!("fdr-profiled: inline engine: process {pid} exited");
-        }
+    for engine in inline.processes.take_gone() {
+        let pid = engine.pid();
+        let books = finish_engine(engine, events, &mut local, session);
+        events.end_exited(books, DRAIN_BUDGET, &mut local);
+        errln!("fdr-profiled: inline engine: process {pid} exited");
     }
 }
 
@@ -304,13 +205,13 @@ pub fn finish<S: Sink>(
 ) -> Vec<(u32, ThreadState)> {
     let mut local = locked(own);
     let mut books = Vec::new();
-    for engine in inline.engines {
+    let not_traced = inline.processes.not_traced();
+    for engine in inline.processes.into_engines() {
         books.extend(finish_engine(engine, events, &mut local, session));
     }
-    if let Some(a) = inline.attach.filter(|a| a.not_traced > 0) {
+    if not_traced > 0 {
         let note = format!(
-            "inline engine: {} processes that ran the executable could not be patched (not traced)",
-            a.not_traced
+            "inline engine: {not_traced} processes that ran the executable could not be patched (not traced)"
         );
         errln!("fdr-profiled: warning: {note}");
         session.add_note(note);

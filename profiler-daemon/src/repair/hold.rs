@@ -143,6 +143,15 @@ impl ExecHold {
         self.shared.watched.lock().unwrap().insert(tag, executable);
     }
 
+    /// Holds no more processes for `tag` (its tracing ended), and lets go those held for it
+    /// and not taken.
+    pub fn unwatch(&self, tag: u32) {
+        self.shared.watched.lock().unwrap().remove(&tag);
+        for (pid, _) in self.held(tag) {
+            self.let_go(pid);
+        }
+    }
+
     /// The processes held since the last call that exec'd the executable watched with
     /// `tag`, oldest first, each with whether it had run the executable's entry point before
     /// it could be stopped (a busy host ran it first: its first calls will not be recorded).

@@ -88,6 +88,17 @@ pub enum Mode {
     Record,
 }
 
+/// How a target's calls are observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TargetEngine {
+    /// A uprobe at each sled (the default): nothing in the process changed.
+    Uprobes,
+    /// Each process's sleds patched to call a handler put into it (`crate::inline`): no
+    /// kernel trap per call.
+    Inline,
+}
+
 /// How much free space to leave on the output's filesystem.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum MinFree {
@@ -135,6 +146,7 @@ pub struct TargetConfig {
     pub functions: Vec<String>,
     pub exclude: Vec<String>,
     pub exits: ExitMode,
+    pub engine: TargetEngine,
     /// `--args`.
     pub args: u8,
     /// `--max-event-bytes`.
@@ -185,6 +197,7 @@ struct RawTarget {
     #[serde(default)]
     exclude: Vec<Spanned<String>>,
     exits: Option<Spanned<String>>,
+    engine: Option<Spanned<TargetEngine>>,
     args: Option<Spanned<i64>>,
     max_event_bytes: Option<Spanned<i64>>,
     fdr_version: Option<Spanned<i64>>,
@@ -442,6 +455,30 @@ fn target(raw: &RawTarget) -> Located<TargetConfig> {
                 .map_err(|e| (v.span(), format!("max_overhead: {e} (or \"none\")")))?,
         ),
     };
+    let engine = raw
+        .engine
+        .as_ref()
+        .map_or(TargetEngine::Uprobes, |e| *e.get_ref());
+    // The inline engine observes every exit at its patched sled, and has no probe a budget
+    // could remove (yet).
+    let max_overhead = if engine == TargetEngine::Inline {
+        let not_sleds = !matches!(exits, ExitMode::Auto | ExitMode::Sleds);
+        if let Some(v) = raw.exits.as_ref().filter(|_| not_sleds) {
+            return Err((
+                v.span(),
+                "engine = \"inline\" observes every exit at its patched sled: exits must be \"auto\" or \"sleds\"".into(),
+            ));
+        }
+        if let Some(v) = raw.max_overhead.as_ref().filter(|_| max_overhead.is_some()) {
+            return Err((
+                v.span(),
+                "max_overhead budgets uprobes: not with engine = \"inline\" (or \"none\")".into(),
+            ));
+        }
+        None
+    } else {
+        max_overhead
+    };
     let window = duration(&raw.window, DEFAULT_WINDOW)?;
     if window.is_zero() {
         let span = raw.window.as_ref().map_or(0..0, |w| w.span());
@@ -469,6 +506,7 @@ fn target(raw: &RawTarget) -> Located<TargetConfig> {
         functions: strings(&raw.functions),
         exclude: strings(&raw.exclude),
         exits,
+        engine,
         args,
         max_event_bytes,
         fdr_version,

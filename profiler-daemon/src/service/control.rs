@@ -270,6 +270,18 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
                         p["why"].as_str().unwrap_or("?")
                     );
                 }
+            } else if b["inline"].is_object() {
+                let inline = &b["inline"];
+                outln!(
+                    "      inline engine: {} processes patched ({} running now, {} ended), {} not traced",
+                    inline["processes_patched"],
+                    inline["processes_live"],
+                    inline["processes_ended"],
+                    inline["processes_not_traced"]
+                );
+                for pid in inline["live"].as_array().into_iter().flatten() {
+                    outln!("      process {pid}: patched");
+                }
             } else if processes.is_empty() {
                 outln!("      no process seen");
             }

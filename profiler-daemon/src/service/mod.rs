@@ -14,6 +14,7 @@ mod calls;
 pub mod config;
 pub mod control;
 pub mod export;
+pub mod inline;
 pub mod libraries;
 pub mod log;
 pub mod output;

@@ -10,6 +10,7 @@
 //! end and its catches carry no function id: they go where the thread's last event went. A
 //! target whose pattern matches several binaries keeps one recorder per binary, and its
 //! snapshots one directory per binary.
+use super::inline::InlineBinary;
 use super::router::Router;
 use super::snapshot::{snapshot_binary, utc_stamp};
 use super::status::{self, status_json, status_line};
@@ -18,7 +19,7 @@ use crate::kernel::bpf::{Attachment, KernelBooks, LoadOptions, Tracer};
 use crate::kernel::caps::Cap;
 use crate::kernel::intake::{Intake, DRAIN_BUDGET};
 use crate::plan::exits::ExitMode;
-use crate::service::config::ServiceConfig;
+use crate::service::config::{ServiceConfig, TargetEngine};
 use crate::service::control;
 use crate::service::export::{BinaryLabels, Exporter};
 use crate::service::libraries;
@@ -62,13 +63,18 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         call_slots: crate::kernel::bpf::call_slots_for(crate::kernel::bpf::possible_cpus()?),
         perf_events_only: false,
         // Loaded for every target of the first configuration that asks for it, or may choose
-        // it (`auto`, where this kernel allows it).
+        // it (`auto`, where this kernel allows it); the inline engine's hold on the processes
+        // that start is theirs too.
         repair: if config.targets.iter().any(|t| t.exits == ExitMode::Repair) {
             Some(
                 crate::kernel::btf::repair_offsets()
                     .map_err(|why| anyhow::anyhow!("exits = \"repair\": {why}"))?,
             )
-        } else if config.targets.iter().any(|t| t.exits == ExitMode::Auto) {
+        } else if config
+            .targets
+            .iter()
+            .any(|t| t.exits == ExitMode::Auto || t.engine == TargetEngine::Inline)
+        {
             crate::kernel::btf::repair_offsets().ok()
         } else {
             None
@@ -186,6 +192,10 @@ fn look_at_processes(svc: &mut Service<'_>, router: &mut Router, rescan: bool) {
             continue;
         }
         for (b, w) in target.binaries.iter_mut().enumerate() {
+            if w.inline.is_some() {
+                // Only the executable's sleds are patched (see `super::inline`).
+                continue;
+            }
             let mut changes = libraries::Changes::default();
             if rescan {
                 changes = w.libraries.rescan(svc.tracer, &mut || tags.next());
@@ -214,9 +224,40 @@ impl Pipeline {
     /// Drains at most `budget` records of each ring (every one with `u64::MAX`); whether
     /// every ring was emptied.
     fn drain(&mut self, targets: &mut [Target], triggers: &mut Triggers, budget: u64) -> bool {
+        self.drain_inline(targets, triggers);
         let router = &mut self.router;
         self.events
             .drain(budget, &mut |e, g| router.route(targets, triggers, e, g))
+    }
+
+    /// `engine = "inline"`: each binary's processes' shared memory drained down the same
+    /// route (each taken out of its binary meanwhile: the route reaches every binary).
+    fn drain_inline(&mut self, targets: &mut [Target], triggers: &mut Triggers) {
+        for (t, b) in inline_binaries(targets) {
+            let Some(mut inline) = targets[t].binaries[b].inline.take() else {
+                continue;
+            };
+            let router = &mut self.router;
+            inline.drain(&mut self.events, &mut |e, g| {
+                router.route(targets, triggers, e, g)
+            });
+            targets[t].binaries[b].inline = Some(inline);
+        }
+    }
+
+    /// Puts the processes of `inline` back as they were, their last events routed.
+    fn finish_inline(
+        &mut self,
+        inline: Vec<InlineBinary>,
+        targets: &mut [Target],
+        triggers: &mut Triggers,
+    ) {
+        let router = &mut self.router;
+        for i in inline {
+            i.finish(&mut self.events, &mut |e, g| {
+                router.route(targets, triggers, e, g)
+            });
+        }
     }
 
     /// Ends the threads that exited with their ring full (`exited`, their books just taken),
@@ -232,6 +273,30 @@ impl Pipeline {
             router.route(targets, triggers, e, g)
         });
     }
+}
+
+/// Where the binaries traced by the inline engine are: (target, binary).
+fn inline_binaries(targets: &[Target]) -> Vec<(usize, usize)> {
+    let mut at = Vec::new();
+    for (t, target) in targets.iter().enumerate() {
+        for (b, w) in target.binaries.iter().enumerate() {
+            if w.inline.is_some() {
+                at.push((t, b));
+            }
+        }
+    }
+    at
+}
+
+/// Takes the inline engines of the binaries of `targets` (all, or only those of removed
+/// targets).
+fn take_inline(targets: &mut [Target], only_removed: bool) -> Vec<InlineBinary> {
+    targets
+        .iter_mut()
+        .filter(|t| t.removed || !only_removed)
+        .flat_map(|t| t.binaries.iter_mut())
+        .filter_map(|w| w.inline.take())
+        .collect()
 }
 
 /// Writes the snapshots `due` (each binary's window as it is now); returns each one written,
@@ -480,6 +545,10 @@ async fn serve(
                         fed = std::time::Instant::now();
                     }
                 });
+                // The removed targets' patched processes put back, their last events routed
+                // while their tags still lead to them.
+                let inline = take_inline(svc.targets, true);
+                events.finish_inline(inline, svc.targets, &mut svc.triggers);
                 events.router.retarget(svc.targets);
                 events.drain(svc.targets, &mut svc.triggers, u64::MAX);
                 std::mem::take(&mut events.router.new_processes);
@@ -540,6 +609,9 @@ fn stop(svc: &mut Service<'_>, events: &mut Pipeline) {
     if let Err(err) = svc.tracer.set_armed(false) {
         tracing::warn!("{err:#}");
     }
+    // Processes patched by the inline engine put back as they were, their last events in.
+    let inline = take_inline(svc.targets, false);
+    events.finish_inline(inline, svc.targets, &mut svc.triggers);
     // Every event in, threads whose end record was lost ended, and the live threads' losses
     // at their very end.
     let (router, triggers, targets) = (&mut events.router, &mut svc.triggers, &mut *svc.targets);

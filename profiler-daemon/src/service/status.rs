@@ -148,6 +148,7 @@ pub(super) fn status_json(view: &View<'_>) -> serde_json::Value {
                         "threads_evicted": s.threads_evicted,
                         "window_ns": s.window_ns,
                         "repair": w.repaired.as_ref().map(Repaired::status),
+                        "inline": w.inline.as_ref().map(super::inline::InlineBinary::status),
                         "export_calls_not_kept": w.export.as_ref().map(|e| e.stacks.calls_not_kept),
                         "budget": w.budget.as_ref().map(|b| budget_json(&b.probes)),
                     });

@@ -1,12 +1,13 @@
 //! What the service traces: its targets, each binary their patterns match (probed for every
 //! process that runs it, with the libraries those map), the tags that tell their events apart,
 //! and the periodic look for binaries installed or replaced since.
+use super::inline::InlineBinary;
 use super::repaired::Repaired;
 use crate::kernel::bpf::{Attachment, Scope, Tracer};
 use crate::plan::exits::{self, ExitMode, ExitPolicy, Exits, ExitsChoice};
 use crate::plan::select::FunctionFilter;
 use crate::plan::AttachPlan;
-use crate::service::config::{Mode, ServiceConfig, TargetConfig};
+use crate::service::config::{Mode, ServiceConfig, TargetConfig, TargetEngine};
 use crate::service::export::BinaryExport;
 use crate::service::libraries::{self, Libraries, TAG_SHIFT};
 use crate::service::retention::Retention;
@@ -59,6 +60,8 @@ pub(super) struct Watched {
     pub(super) snapshots_not_written: std::cell::Cell<u64>,
     /// `exits = "repair"`: its processes, each traced by a keeper and probed on its own.
     pub(super) repaired: Option<Repaired>,
+    /// `engine = "inline"`: its processes, each patched by an engine of its own (no probe).
+    pub(super) inline: Option<InlineBinary>,
     /// `[export]`: its calls by interval, for the profiles pushed.
     pub(super) export: Option<BinaryExport>,
     /// Its calls by function, and what their probes cost over the last status period.
@@ -257,9 +260,11 @@ fn attach_binary(
     // probes are per process, which a budget cannot drop yet (see `budget_for`), and an
     // always-on target is kept cheap by its budget, which per-function's probes, shared by
     // every process and each function's removable, allow.
-    let auto_repair = (config.exits == ExitMode::Auto && tracer.options().repair.is_some())
-        .then(|| crate::repair::auto_repairs(&image, true))
-        .flatten();
+    let inline = config.engine == TargetEngine::Inline;
+    let auto_repair =
+        (config.exits == ExitMode::Auto && !inline && tracer.options().repair.is_some())
+            .then(|| crate::repair::auto_repairs(&image, true))
+            .flatten();
     let budget_not_repair = auto_repair.is_some() && config.max_overhead.is_some();
     let auto_repair = auto_repair.filter(|_| config.max_overhead.is_none());
     let repairs = config.exits == ExitMode::Repair || auto_repair.is_some();
@@ -267,6 +272,12 @@ fn attach_binary(
         Some((unwinder, symbol)) => {
             let (policy, mut choice) = exits::choose(ExitMode::Repair, &image);
             choice.reason = crate::repair::auto_reason(unwinder, symbol);
+            (policy, choice)
+        }
+        None if inline => {
+            let (policy, mut choice) = exits::choose(ExitMode::Sleds, &image);
+            choice.reason =
+                "engine = \"inline\": a patched exit sled costs what an entry does".into();
             (policy, choice)
         }
         None => {
@@ -287,8 +298,16 @@ fn attach_binary(
         probe.cookie.function_id |= tag << TAG_SHIFT;
     }
     let mut budget = budget_for(tracer, config, repairs);
+    let mut inline_binary = None;
     // Under repair every probe is per process (see `repair::processes`).
-    let placed = if repairs {
+    let placed = if inline {
+        let name = format!("target {} ({})", config.name, plan.display_path);
+        let sleds = tagged.probes.len();
+        InlineBinary::start(tracer, name, &plan.binary, tagged, tag).map(|i| {
+            inline_binary = Some(i);
+            (sleds, None)
+        })
+    } else if repairs {
         if tracer.options().repair.is_none() {
             tags.give_back(tag);
             bail!(
@@ -320,8 +339,9 @@ fn attach_binary(
         }
     };
     for point in crate::plan::catches::catch_points(&plan.binary) {
-        if repaired.is_some() {
-            // Each process's own, once traced.
+        if repaired.is_some() || inline {
+            // Each process's own, once traced; none under the inline engine (a kernel event
+            // cannot be put in order with the engine's).
             break;
         }
         if let Err(err) = tracer.attach_catch(&plan.binary, point.file_offset, Scope::AllProcesses)
@@ -333,8 +353,12 @@ fn attach_binary(
         fdr_target = %config.name,
         fdr_binary = %plan.display_path,
         fdr_probes = probes,
-        "target {}: attached {probes} probes to {} functions in {}",
-        config.name, plan.functions, plan.display_path
+        "target {}: {} {probes} {} to {} functions in {}",
+        config.name,
+        if inline { "inline engine:" } else { "attached" },
+        if inline { "sleds to patch in each process" } else { "probes" },
+        plan.functions,
+        plan.display_path
     );
     let attached_ns = crate::session::monotonic_ns();
     let segments = (config.mode == Mode::Record).then(|| {
@@ -366,6 +390,7 @@ fn attach_binary(
     });
     Ok(Some(Watched {
         repaired,
+        inline: inline_binary,
         _file: held,
         path: path.to_path_buf(),
         label: plan.exe_name.clone(),
@@ -446,7 +471,11 @@ impl Watched {
                 repaired.trace(pid, tracer, crate::repair::processes::Found::Running);
             }
         }
-        let Some(executable) = self.libraries.executable() else {
+        let Some(executable) = self
+            .libraries
+            .executable()
+            .filter(|_| self.inline.is_none())
+        else {
             return;
         };
         for pid in crate::traced::process::running(executable) {

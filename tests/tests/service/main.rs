@@ -23,5 +23,7 @@ mod unit;
 // What it traces besides an executable: shared objects; C++ processes with their stack repaired.
 mod objects;
 mod repair;
+// Each process patched by the inline engine instead of probed.
+mod inline;
 // Where it sends profiles.
 mod export;

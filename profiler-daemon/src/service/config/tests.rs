@@ -236,3 +236,38 @@ fn a_bad_export_is_refused_at_its_line() {
     assert_eq!(line, 4, "the section itself: {message}");
     assert!(message.contains("names no endpoint"), "{message}");
 }
+
+#[test]
+fn an_inline_target_has_no_budget_and_observes_exits_at_sleds() {
+    let target = |extra: &str| {
+        format!("output = \"/tmp/o\"\n[[target]]\nbinary = \"/usr/bin/s\"\nengine = \"inline\"\n{extra}")
+    };
+    let c = parse(&target("")).unwrap();
+    let t = &c.targets[0];
+    assert_eq!((t.engine, t.max_overhead), (TargetEngine::Inline, None));
+    assert_eq!(
+        parse(&target("max_overhead = \"none\"\nexits = \"sleds\"\n"))
+            .unwrap()
+            .targets[0]
+            .engine,
+        TargetEngine::Inline
+    );
+    let (line, _, message) = error(&target("exits = \"repair\"\n"));
+    assert_eq!(line, 5, "{message}");
+    assert!(
+        message.contains("exits must be \"auto\" or \"sleds\""),
+        "{message}"
+    );
+    let (line, _, message) = error(&target("max_overhead = \"3%\"\n"));
+    assert_eq!(line, 5, "{message}");
+    assert!(
+        message.contains("not with engine = \"inline\""),
+        "{message}"
+    );
+    let (_, _, message) = error(&target("").replace("\"inline\"", "\"fast\""));
+    assert!(message.contains("inline"), "{message}");
+    // The default: uprobes, with the default budget.
+    let c = parse("output = \"/tmp/o\"\n[[target]]\nbinary = \"/usr/bin/s\"\n").unwrap();
+    assert_eq!(c.targets[0].engine, TargetEngine::Uprobes);
+    assert_eq!(c.targets[0].max_overhead, Some(DEFAULT_MAX_OVERHEAD));
+}
