@@ -707,10 +707,11 @@ fn restore(target: u32, applied: &Applied, layout: Layout) -> Result<Option<Rest
 
 /// The inode of the mapping of process `pid` that starts at `at`.
 fn mapping_inode(pid: u32, at: u64) -> Option<u64> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let start = format!("{at:x}-");
-    let line = maps.lines().find(|l| l.starts_with(&start))?;
-    line.split_whitespace().nth(4)?.parse().ok()
+    crate::traced::mappings::mappings(pid)
+        .ok()?
+        .iter()
+        .find(|m| m.start == at)
+        .map(|m| m.inode)
 }
 
 /// The processes that map the shared memory where the traced one does.

@@ -95,34 +95,13 @@ pub struct ObjectSleds {
 /// The sleds of `plan` where process `pid` has them: each probe's file offset in the mapping
 /// of the object that holds it (the object's file, by device and inode).
 pub fn object_sleds(pid: u32, plan: &AttachPlan) -> Result<ObjectSleds> {
-    use std::os::unix::fs::MetadataExt as _;
-    let meta =
-        std::fs::metadata(&plan.binary).with_context(|| format!("{}", plan.binary.display()))?;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .with_context(|| format!("reading /proc/{pid}/maps"))?;
+    let file = crate::traced::mappings::file_id(&plan.binary)
+        .with_context(|| format!("{}: cannot stat it", plan.binary.display()))?;
     // (start, end, file offset) of each executable mapping of the file.
-    let mappings: Vec<(u64, u64, u64)> = maps
-        .lines()
-        .filter_map(|line| {
-            let mut f = line.split_whitespace();
-            let (range, perms, offset, dev, inode) =
-                (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
-            let (major, minor) = dev.split_once(':')?;
-            let dev = libc::makedev(
-                u32::from_str_radix(major, 16).ok()?,
-                u32::from_str_radix(minor, 16).ok()?,
-            );
-            if inode.parse::<u64>().ok()? != meta.ino() || dev != meta.dev() || !perms.contains('x')
-            {
-                return None;
-            }
-            let (start, end) = range.split_once('-')?;
-            Some((
-                u64::from_str_radix(start, 16).ok()?,
-                u64::from_str_radix(end, 16).ok()?,
-                u64::from_str_radix(offset, 16).ok()?,
-            ))
-        })
+    let mappings: Vec<(u64, u64, u64)> = crate::traced::mappings::mappings(pid)?
+        .iter()
+        .filter(|m| m.executable() && m.of_file(file))
+        .map(|m| (m.start, m.end, m.offset))
         .collect();
     let sleds = plan
         .probes

@@ -41,11 +41,7 @@ impl Stopped {
     /// Seizes and stops every thread of `pid`, threads created meanwhile included. Fails
     /// when a thread cannot be traced (another tracer, a debugger, has it: said in one line).
     pub fn stop(pid: u32) -> Result<Stopped> {
-        let mem = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/mem"))
-            .with_context(|| format!("opening the memory of process {pid}"))?;
+        let mem = open_mem(pid)?;
         let mut stopped = Stopped {
             pid,
             threads: Vec::new(),
@@ -88,11 +84,7 @@ impl Stopped {
         }
         let held = run_to_entry(pid, None, Vec::new());
         let stopped = held.and_then(|threads| {
-            let mem = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(format!("/proc/{pid}/mem"))
-                .with_context(|| format!("opening the memory of process {pid}"))?;
+            let mem = open_mem(pid)?;
             Ok(Stopped {
                 pid,
                 threads,
@@ -115,11 +107,7 @@ impl Stopped {
     pub fn held(pid: u32, parent: u32, handover: std::os::fd::RawFd) -> Result<Stopped> {
         let seized = ptrace::seize_all_from(pid, parent, handover, HANDOVER_WAIT)?;
         let mut threads = ptrace::stop_all(&seized);
-        let mem = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/mem"))
-            .with_context(|| format!("opening the memory of process {pid}"))?;
+        let mem = open_mem(pid)?;
         let rip = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, pid)
             .map(|r| r.rip)
             .context("reading the process's registers")?;
@@ -436,11 +424,7 @@ impl Breakpoint {
     /// Puts one at process `pid`'s entry point (its program mapped: after its exec).
     fn at_entry(pid: u32) -> Result<Breakpoint> {
         let entry = entry_point(pid)?;
-        let mem = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/mem"))
-            .with_context(|| format!("opening the memory of process {pid}"))?;
+        let mem = open_mem(pid)?;
         let mut original = [0u8];
         mem.read_exact_at(&mut original, entry)
             .with_context(|| format!("reading the entry point {entry:#x}"))?;
@@ -465,28 +449,23 @@ impl Breakpoint {
     }
 }
 
+/// Process `pid`'s memory, to read and write.
+fn open_mem(pid: u32) -> Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))
+        .with_context(|| format!("opening the memory of process {pid}"))
+}
+
 /// Whether `at` is in process `pid`'s dynamic loader (`ld-linux*.so*`, `ld-*.so*`).
 fn in_loader(pid: u32, at: u64) -> bool {
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-        return false;
-    };
-    maps.lines().any(|line| {
-        let mut fields = line.split_whitespace();
-        let range = fields
-            .next()
-            .and_then(|r| r.split_once('-'))
-            .and_then(|(a, b)| {
-                Some((
-                    u64::from_str_radix(a, 16).ok()?,
-                    u64::from_str_radix(b, 16).ok()?,
-                ))
-            });
-        let name = fields
-            .nth(4)
-            .map(crate::traced::file_name)
-            .unwrap_or_default();
-        range.is_some_and(|(start, end)| (start..end).contains(&at)) && name.starts_with("ld-")
-    })
+    crate::traced::mappings::mappings(pid)
+        .unwrap_or_default()
+        .iter()
+        .any(|m| {
+            (m.start..m.end).contains(&at) && crate::traced::file_name(&m.path).starts_with("ld-")
+        })
 }
 
 /// Process `pid`'s entry point, from its auxiliary vector.
@@ -505,18 +484,9 @@ fn entry_point(pid: u32) -> Result<u64> {
 
 /// The mapped ranges of process `pid`, in order.
 pub fn mapped_ranges(pid: u32) -> Result<Vec<(u64, u64)>> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .with_context(|| format!("reading /proc/{pid}/maps"))?;
-    let mut ranges: Vec<(u64, u64)> = maps
-        .lines()
-        .filter_map(|line| {
-            let (range, _) = line.split_once(' ')?;
-            let (start, end) = range.split_once('-')?;
-            Some((
-                u64::from_str_radix(start, 16).ok()?,
-                u64::from_str_radix(end, 16).ok()?,
-            ))
-        })
+    let mut ranges: Vec<(u64, u64)> = crate::traced::mappings::mappings(pid)?
+        .iter()
+        .map(|m| (m.start, m.end))
         .collect();
     ranges.sort_unstable();
     Ok(ranges)

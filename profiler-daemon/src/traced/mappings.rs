@@ -50,7 +50,76 @@ struct MapLine<'a> {
     path: &'a str,
 }
 
-fn parse_line(line: &str) -> Option<MapLine<'_>> {
+/// One line of `/proc/PID/maps`, anonymous memory included.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// `rwxp` as the kernel prints them.
+    pub perms: String,
+    pub offset: u64,
+    /// `major:minor` (hex) and inode as the kernel prints them; 0 for anonymous memory.
+    pub dev: String,
+    pub inode: u64,
+    /// The file's path, `[stack]` and the like, or empty.
+    pub path: String,
+}
+
+impl Mapping {
+    /// Whether its memory may be executed.
+    pub fn executable(&self) -> bool {
+        self.perms.contains('x')
+    }
+
+    /// Its file's device number, as `stat` gives it.
+    pub fn device(&self) -> Option<u64> {
+        let (major, minor) = self.dev.split_once(':')?;
+        Some(libc::makedev(
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        ))
+    }
+
+    /// Whether it maps the file `id` (device and inode).
+    pub fn of_file(&self, id: FileId) -> bool {
+        self.inode == id.1 && self.device() == Some(id.0)
+    }
+}
+
+/// Every line of process `pid`'s `/proc/PID/maps`, in address order.
+pub fn mappings(pid: u32) -> Result<Vec<Mapping>> {
+    let maps_path = format!("/proc/{pid}/maps");
+    let maps =
+        std::fs::read_to_string(&maps_path).with_context(|| format!("reading {maps_path}"))?;
+    Ok(maps
+        .lines()
+        .filter_map(|line| {
+            let f = fields(line)?;
+            Some(Mapping {
+                start: f.start,
+                end: f.end,
+                perms: f.perms.to_owned(),
+                offset: f.offset,
+                dev: f.dev.to_owned(),
+                inode: f.inode,
+                path: f.path.to_owned(),
+            })
+        })
+        .collect())
+}
+
+/// The fields of one line of `/proc/PID/maps`.
+struct Fields<'a> {
+    start: u64,
+    end: u64,
+    perms: &'a str,
+    offset: u64,
+    dev: &'a str,
+    inode: u64,
+    path: &'a str,
+}
+
+fn fields(line: &str) -> Option<Fields<'_>> {
     // start-end perms offset dev inode path; the path is the rest (it may contain spaces).
     let mut rest = line;
     let mut field = || {
@@ -61,14 +130,33 @@ fn parse_line(line: &str) -> Option<MapLine<'_>> {
         f
     };
     let range = field();
-    let _perms = field();
+    let perms = field();
     let offset = u64::from_str_radix(field(), 16).ok()?;
     let dev = field();
     let inode: u64 = field().parse().ok()?;
     let path = rest.trim_start();
     let (start, end) = range.split_once('-')?;
-    let start = u64::from_str_radix(start, 16).ok()?;
-    let end = u64::from_str_radix(end, 16).ok()?;
+    Some(Fields {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        perms,
+        offset,
+        dev,
+        inode,
+        path,
+    })
+}
+
+fn parse_line(line: &str) -> Option<MapLine<'_>> {
+    let Fields {
+        start,
+        end,
+        offset,
+        dev,
+        inode,
+        path,
+        ..
+    } = fields(line)?;
     // Anonymous memory, [heap], [stack], [vdso] and memfd/anon-inode files have no path
     // starting with '/', or inode 0.
     if inode == 0 || !path.starts_with('/') || end <= start {
@@ -232,6 +320,36 @@ mod tests {
         assert_eq!(lines[4].offset, 0x2000);
         assert_eq!(parse_line("garbage"), None);
         assert_eq!(parse_line("1-0 r-xp 0 fd:01 5 /x"), None);
+    }
+
+    #[test]
+    fn every_line_is_a_mapping_with_its_file_s_device() {
+        let all: Vec<Fields<'_>> = MAPS.lines().filter_map(fields).collect();
+        assert_eq!(all.len(), 7);
+        assert_eq!(
+            (all[4].inode, all[4].path, all[4].perms),
+            (0, "[heap]", "rw-p")
+        );
+        let ours = mappings(std::process::id()).expect("read our own maps");
+        let exe = file_id(&std::env::current_exe().unwrap()).unwrap();
+        assert!(
+            ours.iter().any(|m| m.executable() && m.of_file(exe)),
+            "{ours:?}"
+        );
+        assert!(ours.iter().any(|m| m.path == "[stack]" && !m.executable()));
+        let m = Mapping {
+            dev: "fd:01".into(),
+            ..ours[0].clone()
+        };
+        assert_eq!(m.device(), Some(libc::makedev(0xfd, 0x01)));
+        assert_eq!(
+            Mapping {
+                dev: "x".into(),
+                ..m
+            }
+            .device(),
+            None
+        );
     }
 
     #[test]
