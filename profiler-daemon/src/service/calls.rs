@@ -89,7 +89,12 @@ impl FunctionCalls {
         }
         self.calls_per_second = rates.iter().map(|r| r.calls_per_second).sum();
         self.cpu_share = rates.iter().map(|r| r.cpu_share).sum();
-        rates.sort_by(|a, b| b.cpu_share.total_cmp(&a.cpu_share).then(a.id.cmp(&b.id)));
+        rates.sort_by(|a, b| {
+            b.cpu_share
+                .total_cmp(&a.cpu_share)
+                .then(b.calls_per_second.total_cmp(&a.calls_per_second))
+                .then(a.id.cmp(&b.id))
+        });
         self.rates = rates;
         self.before.clone_from(&self.counts);
     }

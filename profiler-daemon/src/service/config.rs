@@ -147,6 +147,8 @@ pub struct TargetConfig {
     pub exclude: Vec<String>,
     pub exits: ExitMode,
     pub engine: TargetEngine,
+    /// `engine = "inline"`: each traced thread's ring in its process (a power of two).
+    pub ring_size: u64,
     /// `--args`.
     pub args: u8,
     /// `--max-event-bytes`.
@@ -167,6 +169,14 @@ pub struct TargetConfig {
     /// unless `max_overhead = "none"`.
     pub max_overhead: Option<f64>,
 }
+
+/// `engine = "inline"`: each traced thread's ring unless `ring_size` says otherwise, what its
+/// process holds for it once the ring has gone round (less than a recording's 8 MiB: an
+/// always-on target may have many threads): 131,072 hits, 10 ms (a drain's period) of 13M
+/// calls a second.
+pub const DEFAULT_RING_SIZE: u64 = 4 << 20;
+const MIN_RING_SIZE: u64 = 64 << 10;
+const MAX_RING_SIZE: u64 = 1 << 30;
 
 /// A target's budget unless it says otherwise: the probes may add 2% to its threads' time.
 pub const DEFAULT_MAX_OVERHEAD: f64 = 0.02;
@@ -198,6 +208,7 @@ struct RawTarget {
     exclude: Vec<Spanned<String>>,
     exits: Option<Spanned<String>>,
     engine: Option<Spanned<TargetEngine>>,
+    ring_size: Option<Spanned<String>>,
     args: Option<Spanned<i64>>,
     max_event_bytes: Option<Spanned<i64>>,
     fdr_version: Option<Spanned<i64>>,
@@ -461,6 +472,21 @@ fn target(raw: &RawTarget) -> Located<TargetConfig> {
         .map_or(TargetEngine::Uprobes, |e| *e.get_ref());
     // The inline engine observes every exit at its patched sled, and has no probe a budget
     // could remove (yet).
+    let ring_size = size_or(&raw.ring_size, DEFAULT_RING_SIZE)?;
+    if let Some(v) = &raw.ring_size {
+        if engine != TargetEngine::Inline {
+            return Err((
+                v.span(),
+                "ring_size is the inline engine's: engine = \"inline\" uses it".into(),
+            ));
+        }
+        if !ring_size.is_power_of_two() || !(MIN_RING_SIZE..=MAX_RING_SIZE).contains(&ring_size) {
+            return Err((
+                v.span(),
+                format!("ring_size must be a power of two from {MIN_RING_SIZE} to {MAX_RING_SIZE} bytes (\"64KiB\" to \"1GiB\"), not {ring_size}"),
+            ));
+        }
+    }
     let max_overhead = if engine == TargetEngine::Inline {
         let not_sleds = !matches!(exits, ExitMode::Auto | ExitMode::Sleds);
         if let Some(v) = raw.exits.as_ref().filter(|_| not_sleds) {
@@ -507,6 +533,7 @@ fn target(raw: &RawTarget) -> Located<TargetConfig> {
         exclude: strings(&raw.exclude),
         exits,
         engine,
+        ring_size,
         args,
         max_event_bytes,
         fdr_version,

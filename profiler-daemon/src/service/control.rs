@@ -202,7 +202,31 @@ pub fn status(args: &SocketArg, json: bool) -> Result<u8> {
                 );
             }
             let probes = &b["probes"];
-            if probes.is_object() {
+            if probes.is_object() && probes["engine"] == "inline" {
+                // Calls by function; no trap to estimate the cost of.
+                let busiest: Vec<String> = probes["costliest"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|f| {
+                        format!(
+                            "{} ({}/s)",
+                            f["function"].as_str().unwrap_or("?"),
+                            f["calls_per_second"]
+                        )
+                    })
+                    .collect();
+                outln!(
+                    "      calls: {} calls/s (inline engine: no trap per call){}{}",
+                    probes["calls_per_second"],
+                    if busiest.is_empty() {
+                        ""
+                    } else {
+                        "; busiest: "
+                    },
+                    busiest.join(", ")
+                );
+            } else if probes.is_object() {
                 let costliest: Vec<String> = probes["costliest"]
                     .as_array()
                     .into_iter()

@@ -17,12 +17,6 @@ use anyhow::Result;
 use profiler_common::ThreadState;
 use std::path::Path;
 
-/// Bytes of each traced thread's ring: what its process holds for it once the ring has gone
-/// round (less than a recording's 8 MiB: an always-on target may have many threads); 131,072
-/// hits, a 10 ms drain's worth at 13M a second. (1 MiB lost the last 7,000 of a thread's
-/// 40,000 hits, made in less than 10 ms: counted, as every overflow is.)
-pub const RING_BYTES: u64 = 4 << 20;
-
 /// The patched processes of one binary of a target.
 pub struct InlineBinary {
     processes: Processes,
@@ -38,13 +32,14 @@ pub type Route<'a> = dyn FnMut(&mut Event, Option<Gap>) + 'a;
 
 impl InlineBinary {
     /// Patches the processes running `binary` now and, from now on, each that starts running
-    /// it (held with `tag`); `plan` is its tagged plan.
+    /// it (held with `tag`), with rings of `ring_bytes` per thread; `plan` is its tagged plan.
     pub fn start(
         tracer: &mut Tracer,
         name: String,
         binary: &Path,
         plan: AttachPlan,
         tag: u32,
+        ring_bytes: u64,
     ) -> Result<InlineBinary> {
         // The keepers trace the processes; the shared memory is mapped here through
         // `/proc/PID/map_files`, which needs CAP_SYS_ADMIN (not in the shipped unit's set).
@@ -56,7 +51,7 @@ impl InlineBinary {
             })?;
         let mut patched = 0;
         let processes =
-            Processes::of_executable(tracer, binary, vec![plan], RING_BYTES, tag, &mut |seen| {
+            Processes::of_executable(tracer, binary, vec![plan], ring_bytes, tag, &mut |seen| {
                 said(&name, &seen, &mut patched)
             })?;
         Ok(InlineBinary {

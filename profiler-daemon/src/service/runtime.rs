@@ -512,7 +512,13 @@ async fn serve(
                         costs.tick(svc.tracer);
                         for w in svc.targets.iter_mut().flat_map(|t| t.binaries.iter_mut()) {
                             let return_probed = w.return_probed();
-                            w.calls.tick(period, &costs.costs, &return_probed);
+                            // The inline engine's calls trap nowhere: counted, no trap's
+                            // cost charged to them (see `status::probes_json`).
+                            let charged = match w.inline {
+                                Some(_) => fdr_session::schema::ProbeCosts::default(),
+                                None => costs.costs,
+                            };
+                            w.calls.tick(period, &charged, &return_probed);
                         }
                     }
                 }

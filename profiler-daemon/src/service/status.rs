@@ -216,13 +216,16 @@ fn probes_json(w: &super::targets::Watched) -> serde_json::Value {
                 "id": r.id,
                 "function": w.function_name(r.id),
                 "calls_per_second": r.calls_per_second.round() as u64,
-                "cpu_percent": r.cpu_share * 100.0,
+                "cpu_percent": w.inline.is_none().then_some(r.cpu_share * 100.0),
             })
         })
         .collect();
+    // The inline engine's calls trap nowhere: what they cost is not estimated (null).
+    let inline = w.inline.is_some();
     serde_json::json!({
         "calls_per_second": w.calls.calls_per_second.round() as u64,
-        "cpu_percent": w.calls.cpu_share * 100.0,
+        "cpu_percent": (!inline).then_some(w.calls.cpu_share * 100.0),
         "costliest": costliest,
+        "engine": if inline { "inline" } else { "uprobes" },
     })
 }

@@ -303,7 +303,7 @@ fn attach_binary(
     let placed = if inline {
         let name = format!("target {} ({})", config.name, plan.display_path);
         let sleds = tagged.probes.len();
-        InlineBinary::start(tracer, name, &plan.binary, tagged, tag).map(|i| {
+        InlineBinary::start(tracer, name, &plan.binary, tagged, tag, config.ring_size).map(|i| {
             inline_binary = Some(i);
             (sleds, None)
         })

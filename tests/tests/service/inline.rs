@@ -83,6 +83,10 @@ fn an_inline_target_patches_each_process_and_puts_it_back() {
     assert_eq!(inline["processes_ended"], 2, "{json}");
     assert_eq!(inline["live"], serde_json::json!([running_pid]), "{json}");
     assert_eq!(inline["processes_not_traced"], 0, "{json}");
+    // Its calls trap nowhere: no trap's cost is estimated for them.
+    let probes = &json["targets"][0]["binaries"][0]["probes"];
+    assert_eq!(probes["engine"], "inline", "{json}");
+    assert!(probes["cpu_percent"].is_null(), "{json}");
 
     service.signal(libc::SIGTERM);
     let done = service.finish(TIMEOUT);

@@ -271,3 +271,18 @@ fn an_inline_target_has_no_budget_and_observes_exits_at_sleds() {
     assert_eq!(c.targets[0].engine, TargetEngine::Uprobes);
     assert_eq!(c.targets[0].max_overhead, Some(DEFAULT_MAX_OVERHEAD));
 }
+
+#[test]
+fn an_inline_target_s_ring_size_is_a_power_of_two_and_only_its() {
+    let target =
+        |extra: &str| format!("output = \"/tmp/o\"\n[[target]]\nbinary = \"/usr/bin/s\"\n{extra}");
+    let c = parse(&target("engine = \"inline\"\n")).unwrap();
+    assert_eq!(c.targets[0].ring_size, DEFAULT_RING_SIZE);
+    let c = parse(&target("engine = \"inline\"\nring_size = \"64MiB\"\n")).unwrap();
+    assert_eq!(c.targets[0].ring_size, 64 << 20);
+    let (line, _, message) = error(&target("engine = \"inline\"\nring_size = \"3MB\"\n"));
+    assert_eq!(line, 5, "{message}");
+    assert!(message.contains("power of two"), "{message}");
+    let (_, _, message) = error(&target("ring_size = \"4MiB\"\n"));
+    assert!(message.contains("engine = \"inline\""), "{message}");
+}
