@@ -13,6 +13,17 @@ use tests::trace::check_trace_dir;
 
 use crate::common::{assert_calls_run, snapshots, wait_for_count, TIMEOUT};
 
+/// The calls fixture running for two minutes (killed before), there before the service is.
+fn running_fixture(bin: &std::path::Path) -> tests::run::Running {
+    let running = tests::run::spawn_fixture(
+        "calls already running",
+        bin,
+        &["--seconds", "120", "--per-second", "--quiet"],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    running
+}
+
 /// A record-mode target with `engine = "inline"`: a process running when the service starts
 /// is patched where it is; two started while it runs are each held from their exec, patched
 /// at their entry point and recorded whole (every call the program counted, `main` included,
@@ -35,13 +46,8 @@ fn an_inline_target_patches_each_process_and_puts_it_back() {
         ),
     )
     .unwrap();
-    let running = tests::run::spawn_fixture(
-        "calls already running",
-        &bin,
-        &["--seconds", "120", "--per-second", "--quiet"],
-    );
+    let running = running_fixture(&bin);
     let running_pid = running.pid();
-    std::thread::sleep(Duration::from_millis(300));
     let socket = scratch.path().join("control.sock");
     let service = ServiceStart::config(&config).socket(&socket).start();
     wait_for_count(
@@ -135,13 +141,8 @@ fn a_reload_that_removes_an_inline_target_puts_its_processes_back() {
         bin.display()
     );
     std::fs::write(&config, &with_target).unwrap();
-    let running = tests::run::spawn_fixture(
-        "calls already running",
-        &bin,
-        &["--seconds", "120", "--per-second", "--quiet"],
-    );
+    let running = running_fixture(&bin);
     let pid = running.pid();
-    std::thread::sleep(Duration::from_millis(300));
     let service = ServiceStart::config(&config)
         .socket(&scratch.path().join("control.sock"))
         .start();
