@@ -1,5 +1,6 @@
 //! What a recording leaves next to its trace files by default: a text report (`report.txt`)
-//! and a Chrome/Perfetto timeline (`trace.json`), both with function names.
+//! and a timeline with function names: Chrome trace-event JSON (`trace.json`), or for a
+//! session too large for JSON, Perfetto's own format (`trace.perfetto-trace`).
 use crate::convert::Format;
 use crate::replay::Session;
 use crate::report::render;
@@ -12,6 +13,8 @@ use std::path::{Path, PathBuf};
 pub const REPORT_FILE: &str = "report.txt";
 /// Name of the Chrome trace-event timeline in a session directory.
 pub const TRACE_FILE: &str = "trace.json";
+/// Name of the Perfetto timeline in a session directory.
+pub const PERFETTO_FILE: &str = "trace.perfetto-trace";
 
 /// What [`write_session_outputs`] wrote.
 #[derive(Debug)]
@@ -29,7 +32,16 @@ pub struct SessionOutputs {
 /// finished session: its `session.json` and trace files), naming functions with `symbolizer`.
 /// Both are created new (`0600`, never over anything, see [`crate::output_dir`]).
 pub fn write_session_outputs(dir: &Path, symbolizer: &Symbolizer) -> Result<SessionOutputs> {
-    write_session_outputs_in(&OutputDir::open_existing(dir)?, symbolizer)
+    write_session_outputs_in(&OutputDir::open_existing(dir)?, symbolizer, Timeline::Json)
+}
+
+/// Which timeline a session gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timeline {
+    /// `trace.json`: Chrome trace-event JSON, which browsers open up to a few hundred MB.
+    Json,
+    /// `trace.perfetto-trace`: Perfetto's protobuf format, for any size.
+    Perfetto,
 }
 
 /// [`write_session_outputs`] for the session in the directory `out` holds: read and written
@@ -37,13 +49,18 @@ pub fn write_session_outputs(dir: &Path, symbolizer: &Symbolizer) -> Result<Sess
 pub fn write_session_outputs_in(
     out: &OutputDir,
     symbolizer: &Symbolizer,
+    timeline: Timeline,
 ) -> Result<SessionOutputs> {
     let mut session = Session::open(&through(out), None, symbolizer)?;
     session.show_as(out.path());
     let (report_path, report) = report_into(&mut session, out)?;
-    let trace_path = out.path().join(TRACE_FILE);
+    let (format, name) = match timeline {
+        Timeline::Json => (Format::Chrome, TRACE_FILE),
+        Timeline::Perfetto => (Format::Perfetto, PERFETTO_FILE),
+    };
+    let trace_path = out.path().join(name);
     let mut warnings = report.warnings.clone();
-    for w in crate::convert::write_in(&session, Format::Chrome, out, TRACE_FILE)? {
+    for w in crate::convert::write_in(&session, format, out, name)? {
         if !warnings.contains(&w) {
             warnings.push(w);
         }

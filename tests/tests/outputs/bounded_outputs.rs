@@ -123,6 +123,7 @@ fn conversions_of_ten_thousand_throws_are_bounded() {
         ("folded", "stacks.folded", 64 << 10),
         ("svg", "flame.svg", 1 << 20),
         ("chrome", "trace.json", 300 * events),
+        ("perfetto", "trace.perfetto-trace", 100 * events),
         ("speedscope", "profile.json", 300 * events),
     ] {
         let path = scratch.join(file);
@@ -227,6 +228,7 @@ fn conversions_of_the_native_trace_of_ten_thousand_throws_are_bounded() {
         ("folded", "stacks.folded", 1 << 20),
         ("svg", "flame.svg", 4 << 20),
         ("chrome", "trace.json", 300 * events),
+        ("perfetto", "trace.perfetto-trace", 100 * events),
         ("speedscope", "profile.json", 300 * events),
     ] {
         let path = dir.path().join(name);

@@ -14,6 +14,7 @@ mod fdr_native;
 mod fdr_tools;
 mod list;
 mod native_unwound;
+mod perfetto;
 mod report;
 mod report_objects;
 mod symbolize;

@@ -2,6 +2,7 @@
 //!
 //! - [`chrome`]: Chrome trace-event JSON (Perfetto UI, `chrome://tracing`): one track per
 //!   thread, named processes, nested calls with their logged arguments, events as instants.
+//! - [`perfetto`]: Perfetto's own protobuf trace, the same timeline for traces of any size.
 //! - [`speedscope`]: speedscope's own JSON, one evented profile per thread.
 //! - [`folded`]: folded stacks (`a;b;c N`, N the self time in ns), and from them a flame
 //!   graph SVG drawn by inferno.
@@ -23,6 +24,7 @@ pub mod chrome;
 mod depth;
 pub mod folded;
 mod json;
+pub mod perfetto;
 pub mod pprof;
 pub mod speedscope;
 
@@ -39,6 +41,8 @@ use std::path::Path;
 pub enum Format {
     /// Chrome trace-event JSON (Perfetto UI, chrome://tracing).
     Chrome,
+    /// Perfetto's protobuf trace (Perfetto UI, trace processor): the timeline of any size.
+    Perfetto,
     /// speedscope JSON (evented profiles, one per thread).
     Speedscope,
     /// Folded stacks, one `a;b;c N` line per stack, N its self time in ns.
@@ -55,6 +59,7 @@ impl Format {
     pub fn extension(self) -> &'static str {
         match self {
             Format::Chrome | Format::Speedscope => "json",
+            Format::Perfetto => "perfetto-trace",
             Format::Folded => "folded",
             Format::Svg => "svg",
             Format::Pprof => "pb.gz",
@@ -70,6 +75,7 @@ pub fn write(
 ) -> std::io::Result<Vec<String>> {
     match format {
         Format::Chrome => chrome::write(session, out),
+        Format::Perfetto => perfetto::write(session, out),
         Format::Speedscope => speedscope::write(session, out),
         Format::Folded => folded::write_folded(session, out),
         Format::Svg => folded::write_svg(session, out),
