@@ -52,3 +52,14 @@ pub fn assert_put_back(pid: u32, bin: &std::path::Path, context: &str) {
         "{context}: the shared memory is still mapped in process {pid}:\n{maps}"
     );
 }
+
+/// Whether fdr-profiled's log `stderr` says the inline engine took process `pid` only past its
+/// entry point (it ran on between its exec holder and its keeper, on a loaded host): its first
+/// calls are then not in the trace, said in one line.
+pub fn taken_late(stderr: &str, pid: u32) -> bool {
+    stderr.lines().any(|l| {
+        (l.contains(&format!(" sleds patched in process {pid};"))
+            && l.contains("taken past its entry point"))
+            || l.contains(&format!("process {pid} traced from where it was found"))
+    })
+}

@@ -39,6 +39,8 @@ pub struct Patched {
     /// Sleds left as they were: not as the compiler leaves them (patched by the program's own
     /// XRay runtime?), or with no free place for the handler within reach.
     pub skipped: usize,
+    /// A held process taken only once past its entry point: its first calls are not recorded.
+    pub past_entry: bool,
 }
 
 /// What the keeper did at the end.
@@ -235,6 +237,7 @@ fn parse_patched(line: &str) -> Option<Patched> {
         shared_at: words.next()?.parse().ok()?,
         sleds: words.next()?.parse().ok()?,
         skipped: words.next()?.parse().ok()?,
+        past_entry: words.next() == Some("past-entry"),
     })
 }
 
@@ -304,12 +307,14 @@ fn keeper_main(
     };
     let launched = matches!(target, Target::Launched(..));
     let target = target.pid();
+    let past_entry = held.as_ref().is_some_and(Stopped::past_entry);
     let _ = writeln!(
         reports,
-        "patched {} {} {}",
+        "patched {} {} {}{}",
         applied.shared_at,
         applied.sleds.len(),
-        applied.skipped
+        applied.skipped,
+        if past_entry { " past-entry" } else { "" }
     );
     // Until fdr-profiled says the session ends, or dies (either way the pipe closes). A
     // launched command waits at its entry point for its word that it reads the memory
@@ -771,8 +776,14 @@ mod tests {
             Some(Patched {
                 shared_at: 140000,
                 sleds: 12,
-                skipped: 1
+                skipped: 1,
+                past_entry: false,
             })
+        );
+        assert!(
+            parse_patched("patched 1 2 3 past-entry\n")
+                .unwrap()
+                .past_entry
         );
         assert_eq!(
             parse_patched("PTRACE_SEIZE: Operation not permitted\n"),

@@ -23,6 +23,8 @@ pub struct Processes {
     clock: Option<TscClock>,
     /// Processes that could not be patched (not traced).
     not_traced: u64,
+    /// Processes that started, patched only once past their entry point.
+    past_entry: u64,
 }
 
 /// The processes that exec the executable, held until an engine has them.
@@ -35,11 +37,14 @@ struct Starting {
 
 /// What happened to a process, for the caller to say in its log.
 pub enum Seen {
-    /// Patched: `sleds` of them, `skipped` left as they were.
+    /// Patched: `sleds` of them, `skipped` left as they were; `past_entry`: a process that
+    /// started, taken only once past its entry point (the exec holder let it go and it ran on
+    /// before its keeper could seize it, on a loaded host): its first calls are not recorded.
     Patched {
         pid: u32,
         sleds: usize,
         skipped: usize,
+        past_entry: bool,
     },
     /// Could not be taken at its entry point; patched where it was found instead.
     Late { pid: u32 },
@@ -55,11 +60,17 @@ impl Seen {
                 pid,
                 sleds,
                 skipped,
+                past_entry,
             } => format!(
-                "inline engine: {sleds} sleds patched in process {pid}{}; its keeper puts them back at the end",
+                "inline engine: {sleds} sleds patched in process {pid}{}; its keeper puts them back at the end{}",
                 match skipped {
                     0 => String::new(),
                     n => format!(" ({n} left as they were: not as the compiler leaves them, or no room for the handler within reach)"),
+                },
+                if *past_entry {
+                    "; taken past its entry point (it ran on between its exec holder and its keeper): its first calls are not recorded"
+                } else {
+                    ""
                 }
             ),
             Seen::Late { pid } => {
@@ -78,6 +89,7 @@ impl Processes {
             starting: None,
             clock: None,
             not_traced: 0,
+            past_entry: 0,
         }
     }
 
@@ -138,7 +150,9 @@ impl Processes {
             pid,
             sleds: patched.sleds,
             skipped: patched.skipped,
+            past_entry: patched.past_entry,
         };
+        self.past_entry += u64::from(patched.past_entry);
         self.engines.push(engine);
         Ok(seen)
     }
@@ -171,6 +185,7 @@ impl Processes {
                     match late {
                         Ok(patched) => {
                             said(patched);
+                            self.past_entry += 1;
                             Seen::Late { pid }
                         }
                         Err(why) => {
@@ -219,6 +234,12 @@ impl Processes {
     /// Processes that could not be patched.
     pub fn not_traced(&self) -> u64 {
         self.not_traced
+    }
+
+    /// Processes that started, patched only once past their entry point (or, when their
+    /// keeper could not take them, where they were found).
+    pub fn past_entry(&self) -> u64 {
+        self.past_entry
     }
 
     /// The end: the engines, to be finished, and no process held for them any more.

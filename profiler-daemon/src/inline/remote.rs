@@ -35,6 +35,9 @@ pub struct Stopped {
     threads: Vec<(u32, i32)>,
     mem: File,
     released: bool,
+    /// A held process taken only once past its entry point (the holder let it go and it ran
+    /// on before the keeper could seize it): its first calls are not recorded.
+    past_entry: bool,
 }
 
 impl Stopped {
@@ -47,6 +50,7 @@ impl Stopped {
             threads: Vec::new(),
             mem,
             released: false,
+            past_entry: false,
         };
         // Threads being created while the others stop show up in the next listing (traced
         // from their creation by the clone option): until a listing finds none new.
@@ -90,6 +94,7 @@ impl Stopped {
                 threads,
                 mem,
                 released: false,
+                past_entry: false,
             })
         });
         if stopped.is_err() {
@@ -111,7 +116,8 @@ impl Stopped {
         let rip = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, pid)
             .map(|r| r.rip)
             .context("reading the process's registers")?;
-        if in_loader(pid, rip) {
+        let past_entry = !in_loader(pid, rip);
+        if !past_entry {
             let main = threads
                 .iter()
                 .position(|(t, _)| *t == pid)
@@ -130,7 +136,13 @@ impl Stopped {
             threads,
             mem,
             released: false,
+            past_entry,
         })
+    }
+
+    /// Whether it was taken only once past its entry point (see [`Stopped::held`]).
+    pub fn past_entry(&self) -> bool {
+        self.past_entry
     }
 
     /// The process.

@@ -122,7 +122,9 @@ fn one(target: Target, plans: &[AttachPlan], ring_bytes: u64) -> Result<Processe
 /// Says what happened to a process.
 fn say(seen: Seen) {
     match seen {
-        Seen::Patched { .. } => errln!("fdr-profiled: {}", seen.line()),
+        Seen::Patched {
+            past_entry: false, ..
+        } => errln!("fdr-profiled: {}", seen.line()),
         _ => errln!("fdr-profiled: warning: {}", seen.line()),
     }
 }
@@ -206,8 +208,16 @@ pub fn finish<S: Sink>(
     let mut local = locked(own);
     let mut books = Vec::new();
     let not_traced = inline.processes.not_traced();
+    let past_entry = inline.processes.past_entry();
     for engine in inline.processes.into_engines() {
         books.extend(finish_engine(engine, events, &mut local, session));
+    }
+    if past_entry > 0 {
+        let note = format!(
+            "inline engine: {past_entry} processes that started running the executable were patched only past their entry point (their first calls are not recorded)"
+        );
+        errln!("fdr-profiled: warning: {note}");
+        session.add_note(note);
     }
     if not_traced > 0 {
         let note = format!(

@@ -105,6 +105,8 @@ impl InlineBinary {
             "live": self.processes.pids(),
             "processes_ended": self.exited,
             "processes_not_traced": self.processes.not_traced(),
+            // Of those patched: started, and taken only past their entry point.
+            "processes_past_entry": self.processes.past_entry(),
         })
     }
 }
@@ -112,9 +114,15 @@ impl InlineBinary {
 /// Logs what happened to a process of `name`; counts it when it was patched.
 fn said(name: &str, seen: &Seen, patched: &mut u64) {
     match seen {
-        Seen::Patched { pid, .. } => {
+        Seen::Patched {
+            pid, past_entry, ..
+        } => {
             *patched += 1;
-            tracing::info!(fdr_pid = pid, "{name}: {}", seen.line());
+            if *past_entry {
+                tracing::warn!(fdr_pid = pid, "{name}: {}", seen.line());
+            } else {
+                tracing::info!(fdr_pid = pid, "{name}: {}", seen.line());
+            }
         }
         Seen::Late { pid } | Seen::NotTraced { pid, .. } => {
             tracing::warn!(fdr_pid = pid, "{name}: {}", seen.line());

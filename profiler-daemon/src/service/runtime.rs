@@ -114,9 +114,13 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         .context("starting the event loop")?;
     // The socket and the ring buffers are registered with the runtime; both are in place
     // before the service says it is ready.
-    let (intake, listener) = {
+    let (intake, listener, signals) = {
         let _context = runtime.enter();
-        (Intake::new(tracer.take_rings(), 1)?, control::bind(socket)?)
+        (
+            Intake::new(tracer.take_rings(), 1)?,
+            control::bind(socket)?,
+            Signals::install()?,
+        )
     };
     tracer.set_armed(true)?;
     tracing::info!(
@@ -142,7 +146,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         watched: HashMap::new(),
         costs,
     };
-    let result = runtime.block_on(serve(&mut service, intake, listener));
+    let result = runtime.block_on(serve(&mut service, intake, listener, signals));
     let _ = std::fs::remove_file(socket);
     if result.is_err() {
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
@@ -363,16 +367,43 @@ fn sync_triggers(svc: &mut Service<'_>) {
 
 /// The event loop: drain, route to the targets' recorders, write the snapshots the triggers
 /// want, answer the control socket, reload on SIGHUP.
+/// The signals the service answers. Their handlers are installed before it says it is ready:
+/// a SIGHUP sent as soon as it said so ended it before (the signal's default action).
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers (in the event loop's runtime context).
+    fn install() -> Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let one = |kind: SignalKind, name: &str| {
+            signal(kind).with_context(|| format!("installing the {name} handler"))
+        };
+        Ok(Signals {
+            int: one(SignalKind::interrupt(), "SIGINT")?,
+            term: one(SignalKind::terminate(), "SIGTERM")?,
+            usr1: one(SignalKind::user_defined1(), "SIGUSR1")?,
+            hup: one(SignalKind::hangup(), "SIGHUP")?,
+        })
+    }
+}
+
 async fn serve(
     svc: &mut Service<'_>,
     intake: Intake,
     listener: tokio::net::UnixListener,
+    signals: Signals,
 ) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigusr1 =
-        signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;
+    let Signals {
+        int: mut sigint,
+        term: mut sigterm,
+        usr1: mut sigusr1,
+        hup: mut sighup,
+    } = signals;
     let mut drain = tokio::time::interval(DRAIN_INTERVAL);
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut expire = tokio::time::interval(EXPIRE_INTERVAL);
@@ -383,7 +414,6 @@ async fn serve(
         router: Router::new(svc.targets),
     };
     sync_triggers(svc);
-    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     // systemd's watchdog, when the unit sets WatchdogSec: a ping at half its period.
     let mut watchdog_usec = 0;
     let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);

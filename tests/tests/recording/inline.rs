@@ -386,23 +386,34 @@ fn every_process_that_runs_an_attached_binary_is_patched_at_its_entry() {
     assert_eq!(session.events_lost, 0, "{stderr}");
     tests::assert_every_event_accounted(&session);
     let trace = tests::trace::check_trace_dir(&out, &bin);
+    let mut whole = 0;
     for done in &started {
         let want = tests::expected_calls(&tests::parse_count_lines(&done.stdout));
         assert!(!want.is_empty(), "{}", done.stdout);
+        let main_tid = *want.keys().min().unwrap();
+        // On a loaded host a process can run on between its exec holder and its keeper, and
+        // is then patched past its entry point: said, and its first calls not recorded.
+        let late = tests::memory::taken_late(stderr, main_tid);
         for (tid, functions) in &want {
-            let thread = trace
+            let calls = trace
                 .threads
                 .iter()
                 .find(|t| t.tid == *tid)
-                .unwrap_or_else(|| panic!("thread {tid} not in the trace: {stderr}"));
-            let calls = thread.calls();
+                .map(|t| t.calls())
+                .unwrap_or_default();
             for (function, count) in functions {
                 let traced = calls.get(function).map_or(0, |c| c.entries());
-                assert_eq!(traced, *count, "thread {tid}: {function}");
+                match late {
+                    false => assert_eq!(traced, *count, "thread {tid}: {function}"),
+                    true => assert!(traced <= *count, "thread {tid}: {function}"),
+                }
             }
         }
+        if late {
+            continue;
+        }
+        whole += 1;
         // Patched before `main`: it is entered too, on the main thread.
-        let main_tid = *want.keys().min().unwrap();
         let main_thread = trace.threads.iter().find(|t| t.tid == main_tid).unwrap();
         assert_eq!(
             main_thread.calls()["main"].entries(),
@@ -410,6 +421,7 @@ fn every_process_that_runs_an_attached_binary_is_patched_at_its_entry() {
             "main of {main_tid}"
         );
     }
+    assert!(whole >= 1, "every started process was taken late: {stderr}");
     // The one running before: traced from where it was found.
     assert!(
         trace.threads.iter().any(|t| t.pid == running_pid),

@@ -114,7 +114,18 @@ fn an_inline_target_patches_each_process_and_puts_it_back() {
     let dirs = snapshots(&output, "fast");
     assert_eq!(dirs.len(), 1, "{dirs:?}\n{}", done.stderr);
     let trace = check_trace_dir(&dirs[0], &bin);
-    for (pid, stdout) in &runs {
+    // On a loaded host a process can run on between its exec holder and its keeper, and is
+    // then patched past its entry point: said, and its first calls not recorded.
+    let whole: Vec<_> = runs
+        .iter()
+        .filter(|(pid, _)| !tests::memory::taken_late(&done.stderr, *pid))
+        .collect();
+    assert!(
+        !whole.is_empty(),
+        "every run was taken late: {}",
+        done.stderr
+    );
+    for (pid, stdout) in whole {
         assert_calls_run(&trace, *pid, stdout);
     }
     // The one running before: recorded from where it was found.
