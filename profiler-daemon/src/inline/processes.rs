@@ -7,8 +7,11 @@
 use super::buffers::TscClock;
 use super::{Engine, Target};
 use crate::kernel::bpf::Tracer;
+use crate::kernel::intake::{Event, DRAIN_BUDGET};
 use crate::plan::AttachPlan;
 use crate::repair::hold::ExecHold;
+use crate::session::order::Gap;
+use crate::session::pipeline::{EventPipeline, Sink};
 use anyhow::{Context as _, Result};
 use std::path::Path;
 use std::sync::Arc;
@@ -204,6 +207,24 @@ impl Processes {
         &mut self.engines
     }
 
+    /// Hands the events every engine's handlers wrote since the last drain to `events` (the
+    /// calling thread's share down `local`), and ends the threads found gone; returns the
+    /// engines of the processes that exited, taken out, for the caller to finish.
+    pub fn drain<S: Sink>(
+        &mut self,
+        events: &mut EventPipeline<S>,
+        local: &mut impl FnMut(&mut Event, Option<Gap>),
+    ) -> Vec<Engine> {
+        for engine in &mut self.engines {
+            events.deliver_from(local, |sink| engine.drain(sink));
+            let ended = engine.take_ended();
+            if !ended.is_empty() {
+                events.end_exited(ended, DRAIN_BUDGET, local);
+            }
+        }
+        self.take_gone()
+    }
+
     /// The engine of the one process traced, when processes that start are not traced too
     /// (`--pid`, a launched command).
     pub fn only_mut(&mut self) -> Option<&mut Engine> {
@@ -220,7 +241,7 @@ impl Processes {
 
     /// The engines of the processes that exited, taken out (to be finished), when processes
     /// come and go (the executable's processes that start are traced).
-    pub fn take_gone(&mut self) -> Vec<Engine> {
+    fn take_gone(&mut self) -> Vec<Engine> {
         if self.starting.is_none() {
             return Vec::new();
         }

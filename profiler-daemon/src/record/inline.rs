@@ -182,14 +182,7 @@ pub fn drain<S: Sink>(
 ) {
     inline.processes.take_held(&mut say);
     let mut local = locked(own);
-    for engine in inline.processes.engines_mut() {
-        events.deliver_from(&mut local, |sink| engine.drain(sink));
-        let ended = engine.take_ended();
-        if !ended.is_empty() {
-            events.end_exited(ended, DRAIN_BUDGET, &mut local);
-        }
-    }
-    for engine in inline.processes.take_gone() {
+    for engine in inline.processes.drain(events, &mut local) {
         let pid = engine.pid();
         let books = finish_engine(engine, events, &mut local, session);
         events.end_exited(books, DRAIN_BUDGET, &mut local);

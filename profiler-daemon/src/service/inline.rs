@@ -70,14 +70,7 @@ impl InlineBinary {
         self.processes
             .take_held(&mut |seen| said(name, &seen, patched));
         let mut route = |e: &mut Event, g: Option<Gap>| route(e, g);
-        for engine in self.processes.engines_mut() {
-            events.deliver_from(&mut route, |sink| engine.drain(sink));
-            let ended = engine.take_ended();
-            if !ended.is_empty() {
-                events.end_exited(ended, crate::kernel::intake::DRAIN_BUDGET, &mut route);
-            }
-        }
-        for engine in self.processes.take_gone() {
+        for engine in self.processes.drain(events, &mut route) {
             let pid = engine.pid();
             let books = finish(&self.name, engine, events, &mut route);
             events.end_exited(books, crate::kernel::intake::DRAIN_BUDGET, &mut route);
