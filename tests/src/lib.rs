@@ -60,6 +60,7 @@ pub mod structure;
 #[cfg(test)]
 mod synthetic;
 pub mod synthetic_session;
+pub mod tmux;
 pub mod tools;
 pub mod trace;
 pub use xray_reference;

@@ -29,6 +29,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "libgmock-dev",
     "curl",
     "xz-utils",
+    // The terminal the `top` tests run the live view in, send keys to and read.
+    "tmux",
     // `go tool pprof`, the reference reader of `convert --format pprof`.
     "golang-go",
     // nlohmann/json, a real C++ library's parser the exceptions tests trace

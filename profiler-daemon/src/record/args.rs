@@ -94,6 +94,12 @@ pub struct RecordArgs {
           value_parser = clap::value_parser!(u32).range(0..=profiler_common::MAX_EVENT_BYTES as i64))]
     pub max_event_bytes: u32,
 
+    /// Show the live view while recording, as `fdr-profiled top` does: each function's calls
+    /// per second, share of a CPU, mean and p99 over the last seconds, events and losses;
+    /// `q` ends the recording. Standard output must be a terminal.
+    #[arg(long)]
+    pub live: bool,
+
     /// Do not write report.txt (per-function statistics with names) and trace.json (a
     /// Chrome/Perfetto timeline) into the session directory at the end.
     #[arg(long)]

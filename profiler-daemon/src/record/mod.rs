@@ -6,6 +6,7 @@
 mod args;
 mod costs;
 mod inline;
+mod live;
 pub mod objects;
 mod outputs;
 
@@ -33,11 +34,10 @@ use anyhow::{bail, Context as _, Result};
 use fdr_analysis::symbolize::Symbolizer;
 use std::num::NonZeroU32;
 use std::os::fd::AsRawFd as _;
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use stuck::{stuck_note, stuck_thread, STUCK_CHECK_INTERVAL};
-use target::Target;
+use target::{sleep_until, target_exited, Target};
 
 /// How often the ring buffers are drained. Events are written without waking the daemon, so
 /// this bounds how full a buffer gets: at ~0.5 µs per probe hit and 48 bytes per event, 25 ms
@@ -122,6 +122,7 @@ pub fn run(cli: &RecordArgs) -> Result<u8> {
     // saying which are missing beats an error from wherever the kernel first refuses.
     let (caps, what) = needed_caps(cli);
     crate::kernel::caps::require_for_probes(&caps, &what)?;
+    live::check(cli)?;
     let held_signals = HeldStopSignals::hold();
     let process = cli.pid.map(TracedProcess::find).transpose()?;
     let program = match (&process, &cli.attach, cli.command.first()) {
@@ -694,6 +695,7 @@ async fn record(
     let workers = intake.rings_per_cpu();
     // This thread is worker 0: its part of the files is locked for each call of the pipeline
     // (the session locks every part to flush them between).
+    let mut live = live::Live::start(cli, &mut session)?;
     let mut parts = session.parts(workers);
     let own = parts.remove(0);
     let mut events = EventPipeline::new(intake, parts)?;
@@ -707,6 +709,7 @@ async fn record(
                     inline::drain(engine, &mut events, &own, &mut session);
                 }
                 probing.tracer.show_kernel_log();
+                live::tick(live.as_mut(), &session);
                 if let Some(sampling) = &mut cost_sampling {
                     sampling.tick(&probing.tracer);
                 }
@@ -756,6 +759,7 @@ async fn record(
                 }
             }
             _ = sigint.recv() => break,
+            _ = live::quit_asked(live.as_ref()) => break,
             _ = sigterm.recv() => break,
             _ = sleep_until(deadline) => break,
             exited = target_exited(pidfd.as_ref()) => {
@@ -772,6 +776,7 @@ async fn record(
             }
         }
     }
+    drop(live);
     // Every probe hit happened before the child exited or before now: one more drain gets all
     // of them. Disarm, then detach, so that nothing arrives after the last drain and nothing
     // is recorded while the probes go one link at a time; the kernel's books are kept to
@@ -883,18 +888,3 @@ async fn record(
 /// `EX_IOERR` of sysexits.h. The files written before stay valid; the summary counts what was
 /// not stored. It replaces a launched command's own status, which the error line gives.
 pub const WRITE_ERROR_STATUS: u8 = 74;
-
-/// Resolves when the process traced by `--pid` exits; never without one.
-async fn target_exited(pidfd: Option<&tokio::io::unix::AsyncFd<OwnedFd>>) -> Result<()> {
-    match pidfd {
-        Some(fd) => process::exited(fd).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}

@@ -1,7 +1,7 @@
-//! The service's control socket: `fdr-profiled status` and `fdr-profiled snapshot [TARGET]`
-//! talk to the running service over a unix socket only root can use.
+//! The service's control socket: `fdr-profiled status`, `fdr-profiled snapshot [TARGET]` and
+//! `fdr-profiled top` talk to the running service over a unix socket only root can use.
 //!
-//! One request line (`status`, `snapshot`, `snapshot NAME`), one JSON reply line. The socket's
+//! One request line (`status`, `snapshot`, `snapshot NAME`, `top`), one JSON reply line. The socket's
 //! directory is made mode 0700 and the socket 0600, and the service also checks that the peer
 //! is root (`SO_PEERCRED`), so a permissive umask or a moved socket lets no one else in.
 use anyhow::{bail, Context as _, Result};
@@ -23,6 +23,9 @@ pub enum Request {
     Status,
     /// A snapshot of every target, or of the one named.
     Snapshot(Option<String>),
+    /// Each function's calls and their durations so far (`fdr-profiled top`): the service
+    /// matches calls while someone asks.
+    Top,
 }
 
 impl Request {
@@ -31,10 +34,11 @@ impl Request {
         let mut words = line.split_whitespace();
         match (words.next(), words.next(), words.next()) {
             (Some("status"), None, _) => Ok(Request::Status),
+            (Some("top"), None, _) => Ok(Request::Top),
             (Some("snapshot"), None, _) => Ok(Request::Snapshot(None)),
             (Some("snapshot"), Some(name), None) => Ok(Request::Snapshot(Some(name.to_owned()))),
             _ => Err(format!(
-                "unknown request {:?} (status, snapshot [TARGET])",
+                "unknown request {:?} (status, snapshot [TARGET], top)",
                 line.chars().take(64).collect::<String>()
             )),
         }
@@ -43,6 +47,7 @@ impl Request {
     fn line(&self) -> String {
         match self {
             Request::Status => "status".into(),
+            Request::Top => "top".into(),
             Request::Snapshot(None) => "snapshot".into(),
             Request::Snapshot(Some(name)) => format!("snapshot {name}"),
         }

@@ -16,6 +16,7 @@ pub mod control;
 pub mod export;
 pub mod inline;
 pub mod libraries;
+mod live;
 pub mod log;
 pub mod output;
 pub mod repaired;

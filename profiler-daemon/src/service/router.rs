@@ -1,6 +1,7 @@
 //! Where each event goes: the binary (and the object of it) its tag names, its function id made
 //! that object's own XRay id; a thread's end and its catches go where the thread's last event
 //! went. A flight-recorder binary's triggers see every event of it.
+use super::live::LiveCalls;
 use super::targets::Target;
 use crate::kernel::intake::Event;
 use crate::service::libraries::{self, TAG_SHIFT};
@@ -23,6 +24,8 @@ pub(super) struct Router {
     /// (target, binary, pid) of the processes whose threads were seen for the first time
     /// since the last drain: their libraries are looked at (see [`look_at_processes`]).
     pub(super) new_processes: Vec<(usize, usize, u32)>,
+    /// Every call matched and summed while `top` asks (see [`LiveCalls`]).
+    live: Option<LiveCalls>,
 }
 
 impl Router {
@@ -35,6 +38,8 @@ impl Router {
     /// Where each tag goes now (after a reload added or removed targets).
     pub(super) fn retarget(&mut self, targets: &[Target]) {
         self.of_tag.clear();
+        // Its sums are by target and binary index, which a reload changes.
+        self.live = None;
         for (t, target) in targets.iter().enumerate() {
             for (b, w) in target.binaries.iter().enumerate() {
                 self.of_tag.insert(w.tag, (t, b, 0));
@@ -96,6 +101,9 @@ impl Router {
         };
         // A thread's end is not an event (the recorders and sessions count it as none).
         self.events += u64::from(!thread_end);
+        if let Some(live) = &mut self.live {
+            live.observe(t, b, &event.header);
+        }
         let w = &mut targets[t].binaries[b];
         if let Some((object_id, function_id)) = entered {
             w.calls.entered(object_id, function_id);
@@ -109,5 +117,20 @@ impl Router {
         }
         triggers.observe(w.tag, &event.header);
         w.recorder.push(event, gap);
+    }
+
+    /// The `top` request's answer: every call since the first request, by function; calls
+    /// are matched from now on if they were not.
+    pub(super) fn top(&mut self, targets: &[Target]) -> serde_json::Value {
+        let (events, lost) = (self.events, self.lost);
+        let live = self.live.get_or_insert_with(LiveCalls::new);
+        serde_json::json!({ "top": live.view(targets, events, lost) })
+    }
+
+    /// Stops matching calls once no `top` asked for a while.
+    pub(super) fn forget_live_if_idle(&mut self) {
+        if self.live.as_ref().is_some_and(LiveCalls::idle) {
+            self.live = None;
+        }
     }
 }

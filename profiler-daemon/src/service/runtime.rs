@@ -229,6 +229,7 @@ impl Pipeline {
     /// every ring was emptied.
     fn drain(&mut self, targets: &mut [Target], triggers: &mut Triggers, budget: u64) -> bool {
         self.drain_inline(targets, triggers);
+        self.router.forget_live_if_idle();
         let router = &mut self.router;
         self.events
             .drain(budget, &mut |e, g| router.route(targets, triggers, e, g))
@@ -477,6 +478,10 @@ async fn serve(
                             exporter: svc.exporter.as_ref(),
                             costs: svc.costs.as_ref().map(|c| &c.costs),
                         })
+                    }
+                    Ok(control::Request::Top) => {
+                        events.drain(svc.targets, &mut svc.triggers, DRAIN_BUDGET);
+                        events.router.top(svc.targets)
                     }
                     Ok(control::Request::Snapshot(name)) => {
                         if name.as_ref().is_some_and(|n| !svc.targets.iter().any(|t| &t.config.name == n)) {

@@ -118,6 +118,8 @@ pub struct ThreadFiles {
     last: Option<(u32, u32, usize)>,
     pub(super) totals: Totals,
     pub(super) events: u64,
+    /// Events the kernel lost, as the gaps before the events said.
+    pub(super) lost: u64,
     pub(super) ignored: u64,
     /// Threads whose file could not be created: said once, their later events only counted
     /// (in `ignored`), until the thread ends.
@@ -141,6 +143,7 @@ impl ThreadFiles {
             last: None,
             totals: Totals::default(),
             events: 0,
+            lost: 0,
             ignored: 0,
             unwritable: FxHashSet::default(),
             unattributed_lost: 0,
@@ -151,6 +154,9 @@ impl ThreadFiles {
     /// `gap` says how many of its events were lost right before it.
     #[inline]
     pub fn record(&mut self, event: &Event, gap: Option<Gap>) {
+        if let Some(gap) = &gap {
+            self.lost += gap.lost;
+        }
         // Nearly every event: the thread of the event before, not its end.
         let h = &event.header;
         if let Some((tid, pid, slot)) = self.last {

@@ -12,6 +12,8 @@
 //! end.
 mod files;
 pub mod flight;
+mod latencies;
+pub mod live;
 pub mod order;
 pub mod output;
 pub mod pipeline;
@@ -88,6 +90,8 @@ pub struct Session {
     budget: Option<fdr_session::schema::BudgetReport>,
     /// See [`SessionReport::notes`].
     notes: Vec<String>,
+    /// `--live`: the parts keep each function's durations (see [`Session::live_view`]).
+    latencies: bool,
 }
 
 impl Session {
@@ -118,6 +122,7 @@ impl Session {
             probe_costs: None,
             budget: None,
             notes: Vec::new(),
+            latencies: false,
         }
     }
 
@@ -136,12 +141,54 @@ impl Session {
         self
     }
 
+    /// Has the parts made from now on keep each function's durations, for
+    /// [`Session::live_view`].
+    pub fn keep_latencies(&mut self) {
+        self.latencies = true;
+    }
+
+    /// The parts' calls by function so far, named, with the events and losses: what `top`
+    /// shows of a recording (`--live`). Locks each part in turn: call it between drains.
+    pub fn live_view(&self) -> live::LiveView {
+        let mut by_id: BTreeMap<u32, live::LiveFunction> = BTreeMap::new();
+        let mut view = live::LiveView {
+            at_ns: live::monotonic_ns(),
+            ..live::LiveView::default()
+        };
+        for part in &self.parts {
+            let part = part.lock().unwrap_or_else(|e| e.into_inner());
+            view.events += part.events;
+            view.lost += part.lost;
+            for (id, t, latencies) in part.totals.iter_latencies() {
+                let f = by_id.entry(id).or_default();
+                f.calls += t.calls;
+                f.total_ns = f.total_ns.saturating_add(t.total_ns);
+                if let Some(l) = latencies {
+                    f.latencies.merge(l);
+                }
+            }
+        }
+        view.functions = (by_id.into_iter())
+            .map(|(id, f)| live::LiveFunction {
+                name: self.names.name(id),
+                ..f
+            })
+            .collect();
+        view
+    }
+
     /// `count` more parts of the session's threads' files, one for each worker of the
     /// parallel pipeline: the session reads them (flushes, counts, the report at its end)
     /// between the pipeline's drains, when no worker holds them.
     pub fn parts(&mut self, count: usize) -> Vec<Arc<Mutex<ThreadFiles>>> {
         let parts: Vec<_> = (0..count)
-            .map(|_| Arc::new(Mutex::new(ThreadFiles::new(self.place.clone()))))
+            .map(|_| {
+                let mut part = ThreadFiles::new(self.place.clone());
+                if self.latencies {
+                    part.totals = Totals::with_latencies();
+                }
+                Arc::new(Mutex::new(part))
+            })
             .collect();
         self.parts.extend(parts.iter().cloned());
         parts

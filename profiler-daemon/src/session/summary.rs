@@ -2,6 +2,7 @@
 //! up as it writes, and the summary printed from its [`SessionReport`]. The report's types are
 //! `fdr-session`'s (`fdr_session::schema`), the ones the readers read `session.json` with.
 use crate::plan::FunctionNames;
+use crate::session::latencies::Latencies;
 pub use fdr_session::schema::{
     ExitMethods, FunctionReport, ObjectReport, ProbeCosts, ProcessReport, RepairStats,
     RepairsByThread, SessionReport, ThreadReport, TrapCosts,
@@ -33,9 +34,27 @@ pub struct Totals {
     /// Calls whose exit a return probe observed, and an exit sled (or a tail sled).
     by_return_probe: u64,
     by_exit_sled: u64,
+    /// For `--live`: each function's durations, at its place in `list`.
+    latencies: Option<Vec<Latencies>>,
 }
 
 impl Totals {
+    /// Totals that also keep each function's durations (`--live`: `top` shows its p99).
+    pub fn with_latencies() -> Totals {
+        Totals {
+            latencies: Some(Vec::new()),
+            ..Totals::default()
+        }
+    }
+
+    /// Every function with its totals and, if kept, its durations.
+    pub fn iter_latencies(
+        &self,
+    ) -> impl Iterator<Item = (u32, &FunctionTotals, Option<&Latencies>)> {
+        let latencies = self.latencies.as_deref().unwrap_or_default();
+        (self.list.iter().enumerate()).map(|(i, (id, t))| (*id, t, latencies.get(i)))
+    }
+
     /// Counts one call's exit by the method that observed it (`event_flags::BY_RETURN_PROBE`).
     #[inline]
     pub fn observed(&mut self, by_return_probe: bool) {
@@ -53,9 +72,12 @@ impl Totals {
 
     /// Where the totals of `function_id` are in the list, adding them if new.
     fn place(&mut self, function_id: u32) -> u32 {
-        let list = &mut self.list;
+        let (list, latencies) = (&mut self.list, &mut self.latencies);
         *self.index.entry(function_id).or_insert_with(|| {
             list.push((function_id, FunctionTotals::default()));
+            if let Some(latencies) = latencies {
+                latencies.push(Latencies::default());
+            }
             (list.len() - 1) as u32
         })
     }
@@ -118,8 +140,12 @@ impl CallTimes {
             self.look_up(function_id, totals)
         };
         let t = &mut totals.list[place as usize].1;
+        let ns = ts.saturating_sub(entered);
         t.calls += 1;
-        t.total_ns = t.total_ns.saturating_add(ts.saturating_sub(entered));
+        t.total_ns = t.total_ns.saturating_add(ns);
+        if let Some(latencies) = &mut totals.latencies {
+            latencies[place as usize].add(ns);
+        }
     }
 
     /// Where the totals of `function_id` are, remembered from now on: out of line, so that

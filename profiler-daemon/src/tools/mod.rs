@@ -7,6 +7,7 @@ pub mod diff;
 pub mod dump;
 pub mod list;
 pub mod report;
+pub mod top;
 pub mod verify;
 
 use std::path::{Path, PathBuf};

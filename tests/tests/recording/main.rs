@@ -14,6 +14,8 @@ mod trace_pid;
 // The inline engine: sleds patched from outside.
 mod inline;
 mod trace_rust;
+// The live view (`top`) of a recording, in a terminal.
+pub mod live;
 // What the records carry: arguments, custom and typed events, CPUs, timestamps.
 mod events;
 mod migration;

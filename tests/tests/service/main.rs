@@ -19,6 +19,7 @@ mod config;
 mod control;
 mod systemd;
 mod targets;
+mod top;
 mod unit;
 // What it traces besides an executable: shared objects; C++ processes with their stack repaired.
 mod objects;

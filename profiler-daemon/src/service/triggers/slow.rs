@@ -6,8 +6,8 @@
 use super::trigger::{Due, Trigger, Watch};
 use crate::plan::select::FunctionFilter;
 use crate::plan::{AttachPlan, FunctionNames};
-use crate::session::{slot_at_or_below, slot_below};
-use profiler_common::{event_kind, EventHeader, SledKind};
+use crate::session::live::{CallMatcher, EndedCall};
+use profiler_common::EventHeader;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -131,25 +131,11 @@ impl Trigger for SlowCalls {
     }
 }
 
-/// Deepest stack of open chosen calls kept per thread (bounded memory).
-const MAX_OPEN: usize = 4096;
-
-/// A call that took longer than the threshold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlowCall {
-    pub function_id: u32,
-    pub tid: u32,
-    pub pid: u32,
-    pub duration_ns: u64,
-}
-
-/// Open calls of the chosen functions, per thread.
+/// The chosen functions' calls, matched to their exits, and the threshold of a slow one.
 #[derive(Debug)]
 pub struct OpenCalls {
     threshold_ns: u64,
-    functions: HashSet<u32>,
-    /// By thread: (function id, slot, entry time), innermost last.
-    open: HashMap<u32, Vec<(u32, u64, u64)>>,
+    matcher: CallMatcher,
 }
 
 impl OpenCalls {
@@ -157,71 +143,28 @@ impl OpenCalls {
     pub fn new(threshold_ns: u64, functions: HashSet<u32>) -> OpenCalls {
         OpenCalls {
             threshold_ns,
-            functions,
-            open: HashMap::new(),
+            matcher: CallMatcher::new(Some(functions)),
         }
     }
 
     /// Watches `functions` too (those of a library found later).
     pub fn watch_more(&mut self, functions: impl IntoIterator<Item = u32>) {
-        self.functions.extend(functions);
+        self.matcher.watch_more(functions);
     }
 
     /// Takes a thread's next event (in program order, its function id without the service's
     /// tag); returns the call it ends when that call was slow.
-    pub fn observe(&mut self, h: &EventHeader) -> Option<SlowCall> {
-        let sp = h.sp;
-        // The session's rule for a frame gone (see `slot_below`).
-        let gone = |slot: u64| slot_at_or_below(slot, sp);
-        let below = |slot: u64| slot_below(slot, sp);
-        if h.kind == event_kind::THREAD_EXIT {
-            self.open.remove(&h.tid);
-            return None;
-        }
-        if h.kind == event_kind::CATCH {
-            // Frames at or below the catch's stack pointer were unwound: not slow calls.
-            if let Some(open) = self.open.get_mut(&h.tid) {
-                open.retain(|&(_, slot, _)| !gone(slot));
-            }
-            return None;
-        }
-        match SledKind::from_u8(h.kind)? {
-            SledKind::Entry | SledKind::LogArgsEntry if self.functions.contains(&h.function_id) => {
-                let open = self.open.entry(h.tid).or_default();
-                // Frames at or below a new frame's slot are gone (unwound, or left unseen).
-                open.retain(|&(_, slot, _)| !gone(slot));
-                if open.len() < MAX_OPEN {
-                    open.push((h.function_id, h.sp, h.ts_ns));
-                }
-                None
-            }
-            SledKind::Exit | SledKind::Tail => {
-                let open = self.open.get_mut(&h.tid)?;
-                open.retain(|&(_, slot, _)| !below(slot));
-                match open.last() {
-                    Some(&(function_id, slot, entered))
-                        if slot == h.sp && function_id == h.function_id =>
-                    {
-                        open.pop();
-                        let duration_ns = h.ts_ns.saturating_sub(entered);
-                        (duration_ns >= self.threshold_ns).then_some(SlowCall {
-                            function_id,
-                            tid: h.tid,
-                            pid: h.pid,
-                            duration_ns,
-                        })
-                    }
-                    _ => None,
-                }
-            }
-            _ => None,
-        }
+    pub fn observe(&mut self, h: &EventHeader) -> Option<EndedCall> {
+        self.matcher
+            .observe(h)
+            .filter(|call| call.duration_ns >= self.threshold_ns)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use profiler_common::SledKind;
 
     fn ev(kind: u8, function_id: u32, sp: u64, ts_ns: u64) -> EventHeader {
         EventHeader {
@@ -247,28 +190,5 @@ mod tests {
         // A fast call is not reported.
         w.observe(&ev(entry, 7, 0x1000, 2_000));
         assert_eq!(w.observe(&ev(exit, 7, 0x1000, 2_999)), None);
-    }
-
-    #[test]
-    fn a_call_on_another_stack_does_not_end_an_open_one() {
-        let mut w = OpenCalls::new(1_000, [7].into());
-        let (entry, exit) = (SledKind::Entry as u8, SledKind::Exit as u8);
-        w.observe(&ev(entry, 7, 0x10_0000, 0));
-        // A signal handler on an alternate stack far above calls 7 too: the stack pointer is
-        // above the open call's slot, but on another stack.
-        w.observe(&ev(entry, 7, 0x7000_0000_0000, 10));
-        assert_eq!(w.observe(&ev(exit, 7, 0x7000_0000_0000, 20)), None);
-        let slow = w.observe(&ev(exit, 7, 0x10_0000, 5_000)).unwrap();
-        assert_eq!(slow.duration_ns, 5_000, "the outer call was still open");
-    }
-
-    #[test]
-    fn unwound_calls_are_forgotten_not_reported() {
-        let mut w = OpenCalls::new(10, [7].into());
-        w.observe(&ev(SledKind::Entry as u8, 7, 0x0f00, 0));
-        // A catch above the frame: it was unwound.
-        w.observe(&ev(event_kind::CATCH, 0, 0x0f10, 100));
-        assert_eq!(w.observe(&ev(SledKind::Exit as u8, 7, 0x0f00, 200)), None);
-        assert!(w.open[&5].is_empty());
     }
 }
