@@ -209,21 +209,25 @@ impl CallMatcher {
     }
 }
 
+/// Tests: an event of thread 5 of process 5.
+#[cfg(test)]
+pub fn test_event(kind: u8, function_id: u32, sp: u64, ts_ns: u64) -> EventHeader {
+    EventHeader {
+        kind,
+        function_id,
+        sp,
+        ts_ns,
+        tid: 5,
+        pid: 5,
+        ..EventHeader::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn ev(kind: u8, function_id: u32, sp: u64, ts_ns: u64) -> EventHeader {
-        EventHeader {
-            kind,
-            function_id,
-            sp,
-            ts_ns,
-            tid: 5,
-            pid: 5,
-            ..EventHeader::default()
-        }
-    }
+    use super::test_event as ev;
 
     #[test]
     fn p99_is_the_slowest_hundredth_and_windows_subtract() {

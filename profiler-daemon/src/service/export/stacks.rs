@@ -245,15 +245,11 @@ impl CallStacks {
 mod tests {
     use super::*;
 
+    /// An event of thread 5 of process 4.
     fn ev(kind: u8, function_id: u32, sp: u64, ts_ns: u64) -> EventHeader {
         EventHeader {
-            kind,
-            function_id,
-            sp,
-            ts_ns,
-            tid: 5,
             pid: 4,
-            ..EventHeader::default()
+            ..crate::session::live::test_event(kind, function_id, sp, ts_ns)
         }
     }
 

@@ -166,17 +166,7 @@ mod tests {
     use super::*;
     use profiler_common::SledKind;
 
-    fn ev(kind: u8, function_id: u32, sp: u64, ts_ns: u64) -> EventHeader {
-        EventHeader {
-            kind,
-            function_id,
-            sp,
-            ts_ns,
-            tid: 5,
-            pid: 5,
-            ..EventHeader::default()
-        }
-    }
+    use crate::session::live::test_event as ev;
 
     #[test]
     fn a_chosen_call_over_the_threshold_is_reported_when_it_returns() {
