@@ -6,6 +6,8 @@
 //! * C++ (Itanium, `_Z`) through `cpp_demangle`: `fib(int)`, `ns::K::m(int) const`, with
 //!   `>>` between closing template brackets as LLVM 17 and later print it (llvm-xray 14
 //!   printed `> >`).
+//!   Clang's `Tn` template-parameter declarations, which cpp_demangle cannot parse yet, are
+//!   read by rewriting them (`param_decls`): `create<std::nullptr_t, 0>`, as LLVM prints it.
 //! * Rust v0 (`_R`) through `rustc-demangle` without crate disambiguators, as LLVM's Rust
 //!   demangler prints them: `<r::inner::W<u32>>::get`.
 //! * Rust legacy (`_ZN...17h<hash>E`) through `rustc-demangle` *with* the hash. LLVM demangles
@@ -210,11 +212,18 @@ fn try_demangle(raw: &str) -> Option<String> {
         }
     }
     if raw.starts_with("_Z") {
-        let symbol = cpp_demangle::Symbol::new(raw.as_bytes()).ok()?;
-        symbol
-            .structured_demangle(&mut out, &cpp_demangle::DemangleOptions::default())
-            .ok()?;
-        return Some(close_angle_brackets(&out.text));
+        let parsed = cpp_demangle::Symbol::new(raw.as_bytes())
+            .ok()
+            .and_then(|symbol| {
+                symbol
+                    .structured_demangle(&mut out, &cpp_demangle::DemangleOptions::default())
+                    .ok()
+            });
+        let text = match parsed {
+            Some(()) => out.text,
+            None => param_decls::demangle(raw)?,
+        };
+        return Some(close_angle_brackets(&text));
     }
     None
 }
@@ -252,5 +261,6 @@ impl fmt::Write for Limited {
     }
 }
 
+mod param_decls;
 #[cfg(test)]
 mod tests;

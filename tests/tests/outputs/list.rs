@@ -98,3 +98,30 @@ fn attach_plan_places_exit_probes_before_entry_probes() {
         );
     }
 }
+
+/// A real library's names (nlohmann/json, clang 19): every one demangled, none left as a raw
+/// `_Z` name. The functions clang mangled with `Tn` template-parameter declarations, which
+/// cpp_demangle cannot parse (`create<std::nullptr_t, 0>`, `erase<..., 0>`), read exactly as
+/// llvm-xray names them. (Of the others, some differ where cpp_demangle prints a parameter
+/// pack of references, `Args&&...`, without the `&&`: its own, with or without `Tn`.)
+#[test]
+fn a_json_library_s_names_are_all_demangled() {
+    let bin = tests::fixtures::workloads::json_parse_fixture();
+    let want = reference(&bin);
+    let got = listed(&bin.to_string_lossy());
+    let mut declared = 0;
+    for (id, (_, _, name)) in &want {
+        let (_, _, ours) = &got[id];
+        assert!(
+            !ours.starts_with("_Z"),
+            "function {id} left mangled: {ours}"
+        );
+        // The `Tn` functions of json.hpp without a pack: `create` of each exception, `erase`.
+        let tn = name.contains("::create<") || name.contains("::erase<");
+        if tn && name.contains(", 0>(") {
+            assert_eq!(ours, name, "function {id}");
+            declared += 1;
+        }
+    }
+    assert!(declared >= 6, "{declared} functions with a Tn declaration");
+}

@@ -135,3 +135,33 @@ fn broken_tables_give_an_empty_table() {
     };
     assert!(SymbolTable::from_elf(&garbage).is_empty());
 }
+
+/// Clang's `Tn` template-parameter declarations (nlohmann/json's `create<T, enable_if<...> =
+/// 0>`): read as llvm-cxxfilt 19 prints them (the expected texts are its output).
+#[test]
+fn template_parameter_declarations_demangle_as_llvm_prints_them() {
+    assert_eq!(
+        demangle("_ZN8nlohmann16json_abi_v3_11_26detail12out_of_range6createIDnTnNSt9enable_ifIXsr21is_basic_json_contextIT_EE5valueEiE4typeELi0EEES2_iRKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES5_"),
+        "nlohmann::json_abi_v3_11_2::detail::out_of_range nlohmann::json_abi_v3_11_2::detail::out_of_range::create<std::nullptr_t, 0>(int, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char>> const&, std::nullptr_t)"
+    );
+    // Two declarations, a negative unsigned and a bool literal.
+    assert_eq!(
+        demangle("_Z1fIiTniLin3ETnbLb1EEvv"),
+        "void f<int, -3, true>()"
+    );
+    // `Tn` in a source name is a name; a non-literal argument stays mangled.
+    assert_eq!(demangle("_Z4aTnbv"), "aTnb()");
+    assert_eq!(demangle("_Z1fITniXadL_Z1gvEEEvv"), "_Z1fITniXadL_Z1gvEEEvv");
+}
+
+/// A hostile name full of `Tn`s and literals costs a bounded number of parses (64) and one
+/// scan, and stays as it is.
+#[test]
+fn template_parameter_declarations_are_bounded() {
+    for name in [
+        format!("_Z1fI{}Ev", "TnLi0ELi1E".repeat(2_000)),
+        format!("_Z1fI{}Li0EEv", "Tn".repeat(30_000)),
+    ] {
+        assert_eq!(demangle(&name), name);
+    }
+}
