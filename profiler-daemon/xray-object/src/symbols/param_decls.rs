@@ -38,9 +38,26 @@ fn literal(s: &[u8]) -> Option<Literal> {
             });
         }
     }
-    let (&b'L', &kind) = (s.first()?, s.get(1)?) else {
+    if s.first() != Some(&b'L') {
         return None;
-    };
+    }
+    // A pointer's null (`LPv0E`, gtest's `enable_if<...>::type* = nullptr`): `(void*)0`.
+    let pointers = s[1..].iter().take_while(|&&b| b == b'P').count();
+    let kind = *s.get(1 + pointers)?;
+    if pointers > 0 {
+        let name = builtin(kind)?;
+        let stars = "*".repeat(pointers);
+        let rest = &s[2 + pointers..];
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 || rest.get(digits) != Some(&b'E') {
+            return None;
+        }
+        let value = std::str::from_utf8(&rest[..digits]).ok()?;
+        return Some(Literal {
+            len: 2 + pointers + digits + 1,
+            text: format!("({name}{stars}){value}"),
+        });
+    }
     let negative = s.get(2) == Some(&b'n');
     let digits_at = 2 + usize::from(negative);
     let digits = s[digits_at..]
@@ -66,6 +83,28 @@ fn literal(s: &[u8]) -> Option<Literal> {
     Some(Literal {
         len: digits_at + digits + 1,
         text,
+    })
+}
+
+/// The name of a builtin type's one-letter code, as a pointer literal's cast prints it.
+fn builtin(code: u8) -> Option<&'static str> {
+    Some(match code {
+        b'v' => "void",
+        b'b' => "bool",
+        b'c' => "char",
+        b'a' => "signed char",
+        b'h' => "unsigned char",
+        b's' => "short",
+        b't' => "unsigned short",
+        b'i' => "int",
+        b'j' => "unsigned int",
+        b'l' => "long",
+        b'm' => "unsigned long",
+        b'x' => "long long",
+        b'y' => "unsigned long long",
+        b'f' => "float",
+        b'd' => "double",
+        _ => return None,
     })
 }
 
@@ -193,6 +232,8 @@ mod tests {
         assert_eq!(text("Ljn12E"), Some((6, "-12u".into())));
         assert_eq!(text("Lb1E"), Some((4, "true".into())));
         assert_eq!(text("LDn0EE"), Some((5, "nullptr".into())));
+        assert_eq!(text("LPv0EE"), Some((5, "(void*)0".into())));
+        assert_eq!(text("LPPc0E"), Some((6, "(char**)0".into())));
         assert_eq!(text("Lf1E"), None);
         assert_eq!(text("Li E"), None);
     }
