@@ -73,7 +73,7 @@ pub enum Tool {
         #[arg(long)]
         json: bool,
     },
-    /// The live view: each function's calls/s, share of a CPU, mean and p99 over the last
+    /// The live view: each function's calls/s, time in its calls (inclusive), mean and p99 over the last
     /// seconds, events and losses, redrawn every second and sorted by a key (as perf top).
     /// Alone it watches the running service; with recording options it records and watches
     /// that (`top --pid PID`, `top --attach BIN`, `top -- COMMAND`), keeping the files only

@@ -95,7 +95,7 @@ pub struct RecordArgs {
     pub max_event_bytes: u32,
 
     /// Show the live view while recording, as `fdr-profiled top` does: each function's calls
-    /// per second, share of a CPU, mean and p99 over the last seconds, events and losses;
+    /// per second, time in its calls (inclusive), mean and p99 over the last seconds, events and losses;
     /// `q` ends the recording. Standard output must be a terminal.
     #[arg(long)]
     pub live: bool,

@@ -62,7 +62,8 @@ pub struct Row {
     pub name: String,
     pub calls: u64,
     pub calls_per_s: f64,
-    /// Share of one CPU spent in its calls (their inclusive time per second of the window).
+    /// Time in its calls per second of the window (inclusive: nested calls of a recursive
+    /// function count at every level, so it can pass 1.0 even in one thread).
     pub busy: f64,
     pub mean_ns: u64,
     pub p99_ns: u64,

@@ -1,6 +1,8 @@
 //! `fdr-profiled top`: the live view, as `perf top` and bpftop show it. Each function's calls
-//! per second, share of a CPU, mean and p99 duration over the last seconds, with the events
-//! per second and losses, redrawn every second in the terminal (ratatui), sorted by a key.
+//! per second, time in its calls per second (inclusive: a recursive function's nested calls
+//! count at every level, as `llvm-xray account` counts them), mean and p99 duration over the
+//! last seconds, with the events per second and losses, redrawn every second in the terminal
+//! (ratatui), sorted by a key.
 //!
 //! The [`Screen`] draws on its own thread what it is sent: [`LiveView`]s of a recording
 //! (`--live`, or `top` with recording options: `record` sends them between its drains) or of
@@ -137,6 +139,9 @@ impl Screen {
                                 state.views.pop_front();
                             }
                             changed = true;
+                            // A launched command writes to the same terminal: a whole
+                            // redraw once a second wipes what it wrote over the screen.
+                            let _ = terminal.clear();
                         }
                         if let Ok(true) = event::poll(Duration::from_millis(100)) {
                             if let Ok(Event::Key(key)) = event::read() {
@@ -292,7 +297,7 @@ impl State {
         let mut rows = window.map(|w| w.rows).unwrap_or_default();
         self.sort.sort(&mut rows);
         let header =
-            ratatui::widgets::Row::new(["CALLS/S", "CPU%", "MEAN", "P99", "CALLS", "FUNCTION"])
+            ratatui::widgets::Row::new(["CALLS/S", "TIME%", "MEAN", "P99", "CALLS", "FUNCTION"])
                 .style(Style::default().add_modifier(Modifier::REVERSED));
         let lines = rows.iter().take(usize::from(body.height)).map(|r| {
             let name = if r.group.is_empty() {

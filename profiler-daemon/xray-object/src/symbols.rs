@@ -22,7 +22,7 @@
 //! kept only when its address is first asked about. A file with millions of symbols sharing
 //! one huge name costs a few bytes per symbol.
 
-use std::fmt::{self, Write as _};
+use std::fmt::Write as _;
 use std::sync::OnceLock;
 
 use object::elf;
@@ -34,10 +34,6 @@ use crate::elf::ElfImage;
 /// Longest raw symbol name read from a string table; longer names are cut here. Real
 /// mangled names stay well below this, and the cap bounds the work one lookup can cause.
 pub const MAX_NAME_LEN: usize = 64 * 1024;
-
-/// Longest demangled name kept; a longer demangling (exponential substitution blow-ups are
-/// possible in the Itanium scheme) falls back to the raw name.
-pub const MAX_DEMANGLED_LEN: usize = 16 * 1024;
 
 /// Function symbols of one file, sorted by address, one per address.
 #[derive(Debug, Default)]
@@ -244,23 +240,10 @@ fn close_angle_brackets(text: &str) -> String {
     out
 }
 
-/// A string writer that fails once [`MAX_DEMANGLED_LEN`] is exceeded, which stops the
-/// demanglers early instead of letting a hostile name build a huge string.
-#[derive(Default)]
-struct Limited {
-    text: String,
-}
-
-impl fmt::Write for Limited {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        if self.text.len().saturating_add(s.len()) > MAX_DEMANGLED_LEN {
-            return Err(fmt::Error);
-        }
-        self.text.push_str(s);
-        Ok(())
-    }
-}
-
+mod limited;
 mod param_decls;
+use limited::Limited;
+pub use limited::MAX_DEMANGLED_LEN;
+
 #[cfg(test)]
 mod tests;

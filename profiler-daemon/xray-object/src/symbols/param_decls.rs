@@ -11,7 +11,7 @@
 //! replaced by the literal as LLVM prints it. Where the type ends is found by trying each
 //! literal after `Tn` in turn, the whole name parsing only with the right one; a name that
 //! still does not parse (another declaration form, a non-literal argument) stays mangled.
-use super::Limited;
+use super::limited::Limited;
 use std::fmt::Write as _;
 
 /// Most rewrites tried for one name (each a full parse at most): hostile names stay cheap.
