@@ -9,6 +9,7 @@ mod install;
 mod run;
 mod setup;
 mod viewers;
+mod vm;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -49,6 +50,20 @@ enum Command {
     },
     /// Set up, build (release) and make the Debian package (cargo-deb) in target/debian/.
     Package,
+    /// Run COMMAND (`sh -c`) in an emulated machine of ARCH (aarch64), the workspace shared at
+    /// /work; its kernel and initramfs are made once under target/vm/. Exits with COMMAND's
+    /// status.
+    Vm {
+        /// The machine's architecture.
+        #[arg(value_parser = ["aarch64"])]
+        arch: String,
+        /// Seconds before the machine is stopped.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+        /// The command, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Set up, build (release), run benchmarks and write BENCHMARKS.md at the repository root.
     Bench {
         /// Which benchmark: a section name (calls, ...) or `all`.
@@ -67,6 +82,11 @@ fn main() {
         Command::Bench { which } => bench::bench(&which),
         Command::Install { prefix, root } => install::install(&prefix, &root),
         Command::Package => install::package(),
+        Command::Vm {
+            arch,
+            timeout,
+            command,
+        } => vm::vm(&arch, &command, std::time::Duration::from_secs(timeout)),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

@@ -44,7 +44,7 @@ const BPF_LINKER_VERSION: &str = "^0.13";
 /// Installs what is missing; prints what it found or did.
 pub fn setup() -> Result<()> {
     nightly_rust_src()?;
-    debian_packages()?;
+    debian_packages(DEBIAN_PACKAGES)?;
     bpf_linker()?;
     cargo_deb()?;
     crate::viewers::install()?;
@@ -118,8 +118,9 @@ fn nightly_rust_src() -> Result<()> {
     Ok(())
 }
 
-fn debian_packages() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+/// Installs those of `packages` that are missing (as root), or fails saying which.
+pub fn debian_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| !dpkg_installed(p))
@@ -127,7 +128,7 @@ fn debian_packages() -> Result<()> {
     if missing.is_empty() {
         say(&format!(
             "Debian packages: present ({})",
-            DEBIAN_PACKAGES.join(", ")
+            packages.join(", ")
         ));
         return Ok(());
     }
