@@ -489,9 +489,7 @@ fn settle(state: &mut ThreadState, written: bool) {
 
 /// The stack pointer at the probe.
 fn stack_pointer(ctx: *mut c_void) -> u64 {
-    let r = ctx as *const aya_ebpf::bindings::pt_regs;
-    // SAFETY: the context of a uprobe program is the traced thread's pt_regs.
-    unsafe { (*r).rsp }
+    regs::sp(ctx)
 }
 
 fn header(state: &ThreadState, cookie: &Cookie, cpu: u32, sp: u64) -> EventHeader {
@@ -707,8 +705,8 @@ pub fn sled_return(ctx: RetProbeContext) -> u32 {
     let Some((cookie, cpu, state)) = probe_hit(ctx.as_ptr()) else {
         return 0;
     };
-    // The return probe fires after `ret` popped the frame's return-address slot.
-    let slot = stack_pointer(ctx.as_ptr()).wrapping_sub(8);
+    // The return probe fires after the function returned (on x86-64, `ret` popped its slot).
+    let slot = regs::return_slot(ctx.as_ptr());
     if state.cleanup_pending != 0 {
         state.cleanup_pending = 0;
         if cleanup_return(slot) {

@@ -66,7 +66,10 @@ pub fn image() -> Result<Image> {
     if image.kernel.is_file() && image.initrd.is_file() {
         return Ok(image);
     }
-    eprintln!("xtask vm: making the aarch64 machine's image in {}", dir.display());
+    eprintln!(
+        "xtask vm: making the aarch64 machine's image in {}",
+        dir.display()
+    );
     let debs = download(&dir, &[KERNEL_PACKAGE, "busybox-static"])?;
     let unpacked = dir.join("unpacked");
     let _ = std::fs::remove_dir_all(&unpacked);
@@ -97,10 +100,7 @@ pub fn image() -> Result<Image> {
     }
     let init = root.join("init");
     std::fs::write(&init, INIT)?;
-    std::fs::set_permissions(
-        &init,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )?;
+    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     run::status(
         Command::new("sh")
             .arg("-c")
@@ -197,23 +197,34 @@ pub fn boot(image: &Image, command: &str, timeout: Duration) -> Result<i32> {
     let _remove = Remove(file);
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
     let mut qemu = Command::new("qemu-system-aarch64");
-    qemu.args(["-M", "virt", "-cpu", "max", "-m", "2048", "-nographic", "-no-reboot", "-nic", "none"])
-        .args(["-smp", &cpus.to_string()])
-        .arg("-kernel")
-        .arg(&image.kernel)
-        .arg("-initrd")
-        .arg(&image.initrd)
-        .args([
-            "-append",
-            &format!("console=ttyAMA0 rdinit=/init quiet panic=-1 fdr.vm.command={name}"),
-        ])
-        .arg("-virtfs")
-        .arg(format!(
-            "local,path={},mount_tag=work,security_model=none,id=work",
-            root.display()
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped());
+    qemu.args([
+        "-M",
+        "virt",
+        "-cpu",
+        "max",
+        "-m",
+        "2048",
+        "-nographic",
+        "-no-reboot",
+        "-nic",
+        "none",
+    ])
+    .args(["-smp", &cpus.to_string()])
+    .arg("-kernel")
+    .arg(&image.kernel)
+    .arg("-initrd")
+    .arg(&image.initrd)
+    .args([
+        "-append",
+        &format!("console=ttyAMA0 rdinit=/init quiet panic=-1 fdr.vm.command={name}"),
+    ])
+    .arg("-virtfs")
+    .arg(format!(
+        "local,path={},mount_tag=work,security_model=none,id=work",
+        root.display()
+    ))
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped());
     eprintln!("xtask vm: booting the aarch64 machine (emulated: expect minutes)");
     let mut child = qemu.spawn().context("starting qemu-system-aarch64")?;
     let stdout = child.stdout.take().expect("piped");
