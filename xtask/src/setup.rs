@@ -31,6 +31,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "xz-utils",
     // The terminal the `top` tests run the live view in, send keys to and read.
     "tmux",
+    // AArch64 builds of the fixtures (issue 33): a cross linker and Debian's arm64 libc.
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
     // `go tool pprof`, the reference reader of `convert --format pprof`.
     "golang-go",
     // nlohmann/json, a real C++ library's parser the exceptions tests trace

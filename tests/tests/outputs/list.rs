@@ -125,3 +125,10 @@ fn a_json_library_s_names_are_all_demangled() {
     }
     assert!(declared >= 6, "{declared} functions with a Tn declaration");
 }
+
+/// AArch64 (issue 33): an arm64 build's instrumentation map (its sleds' addresses, ids and
+/// kinds, `b #32` entry sleds and exit sleds at each `ret`) reads as llvm-xray reads it.
+#[test]
+fn an_aarch64_binary_matches_llvm_xray_extract() {
+    check(&tests::fixtures::workloads::paced_aarch64_fixture());
+}
