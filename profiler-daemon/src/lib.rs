@@ -28,6 +28,7 @@
 //! only parses the command line. ARCHITECTURE.md walks one event through these stages.
 #[macro_use]
 pub mod console;
+pub mod arch;
 pub mod budget;
 pub mod cli;
 pub mod inline;

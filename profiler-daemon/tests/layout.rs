@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 const STAGES: &[(&str, u32)] = &[
     // Writing to the terminal (its macros are used by every stage).
     ("console", 0),
+    // What differs between architectures: registers, the cycle counter.
+    ("arch", 0),
     ("traced", 1),
     ("plan", 2),
     ("kernel", 3),

@@ -392,11 +392,9 @@ impl TscClock {
 fn pair() -> (u64, u64) {
     let mut best = (u64::MAX, 0, 0);
     for _ in 0..16 {
-        // SAFETY: rdtsc has no preconditions.
-        let before = unsafe { core::arch::x86_64::_rdtsc() };
+        let before = crate::arch::cycles();
         let ns = crate::session::monotonic_ns();
-        // SAFETY: as above.
-        let after = unsafe { core::arch::x86_64::_rdtsc() };
+        let after = crate::arch::cycles();
         if after - before < best.0 {
             best = (after - before, before + (after - before) / 2, ns);
         }

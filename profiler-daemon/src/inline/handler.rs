@@ -90,6 +90,7 @@ pub mod header {
 
 /// The segment selector whose limit Linux sets to the CPU's number (and node, above bit 12)
 /// on x86-64 (`__CPUNODE_SEG`, what `getcpu` in the vDSO reads with `lsl`).
+#[cfg(target_arch = "x86_64")]
 const CPU_SEGMENT: u32 = 15 * 8 + 3;
 
 /// Bytes per record.
@@ -105,7 +106,9 @@ pub const KIND_TAIL: u32 = 2;
 // Registers: r10d the function id (from the sled), r11 the kind (<< 48), rsi the frame's
 // slot; rax, rcx, rdx, rdi and
 // r8 are saved by each trampoline and put back before its `ret` (which, at an exit, is the
-// function's own return).
+// function's own return). x86-64 code: on another architecture there is no handler, and the
+// engine is refused before one is asked for (`crate::arch::unsupported`).
+#[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
     ".pushsection .text.fdr_inline_handler,\"ax\",@progbits",
     ".balign 64",
@@ -281,6 +284,7 @@ core::arch::global_asm!(
     cpu_segment = const CPU_SEGMENT,
 );
 
+#[cfg(target_arch = "x86_64")]
 extern "C" {
     static fdr_inline_begin: u8;
     static fdr_inline_entry: u8;
@@ -304,7 +308,20 @@ pub struct Handler {
     pub data: usize,
 }
 
+/// No handler on this architecture (see above): nothing to copy.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn handler() -> Handler {
+    Handler {
+        bytes: &[],
+        entry: 0,
+        tail: 0,
+        exit: 0,
+        data: 0,
+    }
+}
+
 /// The handler as assembled into fdr-profiled.
+#[cfg(target_arch = "x86_64")]
 pub fn handler() -> Handler {
     // SAFETY: the symbols are labels of the block above, in this order, in one section; only
     // their addresses are taken, and the bytes between them are the block's.

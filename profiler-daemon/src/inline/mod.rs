@@ -104,6 +104,11 @@ impl Engine {
         clock: Option<TscClock>,
         let_go: impl FnOnce(),
     ) -> Result<Engine> {
+        // The handler and the sleds' bytes are x86-64 code.
+        if let Err(err) = crate::arch::unsupported("the inline engine") {
+            let_go();
+            return Err(err);
+        }
         let pid = target.pid();
         let layout = Layout::new(slots_for(ring_bytes), ring_bytes)?;
         // Before any hit: the handler's times are TSC ticks.

@@ -8,6 +8,7 @@
 //! inside an interrupted system call gets it restarted as the kernel would have: its saved
 //! registers still say so (`orig_rax`, `-ERESTART*`), and the injected call runs with
 //! `orig_rax` = -1 so that the kernel does not restart that one instead.
+use crate::arch::Registers;
 use crate::repair::ptrace;
 use anyhow::{bail, Context as _, Result};
 use std::fs::File;
@@ -113,8 +114,8 @@ impl Stopped {
         let seized = ptrace::seize_all_from(pid, parent, handover, HANDOVER_WAIT)?;
         let mut threads = ptrace::stop_all(&seized);
         let mem = open_mem(pid)?;
-        let rip = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, pid)
-            .map(|r| r.rip)
+        let rip = Registers::of(pid)
+            .map(|r| r.pc())
             .context("reading the process's registers")?;
         let past_entry = !in_loader(pid, rip);
         if !past_entry {
@@ -201,28 +202,20 @@ impl Stopped {
         nr: libc::c_long,
         args: [u64; 6],
     ) -> Result<i64> {
-        let Some(saved) = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid)
-        else {
+        let Some(saved) = Registers::of(tid) else {
             bail!("reading the registers of thread {tid}");
         };
         let mut regs = saved;
-        regs.rax = nr as u64;
-        regs.orig_rax = u64::MAX;
-        regs.rdi = args[0];
-        regs.rsi = args[1];
-        regs.rdx = args[2];
-        regs.r10 = args[3];
-        regs.r8 = args[4];
-        regs.r9 = args[5];
-        regs.rip = site;
-        if !ptrace::set_regs(tid, &regs) {
+        regs.prepare_syscall(nr as u64, args);
+        regs.set_pc(site);
+        if !regs.set(tid) {
             bail!("setting the registers of thread {tid}");
         }
         let outcome = self.run_to_breakpoint(tid);
-        let after = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid);
+        let after = Registers::of(tid);
         // The thread's own registers back, whatever happened (it is still stopped unless it
         // died).
-        let put_back = ptrace::set_regs(tid, &saved);
+        let put_back = saved.set(tid);
         outcome?;
         let Some(after) = after else {
             bail!("reading the registers of thread {tid} after its system call");
@@ -230,13 +223,13 @@ impl Stopped {
         if !put_back {
             bail!("putting back the registers of thread {tid}");
         }
-        if after.rip != site + 3 {
+        if after.pc() != site + 3 {
             bail!(
                 "thread {tid} stopped at {:#x}, not after its system call",
-                after.rip
+                after.pc()
             );
         }
-        Ok(after.rax as i64)
+        Ok(after.syscall_result())
     }
 
     /// Resumes stopped thread `tid` until its `int3`; signals that come meanwhile are kept
@@ -302,10 +295,7 @@ impl Stopped {
     pub fn positions(&self) -> Vec<(u32, u64, u64)> {
         self.threads
             .iter()
-            .filter_map(|&(tid, _)| {
-                ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid)
-                    .map(|r| (tid, r.rip, r.rsp))
-            })
+            .filter_map(|&(tid, _)| Registers::of(tid).map(|r| (tid, r.pc(), r.sp())))
             .collect()
     }
 
@@ -404,13 +394,12 @@ fn run_to_entry(
         if event == libc::PTRACE_EVENT_EXEC {
             breakpoint = Some(Breakpoint::at_entry(pid)?);
         } else if let (libc::SIGTRAP, 0, Some(bp)) = (signal, event, &breakpoint) {
-            let regs = ptrace::ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, pid)
-                .context("reading the command's registers")?;
-            if regs.rip == bp.entry + 1 {
+            let regs = Registers::of(pid).context("reading the command's registers")?;
+            if regs.pc() == bp.entry + 1 {
                 bp.take_away()?;
                 let mut at_entry = regs;
-                at_entry.rip = bp.entry;
-                if !ptrace::set_regs(pid, &at_entry) {
+                at_entry.set_pc(bp.entry);
+                if !at_entry.set(pid) {
                     bail!("setting the command's registers");
                 }
                 threads.insert(0, (pid, 0));

@@ -118,6 +118,11 @@ impl Keeper {
         stops: &UnwindStops,
         let_go: impl FnOnce(),
     ) -> Result<Keeper> {
+        // The repair passes threads through x86-64's uretprobe trampoline (a system call).
+        if let Err(err) = crate::arch::unsupported("the stack repair (--exits repair)") {
+            let_go();
+            return Err(err);
+        }
         let (read_end, write_end) = pipe()?;
         let (go_read, go_write) = match tracee {
             Tracee::Held(..) => {

@@ -1,6 +1,7 @@
 //! The ptrace system calls the keeper makes, each behind a small function: seizing threads,
 //! waiting for stops, reading and writing registers and stack words, and passing a stopped
 //! thread through the kernel's return trampoline.
+use crate::arch::Registers;
 use anyhow::{Context as _, Result};
 
 pub(super) fn seize(pid: u32) -> Result<()> {
@@ -82,7 +83,7 @@ pub(crate) fn event_message(tid: u32) -> Option<u32> {
     ptrace_get::<libc::c_ulong>(libc::PTRACE_GETEVENTMSG, tid).and_then(|m| u32::try_from(m).ok())
 }
 
-/// What a ptrace `request` that fills a `T` (`PTRACE_GETREGS`, `PTRACE_GETEVENTMSG`) gives of
+/// What a ptrace `request` that fills a `T` (`PTRACE_GETEVENTMSG`) gives of
 /// the stopped thread `tid`. `T` must be plain data, valid when all zero.
 pub(crate) fn ptrace_get<T: Copy>(request: libc::c_uint, tid: u32) -> Option<T> {
     let mut out = std::mem::MaybeUninit::<T>::zeroed();
@@ -200,19 +201,19 @@ pub(super) fn pass_through_trampoline(tid: u32, trampoline: u64) -> (bool, i32) 
         }
         let signal = libc::WSTOPSIG(status);
         if signal == (libc::SIGTRAP | 0x80) && status >> 16 == 0 {
-            let Some(regs) = ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid) else {
+            let Some(regs) = Registers::of(tid) else {
                 return (false, deliver);
             };
             if !entered {
-                if regs.orig_rax != NR_URETPROBE
-                    || regs.rip < trampoline
-                    || regs.rip > trampoline + 64
+                if regs.syscall() != NR_URETPROBE
+                    || regs.pc() < trampoline
+                    || regs.pc() > trampoline + 64
                 {
                     // Not the trampoline's system call: it is not made (the registers are
                     // put back at its exit).
                     let mut skip = regs;
-                    skip.orig_rax = u64::MAX;
-                    set_regs(tid, &skip);
+                    skip.cancel_syscall();
+                    skip.set(tid);
                     return (false, deliver);
                 }
                 entered = true;
@@ -228,21 +229,6 @@ pub(super) fn pass_through_trampoline(tid: u32, trampoline: u64) -> (bool, i32) 
     (false, deliver)
 }
 
-/// Sets the stopped thread's registers; whether it could.
-pub(crate) fn set_regs(tid: u32, regs: &libc::user_regs_struct) -> bool {
-    // SAFETY: plain system call reading a `user_regs_struct` of ours.
-    unsafe {
-        libc::ptrace(
-            libc::PTRACE_SETREGS,
-            tid as libc::pid_t,
-            std::ptr::null_mut::<libc::c_void>(),
-            (regs as *const libc::user_regs_struct)
-                .cast_mut()
-                .cast::<libc::c_void>(),
-        ) == 0
-    }
-}
-
 /// The stack pointer at the throw or catch probe that stopped `tid`, as its program saw it
 /// (see `RepairState::sp`); the registers' only when the program could not say.
 pub(super) fn probe_stack_pointer(tid: u32, state: &profiler_common::RepairState) -> Option<u64> {
@@ -254,7 +240,7 @@ pub(super) fn probe_stack_pointer(tid: u32, state: &profiler_common::RepairState
 
 /// The stopped thread's stack pointer.
 pub(super) fn stack_pointer(tid: u32) -> Option<u64> {
-    ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid).map(|regs| regs.rsp)
+    Registers::of(tid).map(|regs| regs.sp())
 }
 
 pub(super) fn read_word(tid: u32, at: u64) -> Option<u64> {

@@ -2,11 +2,12 @@
 //! processes it forks) served, the repairs at throws and catches made, the process let go
 //! with no frame left hooked.
 use super::ptrace::{
-    event_message, is_process_leader, pass_through_trampoline, probe_stack_pointer, ptrace_get,
-    read_word, request, set_regs, stack_pointer, syscall_trampoline, wait_any, write_word, Wait,
+    event_message, is_process_leader, pass_through_trampoline, probe_stack_pointer, read_word,
+    request, stack_pointer, syscall_trampoline, wait_any, write_word, Wait,
 };
 use super::release::{release_due, Reports, RELEASE_WAIT};
 use super::stops::UnwindStops;
+use crate::arch::Registers;
 use crate::kernel::bpf::repair::RepairMaps;
 use crate::kernel::bpf::{PodRepairState, PodStopKey, PodStopTime};
 use crate::session::summary::RepairsByThread;
@@ -506,7 +507,7 @@ impl<'a> Repairer<'a> {
         let (Some(trampoline), true) = (self.trampoline(), syscall_trampoline(self.pid)) else {
             return 0;
         };
-        let Some(saved) = ptrace_get::<libc::user_regs_struct>(libc::PTRACE_GETREGS, tid) else {
+        let Some(saved) = Registers::of(tid) else {
             return 0;
         };
         // The trampoline pushes three words below the stack pointer it starts with.
@@ -526,18 +527,18 @@ impl<'a> Repairer<'a> {
             return 0;
         }
         let mut regs = saved;
-        regs.rip = trampoline;
-        regs.rsp = sp;
+        regs.set_pc(trampoline);
+        regs.set_sp(sp);
         // Not in a system call: nothing is restarted when the registers are put back.
-        regs.orig_rax = u64::MAX;
+        regs.cancel_syscall();
         let mut deliver = 0;
-        let passed = set_regs(tid, &regs) && {
+        let passed = regs.set(tid) && {
             let (passed, signal) = pass_through_trampoline(tid, trampoline);
             deliver = signal;
             passed
         };
         // Whatever happened, the thread goes on from its catch as it was.
-        let restored = set_regs(tid, &saved);
+        let restored = saved.set(tid);
         for (i, word) in words.into_iter().enumerate() {
             if let Some(word) = word {
                 write_word(tid, sp - 8 * (i as u64 + 1), word);
