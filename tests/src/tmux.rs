@@ -98,6 +98,17 @@ impl Drop for Terminal {
     }
 }
 
+/// Sends `q` to `fdr-profiled top` run as `top ...; echo top-exit=$?; ...`, and waits (at most
+/// `timeout`) for the exit line; returns the screen then.
+pub fn quit_top(terminal: &Terminal, timeout: Duration) -> String {
+    terminal.keys("q");
+    terminal.wait_for(timeout, |s| {
+        s.iter()
+            .any(|l| l.starts_with("top-exit="))
+            .then(|| s.join("\n"))
+    })
+}
+
 /// A row of `fdr-profiled top`'s table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopRow {

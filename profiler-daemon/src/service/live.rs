@@ -3,7 +3,8 @@
 //! event loop a lookup per event, so it starts at the first `top` request and stops when no
 //! request came for [`IDLE`]: a service nobody watches pays nothing for it.
 use super::targets::Target;
-use crate::session::live::{monotonic_ns, CallMatcher, LiveFunction, LiveView};
+use crate::session::live::{CallMatcher, LiveFunction, LiveView};
+use crate::session::monotonic_ns;
 use profiler_common::EventHeader;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

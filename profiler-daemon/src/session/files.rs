@@ -118,8 +118,6 @@ pub struct ThreadFiles {
     last: Option<(u32, u32, usize)>,
     pub(super) totals: Totals,
     pub(super) events: u64,
-    /// Events the kernel lost, as the gaps before the events said.
-    pub(super) lost: u64,
     pub(super) ignored: u64,
     /// Threads whose file could not be created: said once, their later events only counted
     /// (in `ignored`), until the thread ends.
@@ -143,7 +141,6 @@ impl ThreadFiles {
             last: None,
             totals: Totals::default(),
             events: 0,
-            lost: 0,
             ignored: 0,
             unwritable: FxHashSet::default(),
             unattributed_lost: 0,
@@ -154,9 +151,6 @@ impl ThreadFiles {
     /// `gap` says how many of its events were lost right before it.
     #[inline]
     pub fn record(&mut self, event: &Event, gap: Option<Gap>) {
-        if let Some(gap) = &gap {
-            self.lost += gap.lost;
-        }
         // Nearly every event: the thread of the event before, not its end.
         let h = &event.header;
         if let Some((tid, pid, slot)) = self.last {
@@ -331,6 +325,17 @@ impl ThreadFiles {
         }
     }
 
+    /// Events the kernel lost in these threads so far (their gaps): those of open and ended
+    /// threads, and of threads with no file.
+    pub(super) fn lost(&self) -> u64 {
+        let open: u64 = self.open.iter().map(|o| o.trace.counts.lost).sum();
+        let ended: u64 = (self.processes.values())
+            .flat_map(|p| &p.done)
+            .map(|r| r.events_lost)
+            .sum();
+        open + ended + self.unattributed_lost
+    }
+
     /// Open thread files.
     pub fn open_files(&self) -> usize {
         self.processes.values().map(|p| p.threads.len()).sum()
@@ -379,6 +384,12 @@ impl Clock {
             micros: ((ns % 1_000_000_000) / 1_000) as u32,
         }
     }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads, so comparable with
+/// the trace's timestamps.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC) as u64
 }
 
 /// The time of `clock` in nanoseconds.

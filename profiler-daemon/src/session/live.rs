@@ -47,14 +47,6 @@ pub struct LiveView {
     pub functions: Vec<LiveFunction>,
 }
 
-/// Now on CLOCK_MONOTONIC, the events' clock.
-pub fn monotonic_ns() -> u64 {
-    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    (now.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(now.tv_nsec as u64)
-}
-
 /// One function's row over a window.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {

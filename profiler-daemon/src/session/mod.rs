@@ -37,7 +37,7 @@ use crate::session::summary::{
 };
 use anyhow::Result;
 use files::Place;
-pub use files::{ThreadFiles, CYCLE_FREQUENCY};
+pub use files::{monotonic_ns, ThreadFiles, CYCLE_FREQUENCY};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 pub use thread::{ThreadCounts, ThreadTrace};
@@ -152,13 +152,13 @@ impl Session {
     pub fn live_view(&self) -> live::LiveView {
         let mut by_id: BTreeMap<u32, live::LiveFunction> = BTreeMap::new();
         let mut view = live::LiveView {
-            at_ns: live::monotonic_ns(),
+            at_ns: monotonic_ns(),
             ..live::LiveView::default()
         };
         for part in &self.parts {
             let part = part.lock().unwrap_or_else(|e| e.into_inner());
             view.events += part.events;
-            view.lost += part.lost;
+            view.lost += part.lost();
             for (id, t, latencies) in part.totals.iter_latencies() {
                 let f = by_id.entry(id).or_default();
                 f.calls += t.calls;
@@ -502,12 +502,6 @@ impl Session {
     pub fn out(&self) -> &OutputDir {
         &self.place.out
     }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads, so comparable with
-/// the trace's timestamps.
-pub fn monotonic_ns() -> u64 {
-    files::clock_ns(libc::CLOCK_MONOTONIC) as u64
 }
 
 /// This process's peak resident memory in KiB (`VmHWM` of `/proc/self/status`); `None` if it

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 use tests::fixtures::workloads::paced_fixture;
-use tests::tmux::{hot_function_on_top, Terminal};
+use tests::tmux::{hot_function_on_top, quit_top, Terminal};
 
 #[test]
 fn top_shows_a_launched_program_s_hot_function_at_its_own_rate() {
@@ -27,12 +27,7 @@ fn top_shows_a_launched_program_s_hot_function_at_its_own_rate() {
         screen.join("\n")
     );
     // `q`: the recording ends, its summary is on the terminal, its files are gone.
-    terminal.keys("q");
-    let end = terminal.wait_for(Duration::from_secs(60), |s| {
-        s.iter()
-            .any(|l| l.starts_with("top-exit="))
-            .then(|| s.join("\n"))
-    });
+    let end = quit_top(&terminal, Duration::from_secs(60));
     assert!(end.contains("top-exit=0"), "{end}");
     assert!(end.contains("session summary"), "{end}");
     assert!(end.contains("the recording was not kept"), "{end}");

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tests::fixtures::private_copy;
 use tests::fixtures::workloads::paced_fixture;
 use tests::run::Running;
-use tests::tmux::{hot_function_on_top, Terminal};
+use tests::tmux::{hot_function_on_top, quit_top, Terminal};
 
 use crate::common::one_target_traced_whole;
 
@@ -33,12 +33,7 @@ fn top_shows_the_service_s_hot_function_at_the_program_s_rate() {
     );
     let terminal = Terminal::start("service-top", 160, 40, &command);
     hot_function_on_top(&terminal, &report, "[paced] pc_hot");
-    terminal.keys("q");
-    let end = terminal.wait_for(Duration::from_secs(30), |s| {
-        s.iter()
-            .any(|l| l.starts_with("top-exit="))
-            .then(|| s.join("\n"))
-    });
+    let end = quit_top(&terminal, Duration::from_secs(30));
     assert!(end.contains("top-exit=0"), "{end}");
     // The service goes on: its status still answers, and counts the program's events.
     let status = tests::service::service_status(start.socket_path());
