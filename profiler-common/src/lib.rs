@@ -54,9 +54,10 @@ pub struct Cookie {
     pub function_id: u32,
     /// Kind of the sled the probe is on.
     pub kind: u8,
-    /// For CUSTOM_EVENT / TYPED_EVENT sleds: the x86-64 register numbers (0 = rax .. 15 = r15)
-    /// holding, in order, the event type (typed only), the payload pointer and the payload
-    /// size at the sled address, as decoded from the sled's bytes. Zero elsewhere.
+    /// For CUSTOM_EVENT / TYPED_EVENT sleds: the register numbers (x86-64's, 0 = rax .. 15 =
+    /// r15; AArch64's x0 .. x30) holding, in order, the event type (typed only), the payload
+    /// pointer and the payload size at the sled address, as decoded from the sled's bytes. Zero
+    /// elsewhere.
     pub regs: [u8; 3],
     /// [`cookie_flags`] bits.
     pub flags: u8,
@@ -96,14 +97,14 @@ impl Cookie {
     }
 
     /// Packs the cookie into the 64 bits the kernel stores per attachment: bits 0..32 function
-    /// id, bits 32..40 sled kind, bits 40..56 the registers (4 bits each, the third 8 wide:
-    /// the top 4 of its bits serve only [`Cookie::call_slot`]), and the flags in bits 56..64.
+    /// id, bits 32..40 sled kind, bits 40..56 the registers (5 bits each, the third 6 wide:
+    /// its top bit serves only [`Cookie::call_slot`]), and the flags in bits 56..64.
     pub const fn encode(self) -> u64 {
         (self.function_id as u64)
             | ((self.kind as u64) << 32)
-            | (((self.regs[0] & 15) as u64) << 40)
-            | (((self.regs[1] & 15) as u64) << 44)
-            | ((self.regs[2] as u64) << 48)
+            | (((self.regs[0] & 31) as u64) << 40)
+            | (((self.regs[1] & 31) as u64) << 45)
+            | (((self.regs[2] & 63) as u64) << 50)
             | ((self.flags as u64) << 56)
     }
 
@@ -112,9 +113,9 @@ impl Cookie {
     pub const fn with_call_slot(self, slot: u16) -> Cookie {
         Cookie {
             regs: [
-                (slot & 15) as u8,
-                ((slot >> 4) & 15) as u8,
-                (slot >> 8) as u8,
+                (slot & 31) as u8,
+                ((slot >> 5) & 31) as u8,
+                (slot >> 10) as u8,
             ],
             ..self
         }
@@ -123,9 +124,9 @@ impl Cookie {
     /// Where an entry of this function is counted in [`CALLS_MAP`]; 0: not counted. Only for
     /// function sleds (see [`Cookie::with_call_slot`]).
     pub const fn call_slot(&self) -> u16 {
-        (self.regs[0] as u16 & 15)
-            | ((self.regs[1] as u16 & 15) << 4)
-            | ((self.regs[2] as u16) << 8)
+        (self.regs[0] as u16 & 31)
+            | ((self.regs[1] as u16 & 31) << 5)
+            | ((self.regs[2] as u16 & 63) << 10)
     }
 
     /// Inverse of [`Cookie::encode`].
@@ -134,9 +135,9 @@ impl Cookie {
             function_id: raw as u32,
             kind: (raw >> 32) as u8,
             regs: [
-                ((raw >> 40) & 15) as u8,
-                ((raw >> 44) & 15) as u8,
-                (raw >> 48) as u8,
+                ((raw >> 40) & 31) as u8,
+                ((raw >> 45) & 31) as u8,
+                ((raw >> 50) & 63) as u8,
             ],
             flags: (raw >> 56) as u8,
         }
@@ -677,9 +678,17 @@ mod tests {
             flags: cookie_flags::RETURN_PROBED,
         };
         assert_eq!(Cookie::decode(c.encode()), c);
+        // AArch64's registers go up to x30.
+        let c = Cookie {
+            function_id: 4,
+            kind: SledKind::CustomEvent as u8,
+            regs: [20, 30, 29],
+            flags: cookie_flags::RETURN_PROBED,
+        };
+        assert_eq!(Cookie::decode(c.encode()), c);
         assert!(Cookie::decode(c.encode()).return_probed());
         assert!(!Cookie::new(1, SledKind::Entry).return_probed());
-        assert_eq!((c.encode() >> 32) as u8, 5);
+        assert_eq!((c.encode() >> 32) as u8, SledKind::CustomEvent as u8);
         assert_eq!(
             Cookie::decode(Cookie::new(7, SledKind::Tail).encode()).kind,
             2

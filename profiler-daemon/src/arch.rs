@@ -12,6 +12,14 @@ use anyhow::{bail, Result};
 /// The architecture's name, as `uname -m` says it.
 pub const NAME: &str = std::env::consts::ARCH;
 
+/// Whether a probe on an exit sled costs what a return probe does. On x86-64 the kernel
+/// single-steps the sled's `ret` out of line (10 to 30 times a return probe: platform.md), so
+/// `--exits auto` prefers return probes and repairs the stack for them. On AArch64 it simulates
+/// the sled's first instruction, a `b`, instead of stepping it, and measured in the emulated
+/// machine an exit sled costs 0.9x a return probe (BENCHMARKS.md, "aarch64"): exit sleds are
+/// then both the cheapest way and safe under unwinding, and `auto` chooses them.
+pub const EXIT_SLEDS_CHEAP: bool = cfg!(target_arch = "aarch64");
+
 /// Fails with one line saying `what` does not work on this architecture yet.
 pub fn unsupported(what: &str) -> Result<()> {
     if cfg!(target_arch = "x86_64") {

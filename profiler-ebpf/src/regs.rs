@@ -21,9 +21,12 @@ mod arch {
         [(*r).rdi, (*r).rsi, (*r).rdx, (*r).rcx, (*r).r8, (*r).r9]
     }
 
+    /// How many registers [`all`] reads.
+    pub const COUNT: usize = 16;
+
     /// Every general register, by x86-64 number (0 rax, 1 rcx, 2 rdx, 3 rbx, 4 rsp, 5 rbp,
     /// 6 rsi, 7 rdi, 8..15 r8..r15).
-    pub unsafe fn all(r: *const Regs) -> [u64; 16] {
+    pub unsafe fn all(r: *const Regs) -> [u64; COUNT] {
         [
             v(addr_of!((*r).rax)),
             v(addr_of!((*r).rcx)),
@@ -65,12 +68,16 @@ mod arch {
         [x[0], x[1], x[2], x[3], x[4], x[5]]
     }
 
-    /// x0 to x15, by number.
-    pub unsafe fn all(r: *const Regs) -> [u64; 16] {
+    /// How many registers [`all`] reads: x0 to x30 (an event sled may take its arguments from
+    /// a callee-saved register, x19 to x28), and an unused slot.
+    pub const COUNT: usize = 32;
+
+    /// x0 to x30, by number.
+    pub unsafe fn all(r: *const Regs) -> [u64; COUNT] {
         let x = addr_of!((*r).regs) as *const u64;
-        let mut all = [0u64; 16];
+        let mut all = [0u64; COUNT];
         let mut i = 0;
-        while i < 16 {
+        while i < 31 {
             all[i] = v(x.add(i));
             i += 1;
         }
@@ -105,7 +112,8 @@ pub fn args(ctx: &ProbeContext) -> [u64; 6] {
 pub fn read(ctx: &ProbeContext, n: u8) -> u64 {
     // SAFETY: as above.
     let all = unsafe { arch::all(regs(ctx.as_ptr())) };
-    all[(n & 15) as usize]
+    // COUNT is a power of two: the mask keeps the index in bounds for the verifier.
+    all[n as usize & (arch::COUNT - 1)]
 }
 
 /// The stack pointer at the probe.

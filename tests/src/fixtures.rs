@@ -9,6 +9,7 @@
 //! | [`plain_c_fixture`] | `plain.c` | `clang-19 -O2` (an ELF without `xray_instr_map`) |
 //! | [`workloads`] | `calls.c`, `exceptions.cpp`, `events.cpp` | the exit-mode, loss, migration and event tests' fixtures |
 //! | [`symbolize`] | `inlined_events.cpp`, split debug files | the symbolizer, report and convert tests' fixtures |
+//! | [`arm64`] | any of the above, and Lua | the arm64 builds, for the tests in the emulated arm64 machine |
 //! | [`dso`] | `dso_main.cpp`, `dso_linked.cpp`, `dso_loaded.cpp` | an executable, a linked and a `dlopen`ed instrumented shared object, driven through stdin |
 //!
 //! A build is redone when the output is missing, older than its source, or
@@ -36,6 +37,7 @@ use std::time::SystemTime;
 
 use crate::tools::{clang, clangxx, target_dir};
 
+pub mod arm64;
 pub mod dso;
 pub mod symbolize;
 pub mod workloads;

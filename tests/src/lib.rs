@@ -31,6 +31,8 @@
 //! - [`objects`]: what a traced process's shared objects leave (per-object lines, build-ids,
 //!   load addresses, `session.json`'s objects, records resolved per object), for the tests of
 //!   the dso fixture.
+//! - [`machine`]: the emulated arm64 machine (`cargo xtask vm aarch64`) running a script of
+//!   scenarios, its results read back here.
 //! - [`launched`]: `-- CMD` runs the exit-mode, loss, migration and event
 //!   tests inspect themselves (session fields, our reader, llvm-xray).
 //! - [`structure`]: per-thread call structure compared with a native XRay
@@ -48,6 +50,7 @@ pub mod durations;
 pub mod fdr_agree;
 pub mod fixtures;
 pub mod launched;
+pub mod machine;
 pub mod memory;
 pub mod objects;
 pub mod pprof;

@@ -4,6 +4,7 @@
 //! The two commands the README promises are `cargo xtask demo` and `cargo xtask test`; both run
 //! `setup` first so that a fresh machine needs nothing else.
 mod bench;
+mod cross;
 mod demo;
 mod install;
 mod run;
@@ -32,8 +33,12 @@ enum Command {
     Build,
     /// Set up, build, build a demo XRay program, trace it and print the symbolized report.
     Demo,
-    /// Set up, then run every test: unit tests and end-to-end tests that load real BPF.
+    /// Set up, then run every test: unit tests and end-to-end tests that load real BPF, the
+    /// arm64 ones in an emulated arm64 machine among them.
     Test {
+        /// Only the tests of this architecture's machine (`aarch64`: `tests/tests/aarch64`).
+        #[arg(long, value_parser = ["aarch64"])]
+        arch: Option<String>,
         /// Extra arguments passed to `cargo test` (e.g. a test name filter after `--`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -51,7 +56,7 @@ enum Command {
     /// Set up, build (release) and make the Debian package (cargo-deb) in target/debian/.
     Package,
     /// Run COMMAND (`sh -c`) in an emulated machine of ARCH (aarch64), the workspace shared at
-    /// /work; its kernel and initramfs are made once under target/vm/. Exits with COMMAND's
+    /// the path it has here; its kernel and initramfs are made once under target/vm/. Exits with COMMAND's
     /// status.
     Vm {
         /// The machine's architecture.
@@ -78,7 +83,7 @@ fn main() {
         Command::Setup => setup::setup(),
         Command::Build => setup::setup().and_then(|()| build(true)),
         Command::Demo => demo::demo(),
-        Command::Test { args } => test(&args),
+        Command::Test { arch, args } => test(arch.as_deref(), &args),
         Command::Bench { which } => bench::bench(&which),
         Command::Install { prefix, root } => install::install(&prefix, &root),
         Command::Package => install::package(),
@@ -104,10 +109,20 @@ fn build(release: bool) -> Result<()> {
 }
 
 /// Runs the whole suite. The end-to-end tests call the `fdr-profiled` binary, so it is built
-/// first; `cargo test` alone only builds the daemon's library. Ends with one line totalling every
+/// first; `cargo test` alone only builds the daemon's library. The arm64 tests need their
+/// machine, the arm64 daemon and runtime (`cross::prepare`). Ends with one line totalling every
 /// test binary's results, so the log's last word is the whole suite's, not the last doc-test's.
-fn test(extra: &[String]) -> Result<()> {
+/// With `arch`, only that architecture's tests run.
+fn test(arch: Option<&str>, extra: &[String]) -> Result<()> {
     setup::setup()?;
+    cross::prepare()?;
+    if arch.is_some() {
+        // The host's daemon reads the arm64 sessions back (`report`, `dump`).
+        build(false)?;
+        let mut args = vec!["test", "--package", "tests", "--test", "aarch64"];
+        args.extend(extra.iter().map(String::as_str));
+        return totals(run::cargo_test(&args)?);
+    }
     build(false)?;
     // The full-speed loss tests (tests/tests/loss.rs) run the release daemon: throughput is a
     // property of the optimised build.
@@ -121,7 +136,11 @@ fn test(extra: &[String]) -> Result<()> {
         "--no-fail-fast",
     ];
     args.extend(extra.iter().map(String::as_str));
-    let totals = run::cargo_test(&args)?;
+    totals(run::cargo_test(&args)?)
+}
+
+/// Prints the one line of totals; fails if a test failed or the run failed otherwise.
+fn totals(totals: run::TestTotals) -> Result<()> {
     println!("{} passed, {} failed", totals.passed, totals.failed);
     if totals.failed > 0 {
         anyhow::bail!("{} tests failed", totals.failed);

@@ -33,6 +33,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "tmux",
     // AArch64 builds of the fixtures (issue 33): a cross linker and Debian's arm64 libc.
     "gcc-aarch64-linux-gnu",
+    "g++-aarch64-linux-gnu",
     "libc6-dev-arm64-cross",
     // `go tool pprof`, the reference reader of `convert --format pprof`.
     "golang-go",

@@ -4,8 +4,9 @@
 //! The machine is `qemu-system-aarch64 -M virt` (software emulation: no KVM for arm64 on an
 //! x86-64 host), booting Debian's arm64 kernel from bookworm-backports (6.12: uprobe_multi,
 //! BTF, BPF task storage, as the x86-64 host's) with a small initramfs: busybox (Debian's
-//! static arm64 build) and the 9p modules. The workspace is shared read-write at `/work` over
-//! virtio-9p; the init script runs COMMAND there with `sh -c`, prints its exit status on a
+//! static arm64 build), the 9p modules, and Debian's arm64 C and C++ runtime libraries (so that
+//! dynamically linked programs run). The workspace is shared read-write over virtio-9p,
+//! mounted at the path it has on the host; the init script runs COMMAND there with `sh -c`, prints its exit status on a
 //! marker line, and powers off; this process echoes the machine's console and exits with that
 //! status. The kernel and initramfs are made once, cached under `target/vm/aarch64/` (the
 //! packages come from the Debian archive through an apt state of its own there: the host's
@@ -27,6 +28,11 @@ const MODULES: &[&str] = &[
     "kernel/net/9p/9pnet_virtio.ko.xz",
     "kernel/fs/9p/9p.ko.xz",
 ];
+/// The C and C++ runtime libraries (arm64, as the cross toolchain's), in the initramfs so that
+/// dynamically linked programs run there too.
+const LIBRARIES: &[&str] = &["libc6", "libgcc-s1", "libstdc++6"];
+/// The dynamic loader they bring.
+const LOADER: &str = "lib/ld-linux-aarch64.so.1";
 /// The line the init script prints after COMMAND, with its exit status.
 const EXIT_MARKER: &str = "fdr-vm-exit=";
 /// Host packages: the emulator, and what unpacks the image's parts.
@@ -38,7 +44,7 @@ pub fn vm(arch: &str, command: &[String], timeout: Duration) -> Result<()> {
         bail!("no machine for {arch}: aarch64 is the one there is");
     }
     let image = image()?;
-    let status = boot(&image, &command.join(" "), timeout)?;
+    let (status, _) = boot(&image, &command.join(" "), timeout)?;
     if status != 0 {
         bail!("the command exited with status {status} in the aarch64 machine");
     }
@@ -51,7 +57,8 @@ pub struct Image {
     pub initrd: PathBuf,
 }
 
-fn dir() -> PathBuf {
+/// Where the machine's image and what the arm64 tests use are kept.
+pub fn dir() -> PathBuf {
     run::target_dir().join("vm").join("aarch64")
 }
 
@@ -63,26 +70,54 @@ pub fn image() -> Result<Image> {
         kernel: dir.join("vmlinuz"),
         initrd: dir.join("initrd.cpio.gz"),
     };
-    if image.kernel.is_file() && image.initrd.is_file() {
+    let root = dir.join("initramfs");
+    let init = root.join("init");
+    let current = std::fs::read_to_string(&init).is_ok_and(|s| s == INIT);
+    let unpacked =
+        image.kernel.is_file() && root.join("bin/busybox").is_file() && root.join(LOADER).exists();
+    if unpacked && image.initrd.is_file() && current {
         return Ok(image);
     }
-    eprintln!(
-        "xtask vm: making the aarch64 machine's image in {}",
-        dir.display()
-    );
-    let debs = download(&dir, &[KERNEL_PACKAGE, "busybox-static"])?;
+    if !image.kernel.is_file() || !root.join("bin/busybox").is_file() || !root.join(LOADER).exists()
+    {
+        eprintln!(
+            "xtask vm: making the aarch64 machine's image in {}",
+            dir.display()
+        );
+        unpack_kernel_and_busybox(&dir, &image, &root)?;
+    }
+    // The init script is this file's: a changed one is packed again (seconds).
+    std::fs::write(&init, INIT)?;
+    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    run::status(
+        Command::new("sh")
+            .arg("-c")
+            .arg("find . | cpio -o -H newc --quiet | gzip -1 > \"$0\"")
+            .arg(&image.initrd)
+            .current_dir(&root),
+    )?;
+    Ok(image)
+}
+
+/// Downloads the kernel, busybox and the C and C++ runtime libraries, and lays out the
+/// initramfs (all but its init).
+fn unpack_kernel_and_busybox(dir: &Path, image: &Image, root: &Path) -> Result<()> {
+    let debs = download(dir, &[KERNEL_PACKAGE, "busybox-static"])?;
+    let libraries = download(dir, LIBRARIES)?;
     let unpacked = dir.join("unpacked");
     let _ = std::fs::remove_dir_all(&unpacked);
     for deb in &debs {
         run::status(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&unpacked))?;
     }
-    let root = dir.join("initramfs");
-    let _ = std::fs::remove_dir_all(&root);
-    for sub in ["bin", "dev", "proc", "sys", "tmp", "work", "modules"] {
+    let _ = std::fs::remove_dir_all(root);
+    for sub in ["bin", "dev", "proc", "sys", "tmp", "modules"] {
         std::fs::create_dir_all(root.join(sub))?;
     }
     std::fs::copy(unpacked.join("bin/busybox"), root.join("bin/busybox"))
         .context("busybox from busybox-static")?;
+    for deb in &libraries {
+        run::status(Command::new("dpkg-deb").arg("-x").arg(deb).arg(root))?;
+    }
     let modules = unpacked.join("lib/modules").join(KERNEL_RELEASE);
     for (n, module) in MODULES.iter().enumerate() {
         let xz = modules.join(module);
@@ -98,22 +133,12 @@ pub fn image() -> Result<Image> {
             bail!("could not unpack {}", xz.display());
         }
     }
-    let init = root.join("init");
-    std::fs::write(&init, INIT)?;
-    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
-    run::status(
-        Command::new("sh")
-            .arg("-c")
-            .arg("find . | cpio -o -H newc --quiet | gzip -1 > \"$0\"")
-            .arg(&image.initrd)
-            .current_dir(&root),
-    )?;
     std::fs::copy(
         unpacked.join(format!("boot/vmlinuz-{KERNEL_RELEASE}")),
         &image.kernel,
     )
     .context("the kernel image")?;
-    Ok(image)
+    Ok(())
 }
 
 /// The initramfs's init: the share mounted, COMMAND run in it, its status said, off.
@@ -128,17 +153,19 @@ mount -t bpf bpf /sys/fs/bpf 2>/dev/null
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 for m in /modules/*.ko; do insmod "$m" || echo "fdr-vm: insmod $m failed"; done
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=1048576 work /work || echo "fdr-vm: no share"
+root=$(sed -n 's/.*fdr.vm.root=\([^ ]*\).*/\1/p' /proc/cmdline)
 cmd=$(sed -n 's/.*fdr.vm.command=\([^ ]*\).*/\1/p' /proc/cmdline)
-cd /work
-sh -c "$(cat /work/$cmd)"
+mkdir -p "$root"
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=1048576 work "$root" || echo "fdr-vm: no share"
+cd "$root"
+sh -c "$(cat "$root/$cmd")"
 echo "fdr-vm-exit=$?"
 sync
 poweroff -f
 "#;
 
 /// Downloads arm64 `packages` (their files) through an apt state of its own in `dir`.
-fn download(dir: &Path, packages: &[&str]) -> Result<Vec<PathBuf>> {
+pub fn download(dir: &Path, packages: &[&str]) -> Result<Vec<PathBuf>> {
     let apt = dir.join("apt");
     for sub in ["lists/partial", "cache/archives/partial", "debs"] {
         std::fs::create_dir_all(apt.join(sub))?;
@@ -186,11 +213,30 @@ fn download(dir: &Path, packages: &[&str]) -> Result<Vec<PathBuf>> {
     Ok(debs)
 }
 
-/// Boots the machine, runs `command` in it, and returns its exit status.
-pub fn boot(image: &Image, command: &str, timeout: Duration) -> Result<i32> {
+/// Boots the machine, runs `command` in it and returns its console; fails if the command fails.
+pub fn boot_capture(image: &Image, command: &str, timeout: Duration) -> Result<String> {
+    let (status, console) = boot(image, command, timeout)?;
+    if status != 0 {
+        bail!("the command exited with status {status} in the aarch64 machine:\n{console}");
+    }
+    Ok(console)
+}
+
+/// Boots the machine, runs `command` in it, and returns its exit status and the console (also
+/// echoed as it comes).
+pub fn boot(image: &Image, command: &str, timeout: Duration) -> Result<(i32, String)> {
     let root = run::workspace_root();
     // The command travels as a file in the share: the kernel's command line is short and
     // splits on spaces.
+    // The workspace is mounted at its path here, so that paths name the same files inside
+    // and out (a session's manifest, a test's fixtures).
+    let root_arg = root.to_str().filter(|r| !r.contains(char::is_whitespace));
+    let Some(root_arg) = root_arg else {
+        bail!(
+            "the workspace path {} has a space or is not UTF-8: the machine mounts it at the same path",
+            root.display()
+        );
+    };
     let name = format!(".fdr-vm-command-{}", std::process::id());
     let file = root.join(&name);
     std::fs::write(&file, command)?;
@@ -216,7 +262,7 @@ pub fn boot(image: &Image, command: &str, timeout: Duration) -> Result<i32> {
     .arg(&image.initrd)
     .args([
         "-append",
-        &format!("console=ttyAMA0 rdinit=/init quiet panic=-1 fdr.vm.command={name}"),
+        &format!("console=ttyAMA0 rdinit=/init quiet panic=-1 fdr.vm.root={root_arg} fdr.vm.command={name}"),
     ])
     .arg("-virtfs")
     .arg(format!(
@@ -238,11 +284,14 @@ pub fn boot(image: &Image, command: &str, timeout: Duration) -> Result<i32> {
         }
     });
     let mut status = None;
+    let mut console = String::new();
     loop {
         match received.recv_timeout(Duration::from_millis(500)) {
             Ok(line) => {
                 let line = line.trim_end_matches('\r');
                 println!("{line}");
+                console.push_str(line);
+                console.push('\n');
                 if let Some(code) = line.strip_prefix(EXIT_MARKER) {
                     status = code.trim().parse().ok();
                 }
@@ -257,7 +306,9 @@ pub fn boot(image: &Image, command: &str, timeout: Duration) -> Result<i32> {
         }
     }
     let _ = child.wait();
-    status.context("the aarch64 machine stopped without saying the command's exit status")
+    let status =
+        status.context("the aarch64 machine stopped without saying the command's exit status")?;
+    Ok((status, console))
 }
 
 /// Removes a file when dropped.

@@ -355,7 +355,20 @@ impl OutputDir {
         check_component(from)?;
         check_component(to)?;
         // RENAME_NOREPLACE refuses to clobber anything, a planted symlink included.
-        rustix::fs::renameat_with(&self.fd, from, &self.fd, to, RenameFlags::NOREPLACE)
+        let renamed =
+            match rustix::fs::renameat_with(&self.fd, from, &self.fd, to, RenameFlags::NOREPLACE) {
+                // A file system without the flag (9p, as a virtual machine's shared folder
+                // is): refused if `to` exists, then a plain rename. Between the two a writer of
+                // the directory could plant `to`; the rename would replace it, never follow it.
+                // (A hard link and an unlink would refuse to clobber atomically, but 9p loses
+                // the open file with its first name.)
+                Err(rustix::io::Errno::INVAL) => {
+                    self.refuse_existing(to)?;
+                    rustix::fs::renameat(&self.fd, from, &self.fd, to)
+                }
+                other => other,
+            };
+        renamed
             .map_err(std::io::Error::from)
             .with_context(|| format!("cannot create {}", self.shown.join(to).display()))?;
         Ok(self.shown.join(to))

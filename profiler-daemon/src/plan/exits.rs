@@ -10,6 +10,9 @@
 //!   unwind, return probes everywhere;
 //! - otherwise each function gets a return probe when its machine code proves that no
 //!   exception can leave its frame (`xray_object::unwinding`), exit sleds elsewhere.
+//!
+//! Where an exit sled costs no more than a return probe (AArch64: `arch::EXIT_SLEDS_CHEAP`),
+//! `auto` is exit sleds everywhere.
 use object::{Object as _, ObjectSymbol as _};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -114,6 +117,17 @@ pub fn choose(mode: ExitMode, image: &[PathBuf]) -> (ExitPolicy, ExitsChoice) {
                          return addresses are put back, at the catch the live frames are hooked \
                          again"
                     .into(),
+            },
+        ),
+        ExitMode::Auto if crate::arch::EXIT_SLEDS_CHEAP => (
+            ExitPolicy::All(Exits::Sleds),
+            ExitsChoice {
+                mode: "sleds",
+                reason: format!(
+                    "auto: on {} a probe on an exit sled costs what a return probe does and is \
+                     safe under unwinding",
+                    crate::arch::NAME
+                ),
             },
         ),
         ExitMode::Auto | ExitMode::PerFunction => match unwinder(image) {

@@ -90,12 +90,18 @@ pub struct AttachPlan {
 
 /// The probe for a sled: function and tail sleds need only the kind; event sleds also the
 /// registers their arguments are in, decoded from the sled's bytes (`None` if undecodable).
-fn probe_for(sled: &xray_object::instrmap::Sled, data: &[u8], object_id: u32) -> Option<Probe> {
+fn probe_for(
+    sled: &xray_object::instrmap::Sled,
+    image: &ElfImage,
+    object_id: u32,
+) -> Option<Probe> {
     let mut cookie = Cookie::new(packed_id(object_id, sled.function_id), sled.kind);
     if matches!(sled.kind, SledKind::CustomEvent | SledKind::TypedEvent) {
         let at = usize::try_from(sled.file_offset).ok()?;
-        let bytes = data.get(at..at.saturating_add(32).min(data.len()))?;
-        cookie.regs = crate::plan::eventsled::decode(bytes, sled.kind == SledKind::TypedEvent)?;
+        let data = &image.data;
+        let bytes = data.get(at..at.saturating_add(48).min(data.len()))?;
+        let typed = sled.kind == SledKind::TypedEvent;
+        cookie.regs = crate::plan::eventsled::decode(image.machine().ok()?, bytes, typed)?;
     }
     Some(Probe {
         file_offset: sled.file_offset,
@@ -124,7 +130,7 @@ impl AttachPlan {
         let probes: Vec<Probe> = map
             .sleds
             .iter()
-            .filter_map(|sled| probe_for(sled, &image.data, object_id))
+            .filter_map(|sled| probe_for(sled, &image, object_id))
             .collect();
         let undecodable_event_sleds = map.sleds.len() - probes.len();
         // Probes are placed one at a time, and a process keeps running meanwhile. With every

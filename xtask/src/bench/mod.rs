@@ -8,6 +8,7 @@
 //! To add a benchmark: create `NAME.rs` here with `pub fn run() -> anyhow::Result<String>`
 //! (returning its markdown section, starting with a `## ` heading), add `mod NAME;` below and
 //! one line to [`SECTIONS`]. Nothing else needs to change.
+mod aarch64;
 mod attach;
 mod budget;
 mod calls;
@@ -81,6 +82,10 @@ const SECTIONS: &[Section] = &[
     Section {
         name: "budget",
         run: budget::run,
+    },
+    Section {
+        name: "aarch64",
+        run: aarch64::run,
     },
 ];
 

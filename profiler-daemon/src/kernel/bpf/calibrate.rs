@@ -7,9 +7,13 @@
 //! recording programs add on top is the kernel's BPF run-time statistics' business
 //! (`RunTimeStats`, sampled by the session).
 //!
-//! The function is x86-64 code: on another architecture nothing is measured (yet), and what
-//! only the measurement uses is unused there.
-#![cfg_attr(not(target_arch = "x86_64"), allow(unused_imports, dead_code))]
+//! The function is x86-64 or AArch64 code (on AArch64: the entry sled `b #32` over seven NOPs,
+//! the exit sled the same before the `ret`, as clang emits them there); on another
+//! architecture nothing is measured, and what only the measurement uses is unused there.
+#![cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_imports, dead_code)
+)]
 use super::{Scope, Tracer};
 use crate::plan::Probe;
 use anyhow::{anyhow, Context as _, Result};
@@ -41,13 +45,34 @@ std::arch::global_asm!(
     ".popsection",
 );
 
-#[cfg(target_arch = "x86_64")]
+// The same on AArch64: entry sled, exit sled, `ret` (the kernel simulates both sleds' `b`).
+#[cfg(target_arch = "aarch64")]
+std::arch::global_asm!(
+    ".pushsection .text.fdr_calibration_leaf,\"ax\",%progbits",
+    ".globl fdr_calibration_leaf",
+    ".type fdr_calibration_leaf,%function",
+    ".p2align 2",
+    "fdr_calibration_leaf:",
+    ".inst 0x14000008",
+    ".inst 0xd503201f, 0xd503201f, 0xd503201f, 0xd503201f, 0xd503201f, 0xd503201f, 0xd503201f",
+    ".inst 0x14000008",
+    ".inst 0xd503201f, 0xd503201f, 0xd503201f, 0xd503201f, 0xd503201f, 0xd503201f, 0xd503201f",
+    "ret",
+    ".size fdr_calibration_leaf, . - fdr_calibration_leaf",
+    ".popsection",
+);
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe extern "C" {
     fn fdr_calibration_leaf();
 }
 
-/// Bytes from the leaf's entry to its exit sled (the `ret`).
-const EXIT_AT: u64 = 11;
+/// Bytes from the leaf's entry to its exit sled (x86-64: the `ret`; AArch64: the sled's `b`).
+const EXIT_AT: u64 = if cfg!(target_arch = "aarch64") {
+    32
+} else {
+    11
+};
 
 /// Calls of the leaf in one timed round, by what is probed (the exit sled's single step
 /// costs about 15 times an entry's): each round takes a few milliseconds.
@@ -57,7 +82,7 @@ const CALLS_SLED: u32 = 500;
 const ROUNDS: usize = 5;
 
 /// Nanoseconds per call of the leaf, the median of [`ROUNDS`] rounds of `calls` calls.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn time_calls(calls: u32) -> f64 {
     let leaf: unsafe extern "C" fn() = std::hint::black_box(fdr_calibration_leaf);
     let mut rounds: Vec<f64> = (0..ROUNDS)
@@ -75,7 +100,7 @@ fn time_calls(calls: u32) -> f64 {
 }
 
 /// Where the leaf is: the daemon's own executable, and the leaf's offset in it.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn leaf_location() -> Result<(PathBuf, u64)> {
     let address = fdr_calibration_leaf as *const () as usize as u64;
     let maps = std::fs::read_to_string("/proc/self/maps").context("reading /proc/self/maps")?;
@@ -114,7 +139,7 @@ fn leaf_location() -> Result<(PathBuf, u64)> {
 impl Tracer {
     /// Measures what a probe hit costs on this host (see the module above). Takes about a
     /// tenth of a second; the probes it placed are removed on a thread of their own.
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     pub fn measure_trap_costs(&mut self) -> Result<TrapCosts> {
         let (binary, at) = leaf_location()?;
         let me = NonZeroU32::new(std::process::id()).context("process id 0")?;
@@ -170,8 +195,8 @@ impl Tracer {
     }
 
     /// Not measured on this architecture yet.
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     pub fn measure_trap_costs(&mut self) -> Result<TrapCosts> {
-        anyhow::bail!("probe costs are measured on x86-64 only")
+        anyhow::bail!("probe costs are measured on x86-64 and AArch64 only")
     }
 }
