@@ -20,6 +20,19 @@ pub const NAME: &str = std::env::consts::ARCH;
 /// then both the cheapest way and safe under unwinding, and `auto` chooses them.
 pub const EXIT_SLEDS_CHEAP: bool = cfg!(target_arch = "aarch64");
 
+/// Fails with one line where the stack repair is not for this architecture: where exit sleds
+/// are cheap ([`EXIT_SLEDS_CHEAP`]) they record exceptions and `longjmp` exactly at the cost
+/// of return probes, and the repair (x86-64 code) has nothing to win.
+pub fn repair_applies(what: &str) -> Result<()> {
+    if EXIT_SLEDS_CHEAP {
+        bail!(
+            "{what}: not on {NAME}, where an exit sled costs what a return probe does: exit sleds \
+             (what `auto` chooses here) record exceptions and longjmp exactly"
+        );
+    }
+    Ok(())
+}
+
 /// Fails with one line saying `what` does not work on this architecture yet.
 pub fn unsupported(what: &str) -> Result<()> {
     if cfg!(target_arch = "x86_64") {

@@ -491,6 +491,7 @@ fn repair_wanted(
 ) -> Result<Option<RepairWanted>> {
     match cli.exits {
         ExitMode::Repair => {
+            crate::arch::repair_applies("--exits repair")?;
             let offsets = crate::kernel::btf::repair_offsets()
                 .map_err(|why| anyhow::anyhow!("--exits repair: {why}"))?;
             Ok(Some(RepairWanted {

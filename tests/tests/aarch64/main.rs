@@ -8,7 +8,7 @@
 //!
 //! - `--exits auto` is exit sleds on arm64 (`arch::EXIT_SLEDS_CHEAP`): C++ exceptions and
 //!   `longjmp` through traced frames, exact against compiler-rt; `longjmp` under return probes
-//!   too;
+//!   too, exceptions under `--exits per-function`; `--exits repair` refused in one line;
 //! - a position-independent executable linked dynamically;
 //! - threads moved between the machine's CPUs: exact counts, a NewCPUId at every change;
 //! - `--pid` and `--attach`: exact counts of what ran after the attach;
@@ -105,6 +105,8 @@ wait_for() {{ i=0; while ! grep -q "$2" "$1" 2>/dev/null; do i=$((i+1)); if [ $i
 
 scenario exceptions $P --out $O/exceptions.session -- {exceptions} --iterations 20
 native exceptions {exceptions_native} --iterations 20
+scenario exceptions-per-function $P --exits per-function --out $O/exceptions-per-function.session -- {exceptions} --iterations 20
+scenario repair $P --exits repair --out $O/repair.session -- {exceptions} --iterations 20
 scenario longjmp $P --out $O/longjmp.session -- {longjmp} --iterations 20
 scenario longjmp-return $P --exits return --out $O/longjmp-return.session -- {longjmp} --iterations 20
 native longjmp {longjmp_native} --iterations 20
@@ -315,6 +317,42 @@ fn exceptions_exact_against_compiler_rt() {
     );
     let json = &session(machine(), "exceptions", &p.exceptions).session.json;
     assert_eq!(json["exits"], "sleds", "{json}");
+    // Per function: the analysis reads x86-64 code only, so every function gets exit sleds,
+    // which is what auto chose anyway.
+    exact_against_native(
+        "exceptions-per-function",
+        "exceptions",
+        &p.exceptions,
+        &p.exceptions_native,
+        EXCEPTIONS_DONE_20,
+        EXCEPTIONS_FUNCTIONS,
+    );
+}
+
+/// `--exits repair` is refused on arm64 in one line, before the command runs: exit sleds
+/// cost what return probes do there and record exceptions exactly.
+#[test]
+fn repair_refused_in_one_line() {
+    let m = machine();
+    assert_eq!(
+        m.text("repair.status").trim(),
+        "1",
+        "{}",
+        m.text("repair.stderr")
+    );
+    assert_eq!(m.text("repair.stdout"), "", "the command ran");
+    let stderr = m.text("repair.stderr");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("fdr-profiled: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].contains(
+            "--exits repair: not on aarch64, where an exit sled costs what a return probe does"
+        ),
+        "{stderr}"
+    );
 }
 
 /// `longjmp` out of traced frames, under the defaults (exit sleds) and under return probes
