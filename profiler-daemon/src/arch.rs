@@ -12,6 +12,14 @@ use anyhow::{bail, Result};
 /// The architecture's name, as `uname -m` says it.
 pub const NAME: &str = std::env::consts::ARCH;
 
+/// Debian's multiarch name of the architecture (`/usr/lib/<MULTIARCH>`, where the dynamic
+/// loader looks for libraries).
+pub const MULTIARCH: &str = if cfg!(target_arch = "aarch64") {
+    "aarch64-linux-gnu"
+} else {
+    "x86_64-linux-gnu"
+};
+
 /// Whether a probe on an exit sled costs what a return probe does. On x86-64 the kernel
 /// single-steps the sled's `ret` out of line (10 to 30 times a return probe: platform.md), so
 /// `--exits auto` prefers return probes and repairs the stack for them. On AArch64 it simulates

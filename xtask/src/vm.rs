@@ -157,6 +157,7 @@ root=$(sed -n 's/.*fdr.vm.root=\([^ ]*\).*/\1/p' /proc/cmdline)
 cmd=$(sed -n 's/.*fdr.vm.command=\([^ ]*\).*/\1/p' /proc/cmdline)
 mkdir -p "$root"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=1048576 work "$root" || echo "fdr-vm: no share"
+[ "$root" = /work ] || ln -s "$root" /work
 cd "$root"
 sh -c "$(cat "$root/$cmd")"
 echo "fdr-vm-exit=$?"
@@ -229,7 +230,7 @@ pub fn boot(image: &Image, command: &str, timeout: Duration) -> Result<(i32, Str
     // The command travels as a file in the share: the kernel's command line is short and
     // splits on spaces.
     // The workspace is mounted at its path here, so that paths name the same files inside
-    // and out (a session's manifest, a test's fixtures).
+    // and out (a session's manifest, a test's fixtures); `/work` leads there too.
     let root_arg = root.to_str().filter(|r| !r.contains(char::is_whitespace));
     let Some(root_arg) = root_arg else {
         bail!(

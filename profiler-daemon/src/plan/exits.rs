@@ -279,7 +279,7 @@ pub fn image_with(executable: &Path, ld_library_path: &str, preload: &[PathBuf])
                 .chain(&ld_library_path)
                 .chain(&search.runpath)
                 .map(PathBuf::from)
-                .chain(SYSTEM_LIBRARY_DIRS.iter().map(PathBuf::from))
+                .chain(system_library_dirs())
                 .map(|d| d.join(&lib))
                 .find(|p| p.is_file());
             if let Some(path) = found {
@@ -308,15 +308,19 @@ pub fn mapped_image(pid: u32) -> Vec<PathBuf> {
     out
 }
 
-const SYSTEM_LIBRARY_DIRS: &[&str] = &[
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib64",
-    "/usr/lib64",
-    "/lib",
-    "/usr/lib",
-    "/usr/local/lib",
-];
+/// The dynamic loader's default directories: Debian's multiarch ones for this architecture
+/// first, then the traditional ones.
+fn system_library_dirs() -> impl Iterator<Item = PathBuf> {
+    let multiarch = crate::arch::MULTIARCH;
+    [format!("/lib/{multiarch}"), format!("/usr/lib/{multiarch}")]
+        .into_iter()
+        .map(PathBuf::from)
+        .chain(
+            ["/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"]
+                .into_iter()
+                .map(PathBuf::from),
+        )
+}
 
 /// Library search directories an object names, `$ORIGIN` expanded.
 #[derive(Default)]

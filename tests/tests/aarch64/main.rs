@@ -17,9 +17,10 @@
 //!   (Lua's C code longjmps out of its frames), as compiler-rt records it;
 //! - `report` names the functions, in the machine and read back on the host.
 //!
-//! Not here: the stack repair and the inline engine (x86-64 code, refused in one line on arm64;
-//! repair has nothing to win there), instrumented shared objects (XRay supports them on arm64
-//! from clang 20; this is clang 19), timings (the machine is emulated).
+//! - instrumented shared objects, linked and `dlopen`ed: ids, counts, names;
+//!
+//! Not here: the inline engine (x86-64 code, refused in one line on arm64), the service,
+//! timings (the machine is emulated).
 //!
 //! Needs what `cargo xtask test` prepares: the machine's image, the arm64 daemon, the cross
 //! toolchain, compiler-rt's arm64 runtime and Lua's source.
@@ -52,6 +53,7 @@ struct Programs {
     calls: PathBuf,
     calls_dynamic: PathBuf,
     exceptions: PathBuf,
+    exceptions_dynamic: PathBuf,
     exceptions_native: PathBuf,
     longjmp: PathBuf,
     longjmp_native: PathBuf,
@@ -59,6 +61,7 @@ struct Programs {
     events_native: PathBuf,
     lua: PathBuf,
     lua_script: PathBuf,
+    dso: &'static arm64::Dso,
 }
 
 fn programs() -> &'static Programs {
@@ -66,7 +69,8 @@ fn programs() -> &'static Programs {
     P.get_or_init(|| Programs {
         daemon: machine::arm64_daemon(),
         calls: arm64::c("calls", "calls.c", &[]),
-        calls_dynamic: arm64::c_dynamic("calls-dynamic", "calls.c"),
+        calls_dynamic: arm64::dynamic("calls-dynamic", "calls.c", false),
+        exceptions_dynamic: arm64::dynamic("exceptions-dynamic", "exceptions.cpp", true),
         exceptions: arm64::cxx("exceptions", "exceptions.cpp", &[]),
         exceptions_native: arm64::cxx("exceptions-native", "exceptions.cpp", &["-DFX_NATIVE_FDR"]),
         longjmp: arm64::c("longjmp", "longjmp.c", &[]),
@@ -75,6 +79,7 @@ fn programs() -> &'static Programs {
         events_native: arm64::cxx("events-native", "events.cpp", &["-DFX_NATIVE_FDR"]),
         lua: arm64::lua(),
         lua_script: Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/errors.lua"),
+        dso: arm64::dso(),
     })
 }
 
@@ -105,6 +110,7 @@ wait_for() {{ i=0; while ! grep -q "$2" "$1" 2>/dev/null; do i=$((i+1)); if [ $i
 
 scenario exceptions $P --out $O/exceptions.session -- {exceptions} --iterations 20
 native exceptions {exceptions_native} --iterations 20
+scenario exceptions-dynamic $P --out $O/exceptions-dynamic.session -- {exceptions_dynamic} --iterations 20
 scenario exceptions-per-function $P --exits per-function --out $O/exceptions-per-function.session -- {exceptions} --iterations 20
 scenario repair $P --exits repair --out $O/repair.session -- {exceptions} --iterations 20
 scenario longjmp $P --out $O/longjmp.session -- {longjmp} --iterations 20
@@ -143,12 +149,19 @@ wait_for $O/attach.stderr "{recording}"
 kill -INT $daemon
 wait $daemon; echo $? > $O/attach.status
 
+echo "fdr-aarch64: dso"
+( echo "run 2"; wait_for $O/dso.stderr "fixture: run 1 done"; echo dlopen
+  wait_for $O/dso.stderr " (object 2)"; echo "run 2"; wait_for $O/dso.stderr "fixture: run 2 done"
+  echo quit ) | $P --out $O/dso.session -- {dso_main} > $O/dso.stdout 2> $O/dso.stderr
+echo $? > $O/dso.status
+
 cp -r $O/. "$RESULTS"/
 "#,
         daemon = q(&p.daemon),
         calls = q(&p.calls),
         calls_dynamic = q(&p.calls_dynamic),
         exceptions = q(&p.exceptions),
+        exceptions_dynamic = q(&p.exceptions_dynamic),
         exceptions_native = q(&p.exceptions_native),
         longjmp = q(&p.longjmp),
         longjmp_native = q(&p.longjmp_native),
@@ -156,6 +169,7 @@ cp -r $O/. "$RESULTS"/
         events_native = q(&p.events_native),
         lua = q(&p.lua),
         lua_script = q(&p.lua_script),
+        dso_main = q(&p.dso.exe),
         rounds = EVENT_ROUNDS,
         recording = RECORDING_PREFIX,
     )
@@ -317,6 +331,23 @@ fn exceptions_exact_against_compiler_rt() {
     );
     let json = &session(machine(), "exceptions", &p.exceptions).session.json;
     assert_eq!(json["exits"], "sleds", "{json}");
+    // Linked against libstdc++ dynamically: the catches are probed in the library the
+    // process maps, found where the dynamic loader finds it (arm64's multiarch directory).
+    let stderr = succeeded(machine(), "exceptions-dynamic");
+    assert!(
+        stderr.lines().any(|l| l
+            .starts_with("fdr-profiled: catches: probed __cxa_begin_catch in ")
+            && l.contains("/aarch64-linux-gnu/libstdc++.so.6")),
+        "{stderr}"
+    );
+    exact_against_native(
+        "exceptions-dynamic",
+        "exceptions",
+        &p.exceptions_dynamic,
+        &p.exceptions_native,
+        EXCEPTIONS_DONE_20,
+        EXCEPTIONS_FUNCTIONS,
+    );
     // Per function: the analysis reads x86-64 code only, so every function gets exit sleds,
     // which is what auto chose anyway.
     exact_against_native(
@@ -550,6 +581,54 @@ fn lua_as_compiler_rt() {
         &per_thread(&native.records),
         Payloads { max_bytes: 0 },
     );
+}
+
+/// Instrumented shared objects: the one the executable links, and one it `dlopen`s while
+/// traced; each object's id in the records' high bits, every call of each run counted, the
+/// objects named in the manifest and the report.
+#[test]
+fn shared_objects_by_id() {
+    use tests::fixtures::dso::{
+        run_section, LINKED_FUNCTIONS, LOADED_FUNCTIONS, MAIN_FUNCTIONS, MARKER_BEGIN, MARKER_END,
+    };
+    use tests::objects::{load_trace, Object};
+    let p = programs();
+    let m = machine();
+    let stderr = succeeded(m, "dso");
+    let stdout = m.text("dso.stdout");
+    let trace = load_trace(&m.path("dso.session"));
+    assert_eq!(trace.session.events_lost, 0, "{}", trace.session.json);
+    let pid = *trace.pids().iter().next().expect("a traced process");
+    let object = |id: u32, path: &Path, functions: &[&'static str]| Object {
+        id,
+        path: path.to_path_buf(),
+        file: path.to_path_buf(),
+        deleted: false,
+        functions: functions.to_vec(),
+    };
+    let mut main_functions = MAIN_FUNCTIONS.to_vec();
+    main_functions.extend([MARKER_BEGIN, MARKER_END]);
+    let objects = [
+        object(0, &p.dso.exe, &main_functions),
+        object(1, &p.dso.linked, LINKED_FUNCTIONS),
+        object(2, &p.dso.loaded, LOADED_FUNCTIONS),
+    ];
+    for o in &objects[1..] {
+        assert!(
+            stderr.contains(&format!("{} (object {})", o.path.display(), o.id)),
+            "object {} attached:\n{stderr}",
+            o.id
+        );
+    }
+    let sections = [run_section(&stdout, 1), run_section(&stdout, 2)];
+    tests::objects::counts::assert_runs_counts(&trace, pid, &objects, &sections, true);
+    let report = std::fs::read_to_string(m.path("dso.session/report.txt")).expect("report.txt");
+    for f in LINKED_FUNCTIONS.iter().chain(LOADED_FUNCTIONS) {
+        assert!(
+            report.contains(f),
+            "report.txt does not name {f}:\n{report}"
+        );
+    }
 }
 
 /// `report` in the machine, and here on the arm64 session: the fixture's functions by name.
