@@ -100,26 +100,6 @@ pub fn lua_source() -> Result<PathBuf> {
     }
     std::fs::create_dir_all(setup::cache_dir())?;
     let tarball = setup::cache_dir().join(format!("{LUA_DIR}.tar.gz"));
-    run::status(
-        Command::new("curl")
-            .args(["-fsSL", "-o"])
-            .arg(&tarball)
-            .arg(LUA_URL),
-    )
-    .context("downloading Lua's source")?;
-    let sum = run::output(Command::new("sha256sum").arg(&tarball)).unwrap_or_default();
-    if sum.split_whitespace().next() != Some(LUA_SHA256) {
-        bail!(
-            "{} is not the expected tarball (sha256 {sum:?})",
-            tarball.display()
-        );
-    }
-    run::status(
-        Command::new("tar")
-            .arg("xzf")
-            .arg(&tarball)
-            .arg("-C")
-            .arg(setup::cache_dir()),
-    )?;
+    run::fetch_source(LUA_URL, LUA_SHA256, &tarball, &dir).context("Lua's source")?;
     Ok(dir)
 }

@@ -34,6 +34,34 @@ pub fn xray_build(compiler: &str, source: &Path, out: &Path, extra: &[&str]) -> 
     )
 }
 
+/// Downloads `url` into `tarball`, checks its SHA-256 against `sha256`, and unpacks it into
+/// `dir` without its top directory (`tar --strip-components=1`; the compression is guessed).
+pub fn fetch_source(url: &str, sha256: &str, tarball: &Path, dir: &Path) -> Result<()> {
+    status(
+        Command::new("curl")
+            .args(["-fsSL", "-o"])
+            .arg(tarball)
+            .arg(url),
+    )
+    .with_context(|| format!("downloading {url}"))?;
+    let sum = output(Command::new("sha256sum").arg(tarball)).unwrap_or_default();
+    if sum.split_whitespace().next() != Some(sha256) {
+        bail!(
+            "{} is not the expected tarball (sha256 {sum:?})",
+            tarball.display()
+        );
+    }
+    std::fs::create_dir_all(dir)?;
+    status(
+        Command::new("tar")
+            .arg("xf")
+            .arg(tarball)
+            .arg("-C")
+            .arg(dir)
+            .arg("--strip-components=1"),
+    )
+}
+
 /// Runs `cmd` quietly and returns its stdout; `None` if it cannot start or fails.
 pub fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;

@@ -408,6 +408,25 @@ fn longjmp_exact_against_compiler_rt() {
     );
 }
 
+/// `calls.c`'s process in `trace`, whose `count` lines are in `stdout`: every call it counted,
+/// and nothing else. Returns its pid (its main thread's tid, the smallest).
+fn calls_exact(trace: &TraceDir, stdout: &str, main: MainCall) -> u32 {
+    let calls = expected_calls(&parse_count_lines(stdout));
+    let pid = *calls.keys().min().expect("count lines");
+    assert_process_calls(
+        trace,
+        &ProcessExpectation {
+            pid,
+            calls: &calls,
+            known: CALLS_FUNCTIONS,
+            main_fn: "main",
+            main,
+            only_known: true,
+        },
+    );
+    pid
+}
+
 /// Two threads each moved between the machine's CPUs at every step: exact counts, and in each
 /// thread's file a NewCPUId record at every change of CPU.
 #[test]
@@ -416,20 +435,8 @@ fn threads_moved_between_cpus_keep_order() {
     let m = machine();
     succeeded(m, "hops");
     let stdout = m.text("hops.stdout");
-    let calls = expected_calls(&parse_count_lines(&stdout));
     let trace = session(m, "hops", &p.calls);
-    let pid = *trace.pids().iter().next().expect("a traced process");
-    assert_process_calls(
-        &trace,
-        &ProcessExpectation {
-            pid,
-            calls: &calls,
-            known: CALLS_FUNCTIONS,
-            main_fn: "main",
-            main: MainCall::Traced,
-            only_known: true,
-        },
-    );
+    calls_exact(&trace, &stdout, MainCall::Traced);
     let names = function_names(&p.calls);
     let mut changes = 0;
     for t in &trace.threads {
@@ -448,20 +455,8 @@ fn dynamically_linked_pie_exact() {
     let p = programs();
     let m = machine();
     succeeded(m, "dynamic");
-    let calls = expected_calls(&parse_count_lines(&m.text("dynamic.stdout")));
     let trace = session(m, "dynamic", &p.calls_dynamic);
-    let pid = *calls.keys().min().expect("count lines");
-    assert_process_calls(
-        &trace,
-        &ProcessExpectation {
-            pid,
-            calls: &calls,
-            known: CALLS_FUNCTIONS,
-            main_fn: "main",
-            main: MainCall::Traced,
-            only_known: true,
-        },
-    );
+    calls_exact(&trace, &m.text("dynamic.stdout"), MainCall::Traced);
 }
 
 /// `--pid` on a process waiting to start its loops: every call it makes after the attach,
@@ -472,21 +467,9 @@ fn by_pid_exact() {
     let m = machine();
     succeeded(m, "pid");
     assert_eq!(m.text("pid.fixture.status").trim(), "0");
-    let calls = expected_calls(&parse_count_lines(&m.text("pid.fixture.stdout")));
     let trace = session(m, "pid", &p.calls);
-    let pid = *calls.keys().min().expect("count lines");
+    let pid = calls_exact(&trace, &m.text("pid.fixture.stdout"), MainCall::InProgress);
     assert_eq!(trace.pids().into_iter().collect::<Vec<_>>(), vec![pid]);
-    assert_process_calls(
-        &trace,
-        &ProcessExpectation {
-            pid,
-            calls: &calls,
-            known: CALLS_FUNCTIONS,
-            main_fn: "main",
-            main: MainCall::InProgress,
-            only_known: true,
-        },
-    );
 }
 
 /// `--attach` traces each process that runs the binary while it records, from its first call.
@@ -499,20 +482,8 @@ fn attach_exact_for_every_process() {
     let mut pids = Vec::new();
     for run in ["first", "second"] {
         assert_eq!(m.text(&format!("attach.{run}.status")).trim(), "0");
-        let calls = expected_calls(&parse_count_lines(&m.text(&format!("attach.{run}.stdout"))));
-        let pid = *calls.keys().min().expect("count lines");
-        assert_process_calls(
-            &trace,
-            &ProcessExpectation {
-                pid,
-                calls: &calls,
-                known: CALLS_FUNCTIONS,
-                main_fn: "main",
-                main: MainCall::Traced,
-                only_known: true,
-            },
-        );
-        pids.push(pid);
+        let stdout = m.text(&format!("attach.{run}.stdout"));
+        pids.push(calls_exact(&trace, &stdout, MainCall::Traced));
     }
     pids.sort_unstable();
     assert_eq!(trace.pids().into_iter().collect::<Vec<_>>(), pids);

@@ -156,28 +156,7 @@ pub(super) fn build() -> Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir)?;
     let tarball = dir.join("source.tar.xz");
-    run::status(
-        Command::new("curl")
-            .args(["-fsSL", "-o"])
-            .arg(&tarball)
-            .arg(SOURCE_URL),
-    )
-    .context("downloading yaml-cpp's source")?;
-    let sum = run::output(Command::new("sha256sum").arg(&tarball)).unwrap_or_default();
-    if sum.split_whitespace().next() != Some(SOURCE_SHA256) {
-        bail!(
-            "{} is not the expected tarball (sha256 {sum:?})",
-            tarball.display()
-        );
-    }
-    run::status(
-        Command::new("tar")
-            .args(["xJf"])
-            .arg(&tarball)
-            .arg("-C")
-            .arg(&dir)
-            .args(["--strip-components=1"]),
-    )?;
+    run::fetch_source(SOURCE_URL, SOURCE_SHA256, &tarball, &dir).context("yaml-cpp's source")?;
     let mut sources = Vec::new();
     for sub in [
         "src",
