@@ -6,18 +6,18 @@
 //! instrumentation maps), counts equal what the fixtures counted, and the call structure
 //! equals compiler-rt's trace.
 //!
-//! - `--exits auto` is exit sleds on arm64 (`arch::EXIT_SLEDS_CHEAP`): C++ exceptions and
-//!   `longjmp` through traced frames, exact against compiler-rt; `longjmp` under return probes
-//!   too, exceptions under `--exits per-function`; `--exits repair` refused in one line;
+//! - `--exits auto` is exit sleds on arm64 (`arch::EXIT_SLEDS_CHEAP`): C++ exceptions (static,
+//!   and linked dynamically: the catches probed in libstdc++) and `longjmp` through traced
+//!   frames, exact against compiler-rt; `longjmp` under return probes too, exceptions under
+//!   `--exits per-function`; `--exits repair` refused in one line;
 //! - a position-independent executable linked dynamically;
 //! - threads moved between the machine's CPUs: exact counts, a NewCPUId at every change;
 //! - `--pid` and `--attach`: exact counts of what ran after the attach;
 //! - logged arguments and custom events: as compiler-rt records them;
 //! - a real C program: Lua 5.4's interpreter running a script whose errors `pcall` catches
 //!   (Lua's C code longjmps out of its frames), as compiler-rt records it;
-//! - `report` names the functions, in the machine and read back on the host.
-//!
 //! - instrumented shared objects, linked and `dlopen`ed: ids, counts, names;
+//! - `report` names the functions, in the machine and read back on the host.
 //!
 //! Not here: the inline engine (x86-64 code, refused in one line on arm64), the service,
 //! timings (the machine is emulated).
