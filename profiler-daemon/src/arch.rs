@@ -6,7 +6,7 @@
 //! x86-64 is the architecture everything is built and tested on. On AArch64 the daemon builds,
 //! and what needs x86-64's own code (the inline engine's handler and sled bytes, the stack
 //! repair's passes through the uretprobe trampoline, a system call) is refused in one line
-//! ([`unsupported`]) until it has an arm64 side.
+//! ([`unsupported`]; the repair by [`repair_applies`], as arm64 does not need it).
 use anyhow::{bail, Result};
 
 /// The architecture's name, as `uname -m` says it.
@@ -30,7 +30,8 @@ pub const EXIT_SLEDS_CHEAP: bool = cfg!(target_arch = "aarch64");
 
 /// Fails with one line where the stack repair is not for this architecture: where exit sleds
 /// are cheap ([`EXIT_SLEDS_CHEAP`]) they record exceptions and `longjmp` exactly at the cost
-/// of return probes, and the repair (x86-64 code) has nothing to win.
+/// of return probes, and the repair has nothing to win; elsewhere it is x86-64 code
+/// ([`unsupported`]). The one gate of every way to the repair.
 pub fn repair_applies(what: &str) -> Result<()> {
     if EXIT_SLEDS_CHEAP {
         bail!(
@@ -38,7 +39,7 @@ pub fn repair_applies(what: &str) -> Result<()> {
              (what `auto` chooses here) record exceptions and longjmp exactly"
         );
     }
-    Ok(())
+    unsupported(what)
 }
 
 /// Fails with one line saying `what` does not work on this architecture yet.

@@ -267,6 +267,7 @@ pub fn image_with(executable: &Path, ld_library_path: &str, preload: &[PathBuf])
         .map(str::to_owned)
         .collect();
     let mut i = 0;
+    let system_dirs: Vec<PathBuf> = system_library_dirs().collect();
     while i < out.len() && out.len() < 256 {
         let (needed, search) = dynamic_deps(&out[i]);
         for lib in needed {
@@ -279,7 +280,7 @@ pub fn image_with(executable: &Path, ld_library_path: &str, preload: &[PathBuf])
                 .chain(&ld_library_path)
                 .chain(&search.runpath)
                 .map(PathBuf::from)
-                .chain(system_library_dirs())
+                .chain(system_dirs.iter().cloned())
                 .map(|d| d.join(&lib))
                 .find(|p| p.is_file());
             if let Some(path) = found {

@@ -119,7 +119,7 @@ impl Keeper {
         let_go: impl FnOnce(),
     ) -> Result<Keeper> {
         // The repair passes threads through x86-64's uretprobe trampoline (a system call).
-        if let Err(err) = crate::arch::unsupported("the stack repair (--exits repair)") {
+        if let Err(err) = crate::arch::repair_applies("the stack repair (--exits repair)") {
             let_go();
             return Err(err);
         }

@@ -30,10 +30,8 @@ pub fn auto_repairs(
     image: &[std::path::PathBuf],
     every_process: bool,
 ) -> Option<(std::path::PathBuf, &'static str)> {
-    if crate::arch::EXIT_SLEDS_CHEAP {
-        // Exit sleds are as cheap as return probes there: nothing to repair for.
-        return None;
-    }
+    // Not for this architecture (arm64: exit sleds are as cheap as return probes there).
+    crate::arch::repair_applies("--exits auto").ok()?;
     let (path, symbol) = crate::plan::exits::unwinder(image)?;
     let throws = image
         .iter()

@@ -34,15 +34,17 @@ pub fn run() -> Result<String> {
     let work = support::scratch("aarch64")?;
     let resource = cross::compiler_rt()?;
     let arm64_calls = work.join("calls-aarch64");
-    run::status(
-        Command::new("clang-19")
-            .arg("--target=aarch64-linux-gnu")
-            .arg(format!("-resource-dir={}", resource.display()))
-            .args(["-static", "-O2", "-g", "-fxray-instrument"])
-            .args(["-fxray-instruction-threshold=1", "-pthread"])
-            .arg(run::workspace_root().join("tests/fixtures/calls.c"))
-            .arg("-o")
-            .arg(&arm64_calls),
+    let resource_dir = format!("-resource-dir={}", resource.display());
+    run::xray_build(
+        "clang-19",
+        &run::workspace_root().join("tests/fixtures/calls.c"),
+        &arm64_calls,
+        &[
+            "--target=aarch64-linux-gnu",
+            &resource_dir,
+            "-static",
+            "-pthread",
+        ],
     )?;
     let arm64_daemon = run::target_dir()
         .join(cross::TARGET)
