@@ -21,7 +21,6 @@ use aya::programs::uprobe::UProbeScope;
 use profiler_common::{Cookie, SledKind, FLOOR_PROGRAM, FLOOR_RETURN_PROGRAM};
 use std::num::NonZeroU32;
 use std::path::PathBuf;
-use std::time::Instant;
 
 use fdr_session::schema::TrapCosts;
 
@@ -79,20 +78,31 @@ const EXIT_AT: u64 = if cfg!(target_arch = "aarch64") {
 const CALLS_ENTRY: u32 = 4_000;
 const CALLS_SLED: u32 = 500;
 /// Rounds of each measurement; the median is kept.
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 7;
 
-/// Nanoseconds per call of the leaf, the median of [`ROUNDS`] rounds of `calls` calls.
+/// Nanoseconds per call of the leaf, the median of [`ROUNDS`] rounds of `calls` calls, in the
+/// calling thread's CPU time (its own code and the kernel's traps, both charged to it): on a
+/// loaded host, wall time would count the time other tasks ran while the thread waited for
+/// a CPU, the median of rounds preempted as often as not, and every cost derived from the
+/// measurement (the summary's, the overhead budget's) would be inflated by the load of the
+/// moment (a CI host's measured five times the return probe's cost so, and a budget dropped
+/// a function that cost it a third of what it estimated).
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn time_calls(calls: u32) -> f64 {
+    use rustix::time::{clock_gettime, ClockId};
+    let cpu_ns = || {
+        let t = clock_gettime(ClockId::ThreadCPUTime);
+        t.tv_sec as f64 * 1e9 + t.tv_nsec as f64
+    };
     let leaf: unsafe extern "C" fn() = std::hint::black_box(fdr_calibration_leaf);
     let mut rounds: Vec<f64> = (0..ROUNDS)
         .map(|_| {
-            let start = Instant::now();
+            let start = cpu_ns();
             for _ in 0..calls {
                 // SAFETY: the leaf only returns.
                 unsafe { leaf() };
             }
-            start.elapsed().as_nanos() as f64 / f64::from(calls)
+            (cpu_ns() - start) / f64::from(calls)
         })
         .collect();
     rounds.sort_by(f64::total_cmp);
