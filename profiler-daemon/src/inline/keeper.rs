@@ -97,7 +97,8 @@ impl InlineKeeper {
     /// Forks the keeper of `target`, which patches the sleds of `plans` (each found where the
     /// process maps its object) to call the handler, with shared memory laid out as `layout`;
     /// returns once it has (or why it could not). For a [`Target::Held`] process, `let_go` is
-    /// called once the keeper is ready to seize it: it must make the holder let it go. The
+    /// called once the keeper has reported: it must make the holder let it go (if the
+    /// keeper's handover did not). The
     /// child of a fork runs only the forking thread: call it where no other thread of
     /// fdr-profiled holds a lock the keeper takes (none does: the keeper prints nothing, and
     /// glibc's `fork` makes `malloc` safe in the child).
@@ -142,9 +143,14 @@ impl InlineKeeper {
                 };
                 let mut line = keeper.report();
                 if line == "ready\n" {
-                    let_go();
                     line = keeper.report();
                 }
+                // The holder lets a held process go when the keeper, trying to seize it
+                // already, writes to its handover pipe; asked here only once the keeper has
+                // reported (in case that write failed, or the keeper did): asked at `ready`,
+                // it let the process run free while the keeper got ready, on a busy host
+                // past its entry point or to its end (see `repair::Keeper::start`).
+                let_go();
                 match parse_patched(&line) {
                     Some(patched) => Ok((keeper, patched)),
                     None => {

@@ -110,8 +110,9 @@ impl Keeper {
     /// forking thread: call it where no other thread can hold a lock the keeper takes (none
     /// exists but the probe closer of `repair::processes`, which only closes descriptors).
     ///
-    /// For a [`Tracee::Held`] process, `let_go` is called once the keeper is forked: it must
-    /// make fdr-profiled's holder let the process go, for the keeper to seize it.
+    /// For a [`Tracee::Held`] process, `let_go` is called once the keeper has reported
+    /// (seized it, or why not): it must make fdr-profiled's holder let the process go if the
+    /// keeper's handover did not (it failed).
     pub fn start(
         tracee: Tracee,
         maps: RepairMaps,
@@ -169,12 +170,17 @@ impl Keeper {
                 let mut line = String::new();
                 let _ = keeper.reports.read_line(&mut line);
                 if held {
-                    // `ready`, or why it failed.
-                    let_go();
+                    // `ready`, then `tracing` or why it failed. The holder lets the process go
+                    // when the keeper, trying to seize it already, writes to its handover
+                    // pipe; asked here only once the keeper has reported (in case that write
+                    // failed, or the keeper did), so that the process never runs free while
+                    // the keeper gets ready (on a busy host, long enough to run its loader
+                    // and reach its entry point, or its whole short life).
                     if line == "ready\n" {
                         line.clear();
                         let _ = keeper.reports.read_line(&mut line);
                     }
+                    let_go();
                 }
                 match line.trim_end() {
                     "tracing" => Ok(keeper),

@@ -293,8 +293,8 @@ pub(crate) fn seize_all_from(
         // SAFETY: plain system call on this process.
         unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) };
     }
-    // Ready: the holder lets the process go when it reads this (fdr-profiled asks it too, in
-    // case this write fails).
+    // Ready: the holder lets the process go when it reads this (fdr-profiled asks it too
+    // once this keeper has reported, in case this write failed).
     // SAFETY: writes 4 bytes from a valid u32 to the holder's pipe.
     unsafe { libc::write(handover, (&pid as *const u32).cast(), 4) };
     let mut tries = 0u32;
