@@ -21,7 +21,7 @@ use anyhow::Result;
 use profiler_common::{Cookie, SledKind};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use xray_object::elf::ElfImage;
+use xray_object::elf::{ElfImage, Machine};
 use xray_object::instrmap::InstrMap;
 use xray_object::symbols::SymbolTable;
 
@@ -89,19 +89,20 @@ pub struct AttachPlan {
 }
 
 /// The probe for a sled: function and tail sleds need only the kind; event sleds also the
-/// registers their arguments are in, decoded from the sled's bytes (`None` if undecodable).
+/// registers their arguments are in, decoded from the sled's bytes (those of `machine`'s
+/// code, in the object's `data`; `None` if undecodable).
 fn probe_for(
     sled: &xray_object::instrmap::Sled,
-    image: &ElfImage,
+    data: &[u8],
+    machine: Machine,
     object_id: u32,
 ) -> Option<Probe> {
     let mut cookie = Cookie::new(packed_id(object_id, sled.function_id), sled.kind);
     if matches!(sled.kind, SledKind::CustomEvent | SledKind::TypedEvent) {
         let at = usize::try_from(sled.file_offset).ok()?;
-        let data = &image.data;
         let bytes = data.get(at..at.saturating_add(48).min(data.len()))?;
         let typed = sled.kind == SledKind::TypedEvent;
-        cookie.regs = crate::plan::eventsled::decode(image.machine().ok()?, bytes, typed)?;
+        cookie.regs = crate::plan::eventsled::decode(machine, bytes, typed)?;
     }
     Some(Probe {
         file_offset: sled.file_offset,
@@ -127,10 +128,11 @@ impl AttachPlan {
         // A probe must land on a sled, never inside an instruction the map misplaced.
         map.check_sleds(&image)?;
         let symbols = SymbolTable::from_elf(&image);
+        let machine = image.machine()?;
         let probes: Vec<Probe> = map
             .sleds
             .iter()
-            .filter_map(|sled| probe_for(sled, &image, object_id))
+            .filter_map(|sled| probe_for(sled, &image.data, machine, object_id))
             .collect();
         let undecodable_event_sleds = map.sleds.len() - probes.len();
         // Probes are placed one at a time, and a process keeps running meanwhile. With every

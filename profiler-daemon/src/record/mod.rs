@@ -490,16 +490,11 @@ fn repair_wanted(
     image: &[PathBuf],
 ) -> Result<Option<RepairWanted>> {
     match cli.exits {
-        ExitMode::Repair => {
-            crate::arch::repair_applies("--exits repair")?;
-            let offsets = crate::kernel::btf::repair_offsets()
-                .map_err(|why| anyhow::anyhow!("--exits repair: {why}"))?;
-            Ok(Some(RepairWanted {
-                offsets,
-                asked: true,
-                unwinder: None,
-            }))
-        }
+        ExitMode::Repair => Ok(Some(RepairWanted {
+            offsets: crate::repair::offsets_for("--exits repair")?,
+            asked: true,
+            unwinder: None,
+        })),
         ExitMode::Auto if !cli.floor && !cli.no_uprobe_multi && !cli.follow_forks => {
             let Some(unwinder) = crate::repair::auto_repairs(image, attach) else {
                 return Ok(None);

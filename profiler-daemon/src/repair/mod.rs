@@ -18,6 +18,15 @@ mod repairer;
 pub mod resumption;
 mod stops;
 
+/// What the programs of the stack repair need of this kernel, for a repair asked for by name
+/// (`what`: `--exits repair`, a target's `exits = "repair"`); refused in one line, prefixed
+/// with `what`, where the repair is not for this architecture or the kernel's BTF does not
+/// say where the repair reads.
+pub fn offsets_for(what: &str) -> anyhow::Result<crate::kernel::btf::RepairOffsets> {
+    crate::arch::repair_applies(what)?;
+    crate::kernel::btf::repair_offsets().map_err(|why| anyhow::anyhow!("{what}: {why}"))
+}
+
 /// Whether `--exits auto` (a target's `exits = "auto"`) repairs the stack of the processes
 /// running `image`, and why: the image can unwind (the object with a personality routine, and
 /// the routine) and throws through a raise function the keeper can stop at, this kernel has

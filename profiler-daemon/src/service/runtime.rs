@@ -66,11 +66,7 @@ pub fn run(config_path: &Path, socket: &Path) -> Result<u8> {
         // it (`auto`, where this kernel allows it); the inline engine's hold on the processes
         // that start is theirs too.
         repair: if config.targets.iter().any(|t| t.exits == ExitMode::Repair) {
-            crate::arch::repair_applies("exits = \"repair\"")?;
-            Some(
-                crate::kernel::btf::repair_offsets()
-                    .map_err(|why| anyhow::anyhow!("exits = \"repair\": {why}"))?,
-            )
+            Some(crate::repair::offsets_for("exits = \"repair\"")?)
         } else if config
             .targets
             .iter()
