@@ -164,11 +164,16 @@ fn a_server_by_pid_keeps_its_requests_under_a_budget() {
         calls.exits()
     );
     numbers.sort_unstable();
+    let twice: Vec<i64> = numbers
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0])
+        .collect();
     numbers.dedup();
     assert_eq!(
         numbers.len() as u64,
         calls.entries(),
-        "a request entered twice"
+        "a request entered twice: {twice:?}\n{stderr}"
     );
     // Every request between the first and the last, but those whose entry a counted loss
     // took (a loaded host's rings can overflow; the session says how many events it lost).
